@@ -1,0 +1,32 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+// Dependencies point one way: C shims <- DispatchIO <- DispatchServer <- executables.
+// DispatchCore is pure (no C module, no clock, no I/O) and is shared by all of them.
+let package = Package(
+    name: "Dispatch",
+    products: [
+        .executable(name: "dispatchd", targets: ["dispatchd"]),
+        .executable(name: "dispatch", targets: ["dispatch"]),
+        .executable(name: "dispatch-bench", targets: ["dispatch-bench"]),
+    ],
+    targets: [
+        .systemLibrary(name: "CLibevent", path: "Sources/CLibevent"),
+        .systemLibrary(name: "CLibpq", path: "Sources/CLibpq", pkgConfig: "libpq"),
+        .target(name: "DispatchCore", linkerSettings: [.linkedLibrary("m")]),
+        .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "DispatchCore"]),
+        .target(name: "DispatchServer", dependencies: ["DispatchCore", "DispatchIO", "CLibevent", "CLibpq"]),
+        .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
+        .executableTarget(name: "dispatch", dependencies: ["DispatchCore"]),
+        .executableTarget(name: "dispatch-bench", dependencies: ["DispatchCore", "DispatchIO", "CLibevent"]),
+        .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore"]),
+        .testTarget(name: "DispatchCoreTests", dependencies: ["DispatchCore"]),
+        .testTarget(name: "DispatchServerTests",
+                    dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "dispatchd"]),
+        .testTarget(name: "BenchSmokeTests",
+                    dependencies: ["DispatchTestSupport", "DispatchCore", "dispatchd", "dispatch-bench"]),
+        .testTarget(name: "DispatchCLITests",
+                    dependencies: ["DispatchTestSupport", "DispatchCore", "dispatchd", "dispatch"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

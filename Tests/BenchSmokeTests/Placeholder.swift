@@ -1,0 +1,2 @@
+import XCTest
+final class PlaceholderBench: XCTestCase { func testNothing() {} }

@@ -1,0 +1,2 @@
+import XCTest
+final class PlaceholderDispatchCLITests: XCTestCase { func testNothing() {} }

@@ -1,0 +1,2 @@
+import XCTest
+final class PlaceholderDispatchCoreTests: XCTestCase { func testNothing() {} }

@@ -1,0 +1,2 @@
+import XCTest
+final class PlaceholderDispatchServerTests: XCTestCase { func testNothing() {} }
