@@ -1,1 +1,37 @@
-print("dispatch")
+#if canImport(Glibc)
+import Glibc
+#endif
+import DispatchCore
+
+/// `dispatch`: the publishing and watching CLI. Parsing and every decision live in
+/// DispatchCore (CLI+*.swift); this target is the thin IO shell around them.
+
+let arguments = Array(CommandLine.arguments.dropFirst())
+let invocation: CLIInvocation
+do {
+    invocation = try CLIArguments.parse(arguments, environment: System.environment)
+} catch {
+    Output.err("dispatch: \(error.message)")
+    Output.err("Try 'dispatch \(error.command.map { "\($0) " } ?? "")--help'.")
+    exit(CLIExitCode.usage.rawValue)
+}
+
+switch invocation {
+case .help(let topic):
+    Output.out(CLIHelp.text(for: topic))
+    exit(0)
+case .version:
+    Output.out(CLIHelp.version)
+    exit(0)
+case .command(let global, let command):
+    let client = Client(global: global)
+    let code: Int32
+    switch command {
+    case .start(let o): code = PublishCommands.start(o, client: client).rawValue
+    case .progress(let o): code = PublishCommands.progress(o, client: client).rawValue
+    case .end(let o): code = PublishCommands.end(o, client: client).rawValue
+    case .watch(let o): code = WatchCommand(options: o, client: client).run()
+    case .run(let o): code = RunCommand(options: o, client: client).run()
+    }
+    exit(code)
+}

@@ -1,0 +1,117 @@
+import DispatchCore
+
+/// The Dispatch API as the CLI uses it: authenticated requests with bounded retries.
+struct Client {
+    let global: CLIGlobalOptions
+    /// Seconds one attempt may take (connect, send, answer).
+    var attemptTimeout = 10.0
+
+    enum Outcome {
+        /// The server answered (any status; the caller maps it).
+        case answered(HTTPResponse)
+        /// No usable answer within the retry budget, or a failure not worth retrying.
+        case failed(CLIExitCode, String)
+    }
+
+    func headers(idempotencyKey: String?, accept: String = "application/json") -> [(String, String)] {
+        var h: [(String, String)] = [("User-Agent", "dispatch-cli/0.1"), ("Accept", accept)]
+        if let token = global.token { h.append(("Authorization", "Bearer \(token)")) }
+        if let idempotencyKey { h.append(("Idempotency-Key", idempotencyKey)) }
+        return h
+    }
+
+    /// Sends a request, retrying transient failures for `retryFor` seconds. A request with a
+    /// body is a publish: it gets one Idempotency-Key, reused by every retry, so the server
+    /// applies it at most once even when an earlier attempt's answer was lost.
+    func call(method: String, path: String, body: [UInt8]?, retryFor: Double? = nil) -> Outcome {
+        let key = body == nil ? nil : System.randomKey()
+        let request = CLIHTTP.encodeRequest(method: method, path: path, endpoint: global.endpoint,
+                                            headers: headers(idempotencyKey: key), body: body)
+        let policy = CLIRetryPolicy(budget: retryFor ?? global.retryFor)
+        let started = System.monotonic()
+        var failures = 0
+        while true {
+            var lastError: String
+            var retryAfter: Double?
+            do {
+                let response = try HTTPConnection.exchange(endpoint: global.endpoint, request: request, timeout: attemptTimeout)
+                switch CLIHTTPDisposition.of(status: response.head.status) {
+                case .success, .fail:
+                    return .answered(response)
+                case .retry:
+                    lastError = CLIServerError.describe(status: response.head.status, body: response.body)
+                    retryAfter = CLIRetryPolicy.parseRetryAfter(response.head.header("retry-after"))
+                }
+            } catch {
+                guard error.transient else { return .failed(.unavailable, error.message) }
+                lastError = error.message
+            }
+            if System.interrupted() { return .failed(.unavailable, "\(lastError) (interrupted)") }
+            failures += 1
+            let elapsed = System.monotonic() - started
+            guard let delay = policy.delay(failures: failures, elapsed: elapsed, retryAfter: retryAfter) else {
+                let tries = failures == 1 ? "1 attempt" : "\(failures) attempts"
+                return .failed(.unavailable, "\(lastError) (gave up after \(tries) in \(CLIProgress.duration(elapsed)))")
+            }
+            System.sleep(seconds: delay)
+        }
+    }
+
+    /// Runs one publish command end to end and returns the exit code; prints the id/snapshot
+    /// on success and one stderr line on failure.
+    func publish(command: String, path: String, body: [UInt8], onSuccess: (HTTPResponse) -> Void) -> CLIExitCode {
+        switch call(method: "POST", path: path, body: body) {
+        case .failed(let code, let message):
+            Output.fail(command, message)
+            return code
+        case .answered(let response):
+            switch CLIHTTPDisposition.of(status: response.head.status) {
+            case .success:
+                onSuccess(response)
+                return .success
+            case .fail(let code):
+                Output.fail(command, CLIServerError.describe(status: response.head.status, body: response.body))
+                if global.json, !response.body.isEmpty { printBody(response.body) }
+                return code
+            case .retry:  // call() only returns answers that are final
+                Output.fail(command, CLIServerError.describe(status: response.head.status, body: response.body))
+                return .unavailable
+            }
+        }
+    }
+
+    func printBody(_ body: [UInt8]) {
+        var bytes = body
+        if bytes.last != 0x0A { bytes.append(0x0A) }
+        Output.write(1, bytes)
+    }
+
+    static func activityPath(_ id: String, _ suffix: String = "") -> String {
+        "/v1/activities/\(CLIHTTP.encodeSegment(id))\(suffix)"
+    }
+}
+
+enum PublishCommands {
+    static func start(_ o: CLIStartOptions, client: Client) -> CLIExitCode {
+        client.publish(command: "start", path: "/v1/activities/start", body: CLIRequestBody.start(o)) { response in
+            if client.global.json { client.printBody(response.body); return }
+            if let value = try? JSONParser.parse(response.body), case .string(let id)? = value["activityId"] {
+                Output.out(id)
+            } else if let id = o.activityID {
+                Output.out(id)
+            }
+        }
+    }
+
+    static func progress(_ o: CLIUpdateOptions, client: Client) -> CLIExitCode {
+        client.publish(command: "progress", path: Client.activityPath(o.activityID, "/update"), body: CLIRequestBody.update(o)) { response in
+            if client.global.json { client.printBody(response.body) }
+        }
+    }
+
+    static func end(_ o: CLIEndOptions, client: Client) -> CLIExitCode {
+        client.publish(command: "end", path: Client.activityPath(o.activityID, "/end"), body: CLIRequestBody.end(o)) { response in
+            if client.global.json { client.printBody(response.body) }
+        }
+    }
+}

@@ -1,0 +1,2 @@
+import DispatchCore
+struct RunCommand { let options: CLIRunOptions; let client: Client; func run() -> Int32 { 0 } }

@@ -1,0 +1,87 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import DispatchCore
+
+/// The few system services the CLI needs, over plain libc (no Foundation: it costs start-up time).
+enum System {
+    /// Monotonic seconds, for timeouts and retry budgets.
+    static func monotonic() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
+
+    /// Wall-clock seconds since the epoch, for "elapsed" next to server timestamps.
+    static func wallClock() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
+
+    static func sleep(seconds: Double) {
+        guard seconds > 0 else { return }
+        var req = timespec(tv_sec: Int(seconds), tv_nsec: Int((seconds - Double(Int(seconds))) * 1e9))
+        var rem = timespec()
+        while nanosleep(&req, &rem) != 0 && errno == EINTR {
+            if interrupted() { return }
+            req = rem
+        }
+    }
+
+    static func environment(_ name: String) -> String? {
+        guard let v = getenv(name) else { return nil }
+        return String(cString: v)
+    }
+
+    static func errorText(_ code: Int32) -> String {
+        guard let s = strerror(code) else { return "error \(code)" }
+        return String(cString: s).lowercased()
+    }
+
+    static func randomKey() -> String {
+        var rng = SystemRandomNumberGenerator()
+        return CLIIdempotencyKey.make(rng.next(), rng.next())
+    }
+
+    static func isTerminal(_ fd: Int32) -> Bool { isatty(fd) == 1 }
+
+    static func terminalWidth() -> Int {
+        var ws = winsize()
+        if ioctl(1, UInt(TIOCGWINSZ), &ws) == 0, ws.ws_col > 0 { return Int(ws.ws_col) }
+        if let c = environment("COLUMNS"), let n = Int(c), n > 0 { return n }
+        return 80
+    }
+
+    /// Set by the signal handlers of `watch` so sleeps and reads stop early.
+    nonisolated(unsafe) static var interruptSignal: Int32 = 0
+    static func interrupted() -> Bool { interruptSignal != 0 }
+}
+
+/// Unbuffered output straight to a file descriptor: lines reach a pipe as they are printed.
+enum Output {
+    static func write(_ fd: Int32, _ bytes: [UInt8]) {
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes.withUnsafeBytes { raw in
+                Glibc.write(fd, raw.baseAddress! + offset, raw.count - offset)
+            }
+            if n < 0 {
+                if errno == EINTR { continue }
+                return  // EPIPE and friends: the reader is gone; nothing useful to do
+            }
+            offset += n
+        }
+    }
+
+    static func out(_ s: String) { write(1, Array((s + "\n").utf8)) }
+    static func outRaw(_ s: String) { write(1, Array(s.utf8)) }
+    static func err(_ s: String) { write(2, Array((s + "\n").utf8)) }
+
+    /// `dispatch progress: activity not found (not_found, HTTP 404)`.
+    static func fail(_ command: String, _ message: String) {
+        err("dispatch \(command): \(message)")
+    }
+}
