@@ -1,0 +1,86 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+enum BenchMain {
+    static let usage = """
+    usage: dispatch-bench run [--quick | --full | --smoke] [options]
+      --only dispatch|nchan       run against one server only
+      --repeats N                 repetitions (figures are medians)
+      --server-workers N          DISPATCH_WORKERS and nginx worker_processes (default 2; full: 3)
+      --dispatchd PATH            dispatchd binary (default: next to dispatch-bench)
+      --dispatch-port P --key K   use an already running Dispatch on 127.0.0.1:P instead
+      --addresses N               spread connections over 127.0.0.1..N (default 8; 1 with --dispatch-port)
+      --template PATH             nginx config template (default bench/nginx.conf.template)
+      --results DIR               where results JSON goes (default bench/results)
+      --json PATH                 write the results JSON to PATH instead
+    """
+
+    static func run(_ args: [String]) -> Int32 {
+        var mode = "quick"
+        for a in args {
+            switch a {
+            case "--quick": mode = "quick"
+            case "--full": mode = "full"
+            case "--smoke": mode = "smoke"
+            default: break
+            }
+        }
+        var c = BenchConfig.preset(mode)
+        let dir = Proc.selfPath().split(separator: "/").dropLast().joined(separator: "/")
+        c.dispatchd = "/" + dir + "/dispatchd"
+        var i = 0
+        func value() -> String? {
+            i += 1
+            return i < args.count ? args[i] : nil
+        }
+        while i < args.count {
+            switch args[i] {
+            case "--quick", "--full", "--smoke": break
+            case "--only":
+                guard let v = value(), let k = Target.Kind(rawValue: v) else { log(usage); return 64 }
+                c.targets = [k]
+            case "--repeats": c.repeats = max(1, Int(value() ?? "") ?? 1)
+            case "--server-workers": c.serverWorkers = max(1, Int(value() ?? "") ?? 2)
+            case "--dispatchd": c.dispatchd = value() ?? c.dispatchd
+            case "--dispatch-port":
+                c.externalDispatchPort = UInt16(value() ?? "")
+                c.addressCount = 1
+            case "--key": c.externalDispatchKey = value() ?? ""
+            case "--addresses": c.addressCount = min(8, max(1, Int(value() ?? "") ?? 8))
+            case "--template": c.template = value() ?? c.template
+            case "--results": c.resultsDir = value() ?? c.resultsDir
+            case "--json": c.jsonOut = value()
+            default:
+                log("unknown option \(args[i])\n" + usage)
+                return 64
+            }
+            i += 1
+        }
+        installSignalHandlers(deadline: c.deadlineSeconds)
+        let o = Orchestrator(config: c)
+        do {
+            return try o.run()
+        } catch {
+            log("bench: \(error)")
+            return 1
+        }
+    }
+
+    /// Ctrl-C, SIGTERM or the run's deadline (SIGALRM) stop every process this run started.
+    static func installSignalHandlers(deadline: UInt32) {
+        signal(SIGPIPE, SIG_IGN)
+        let handler: @convention(c) (Int32) -> Void = { sig in
+            let msg = sig == SIGALRM ? "bench: deadline reached, stopping everything\n" : "bench: interrupted, stopping everything\n"
+            _ = msg.withCString { write(2, $0, strlen($0)) }
+            for pid in startedPids { kill(pid, SIGTERM) }
+            sleep(3)
+            for pid in startedPids { kill(pid, SIGKILL) }
+            _exit(130)
+        }
+        signal(SIGINT, handler)
+        signal(SIGTERM, handler)
+        signal(SIGALRM, handler)
+        alarm(deadline)
+    }
+}

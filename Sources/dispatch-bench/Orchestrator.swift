@@ -1,0 +1,567 @@
+import DispatchCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The sizes of one run. `quick` fits in about 3 minutes, `full` in about 15, `smoke` in seconds.
+struct BenchConfig {
+    var mode = "quick"
+    var idleCounts = [1000, 10000]
+    var idleActivities = 1000
+    var fanoutSubscribers = 5000
+    var fanoutEvents = 10
+    var throughputSubscribers = 5000
+    var throughputActivities = 1000
+    var throughputPublishers = 32
+    var throughputSeconds = 4.0
+    var terminalConnections = 64
+    var terminalActivities = 500
+    var terminalSeconds = 3.0
+    var repeats = 1
+    var targets: [Target.Kind] = [.dispatch, .nchan]
+    var serverWorkers = 2
+    var addressCount = 8
+    var externalDispatchPort: UInt16?
+    var externalDispatchKey = ""
+    var dispatchd = ""
+    var template = "bench/nginx.conf.template"
+    var resultsDir = "bench/results"
+    var jsonOut: String?
+    var deadlineSeconds: UInt32 = 240
+
+    static func preset(_ mode: String) -> BenchConfig {
+        var c = BenchConfig()
+        c.mode = mode
+        switch mode {
+        case "full":
+            c.idleCounts = [1000, 10000, 50000]
+            c.fanoutSubscribers = 10000
+            c.fanoutEvents = 20
+            c.throughputSubscribers = 10000
+            c.throughputActivities = 2000
+            c.throughputPublishers = 64
+            c.throughputSeconds = 10
+            c.terminalConnections = 128
+            c.terminalActivities = 1000
+            c.terminalSeconds = 8
+            c.repeats = 3
+            c.serverWorkers = 3  // 50k streams need three processes of at most 20,000 files each
+            c.deadlineSeconds = 1000
+        case "smoke":
+            c.idleCounts = [300]
+            c.idleActivities = 30
+            c.fanoutSubscribers = 300
+            c.fanoutEvents = 5
+            c.throughputSubscribers = 300
+            c.throughputActivities = 60
+            c.throughputPublishers = 8
+            c.throughputSeconds = 1.5
+            c.terminalConnections = 8
+            c.terminalActivities = 30
+            c.terminalSeconds = 1
+            c.deadlineSeconds = 120
+        default:
+            break
+        }
+        return c
+    }
+}
+
+/// One figure of one scenario, measured for each target in each repetition.
+struct Figure {
+    let scenario: String
+    let metric: String
+    let unit: String
+    let higherIsBetter: Bool
+    var runs: [String: [Double]] = [:]
+
+    func median(_ target: String) -> Double? { BenchStats.median(runs[target] ?? []) }
+}
+
+/// Runs every scenario against each target, alternating which goes first, and reports.
+final class Orchestrator {
+    var config: BenchConfig
+    var targets: [Target] = []
+    var subscribers: [WorkerHandle] = []
+    var publisher: WorkerHandle!
+    var figures: [Figure] = []
+    var problems: [String] = []
+    var checks: [String: [String: Int64]] = [:]
+    let runTag: String
+    var tempDir = ""
+
+    init(config: BenchConfig) {
+        self.config = config
+        let chars = Array("abcdefghijklmnopqrstuvwxyz0123456789")
+        runTag = String((0..<5).map { _ in chars[Int.random(in: 0..<chars.count)] })
+    }
+
+    var addrs: [String] { Array(Servers.addresses.prefix(max(1, config.addressCount))) }
+
+    // MARK: - Figures
+
+    func record(_ scenario: String, _ metric: String, _ unit: String, higher: Bool, _ target: Target, _ value: Double?) {
+        guard let value, value.isFinite else { return }
+        if let k = figures.firstIndex(where: { $0.scenario == scenario && $0.metric == metric }) {
+            figures[k].runs[target.name, default: []].append(value)
+        } else {
+            var f = Figure(scenario: scenario, metric: metric, unit: unit, higherIsBetter: higher)
+            f.runs[target.name] = [value]
+            figures.append(f)
+        }
+    }
+
+    func check(_ target: Target, _ what: String, _ n: Int64) {
+        checks[target.name, default: [:]][what, default: 0] += n
+        if n != 0 { problems.append("\(target.name): \(what) = \(n)") }
+    }
+
+    // MARK: - Run
+
+    func run() throws -> Int32 {
+        let start = Clock.monotonic()
+        tempDir = makeTempDir()
+        defer { cleanup() }
+        try startTargets()
+        let maxConns = max(config.idleCounts.max() ?? 0, config.fanoutSubscribers, config.throughputSubscribers)
+        let subWorkers = max(2, (maxConns + 15999) / 16000)
+        for k in 0..<subWorkers { subscribers.append(try WorkerHandle(name: "sub\(k)")) }
+        publisher = try WorkerHandle(name: "pub")
+        log("bench: \(config.mode) run \(runTag): targets \(targets.map(\.name).joined(separator: ", ")), "
+            + "\(subWorkers) subscriber processes, \(config.serverWorkers) server processes each")
+
+        try setupIdleActivities()
+        for rep in 0..<config.repeats {
+            // Alternate which server goes first so neither always gets the warmer machine.
+            let order = rep % 2 == 0 ? targets : targets.reversed()
+            for n in config.idleCounts { for t in order { try idle(t, count: n, rep: rep) } }
+            for t in order { try fanout(t, rep: rep) }
+            for t in order { try throughput(t, rep: rep) }
+            for t in order { try terminal(t, rep: rep) }
+        }
+        let elapsed = Double(Clock.monotonic() - start) / 1e9
+        let table = renderTable(elapsed: elapsed)
+        print(table)
+        let path = try writeJSON(elapsed: elapsed)
+        print("results: \(path)")
+        if !problems.isEmpty {
+            print("PROBLEMS:")
+            for p in problems { print("  " + p) }
+            return 2
+        }
+        return 0
+    }
+
+    func makeTempDir() -> String {
+        var template = Array("/tmp/dispatch-bench-XXXXXX".utf8CString)
+        let p = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
+        return p.map { String(cString: $0) } ?? "/tmp/dispatch-bench-\(getpid())"
+    }
+
+    func startTargets() throws {
+        for kind in config.targets {
+            switch kind {
+            case .dispatch:
+                if let port = config.externalDispatchPort {
+                    targets.append(Target(kind: .dispatch, port: port, key: config.externalDispatchKey, rootPid: nil))
+                } else {
+                    let port = Servers.freePort(startingAt: 18080)
+                    targets.append(try Servers.startDispatch(binary: config.dispatchd, dir: tempDir,
+                                                             workers: config.serverWorkers, port: port))
+                }
+            case .nchan:
+                let port = Servers.freePort(startingAt: 19080)
+                targets.append(try Servers.startNginx(template: config.template, dir: tempDir,
+                                                      workers: config.serverWorkers, port: port))
+            }
+        }
+    }
+
+    func cleanup() {
+        for w in subscribers { w.stop() }
+        publisher?.stop()
+        for t in targets { t.stop() }
+        if !tempDir.isEmpty, tempDir.hasPrefix("/tmp/dispatch-bench-") {
+            _ = Proc.run("/bin/rm", ["-rf", tempDir])
+        }
+    }
+
+    // MARK: - Worker helpers
+
+    /// Sends a batch of requests through the publisher process; fails on any non-2xx.
+    func batch(_ t: Target, _ requests: [(String, String, String)], what: String) throws {
+        guard !requests.isEmpty else { return }
+        publisher.send { w in
+            w.field("cmd", "batch")
+            w.key("addrs"); w.beginArray(); for a in addrs { w.string(a) }; w.endArray()
+            w.field("port", Int64(t.port))
+            w.field("auth", t.key)
+            w.field("target", t.name)
+            w.field("conns", Int64(16))
+            w.key("requests"); w.beginArray()
+            for (m, p, b) in requests {
+                w.beginObject(); w.field("method", m); w.field("path", p); w.field("body", b); w.endObject()
+            }
+            w.endArray()
+        }
+        guard let r = Control.collect([publisher], "batch", timeout: 120)[0] else { throw BenchError("\(t.name): \(what) timed out") }
+        if (r.int("errors") ?? 1) != 0 {
+            throw BenchError("\(t.name): \(what): \(r.int("errors") ?? 0) of \(requests.count) failed (\(r.string("error") ?? ""))")
+        }
+    }
+
+    struct Subscribed {
+        var ready = 0
+        var failed = 0
+        var elapsed = 0.0
+    }
+
+    /// Opens `count` streams spread over the subscriber processes; returns when all are ready.
+    func subscribe(_ t: Target, count: Int, path: String, channels: Int, trackSeqs: Bool) throws -> Subscribed {
+        let n = subscribers.count
+        var first = 0
+        for (k, w) in subscribers.enumerated() {
+            let share = count / n + (k < count % n ? 1 : 0)
+            let f = first
+            first += share
+            w.send { w in
+                w.field("cmd", "subscribe")
+                w.key("addrs"); w.beginArray(); for a in addrs { w.string(a) }; w.endArray()
+                w.field("port", Int64(t.port))
+                w.field("path", path)
+                w.field("count", Int64(share))
+                w.field("first", Int64(f))
+                w.field("channels", Int64(channels))
+                w.field("inflight", Int64(256))
+                w.field("needFirstEvent", t.readyOnFirstEvent)
+                w.field("seqAtSubscribe", t.seqAtSubscribe)
+                w.field("trackSeqs", trackSeqs)
+            }
+        }
+        let got = Control.collect(subscribers, "subscribed", timeout: 180)
+        var s = Subscribed()
+        for (k, g) in got.enumerated() {
+            guard let g else { throw BenchError("\(t.name): subscriber process \(k) did not finish connecting") }
+            s.ready += g.int("ready") ?? 0
+            s.failed += g.int("failed") ?? 0
+            s.elapsed = max(s.elapsed, g.double("elapsed") ?? 0)
+            if (g.int("failed") ?? 0) > 0 { log("bench: \(t.name): \(g.int("failed") ?? 0) streams failed: \(g.string("error") ?? "")") }
+        }
+        check(t, "streams failed to open", Int64(s.failed))
+        return s
+    }
+
+    func closeSubscribers() {
+        for w in subscribers { w.send { $0.field("cmd", "close") } }
+        _ = Control.collect(subscribers, "closed", timeout: 30)
+    }
+
+    /// Waits until every stream has seen its channel's final seq (or 10 s), then records losses.
+    func verify(_ t: Target, finals: [Int64], scenario: String) {
+        var last: [JSONValue?] = []
+        let deadline = Clock.monotonic() + 10_000_000_000
+        repeat {
+            for w in subscribers {
+                w.send { w in
+                    w.field("cmd", "verify")
+                    w.key("finals"); w.beginArray(); for f in finals { w.int(f) }; w.endArray()
+                }
+            }
+            last = Control.collect(subscribers, "verify", timeout: 10)
+            let missing = last.reduce(Int64(0)) { $0 + Int64($1?.int("missing") ?? 0) }
+            if missing == 0 { break }
+            Control.sleep(0.2)
+        } while Clock.monotonic() < deadline
+        func sum(_ k: String) -> Int64 { last.reduce(Int64(0)) { $0 + Int64($1?.int(k) ?? 0) } }
+        check(t, "\(scenario): events lost", sum("missing") + sum("gaps") + sum("lostAtStart"))
+        check(t, "\(scenario): events duplicated", sum("dups") + sum("extra"))
+    }
+
+    func reports() -> (deliveries: Int, hist: BenchHistogram) {
+        for w in subscribers { w.send { $0.field("cmd", "report") } }
+        var h = BenchHistogram()
+        var d = 0
+        for r in Control.collect(subscribers, "report", timeout: 10) {
+            guard let r else { continue }
+            d += r.int("deliveries") ?? 0
+            h.merge(Self.histogram(r["hist"]))
+        }
+        return (d, h)
+    }
+
+    static func histogram(_ v: JSONValue?) -> BenchHistogram {
+        var h = BenchHistogram()
+        if case .array(let pairs)? = v {
+            for p in pairs {
+                if case .array(let ic) = p, ic.count == 2, case .number(let i) = ic[0], case .number(let c) = ic[1] {
+                    h.add(bucket: Int(i), count: Int(c))
+                }
+            }
+        }
+        return h
+    }
+
+    /// 10000 -> "10k", 300 -> "300": scenario labels.
+    static func count(_ n: Int) -> String { n >= 1000 && n % 1000 == 0 ? "\(n / 1000)k" : n >= 1000 ? "\(Double(n / 100) / 10)k" : "\(n)" }
+
+    func names(_ prefix: String, _ n: Int) -> [String] { (0..<n).map { "\(prefix)-\($0)" } }
+
+    // MARK: - Scenarios
+
+    var idlePrefix: String { "b\(runTag)-idle" }
+
+    func setupIdleActivities() throws {
+        for t in targets { try batch(t, t.createRequests(names(idlePrefix, config.idleActivities)), what: "creating idle activities") }
+    }
+
+    func idle(_ t: Target, count: Int, rep: Int) throws {
+        let scenario = "idle \(Self.count(count))"
+        Control.sleep(1)
+        let before = t.memory()
+        let s = try subscribe(t, count: count, path: t.streamPath("\(idlePrefix)-{ch}"),
+                              channels: config.idleActivities, trackSeqs: false)
+        Control.sleep(1.5)
+        let after = t.memory()
+        record(scenario, "connect rate", "streams/s", higher: true, t, Double(s.ready) / max(s.elapsed, 1e-6))
+        if let b = before, let a = after, s.ready > 0 {
+            record(scenario, "memory per stream (RSS)", "B", higher: false, t, Double(a.rss - b.rss) / Double(s.ready))
+            record(scenario, "memory per stream (PSS)", "B", higher: false, t, Double(a.pss - b.pss) / Double(s.ready))
+        }
+        log("bench: \(t.name) \(scenario) rep \(rep + 1): \(s.ready) streams in \(fmt(s.elapsed))s"
+            + (before != nil && after != nil ? ", rss \(before!.rss / 1024) -> \(after!.rss / 1024) KiB" : ""))
+        closeSubscribers()
+    }
+
+    func fanout(_ t: Target, rep: Int) throws {
+        let activity = "b\(runTag)-fan\(rep)-\(t.name)"
+        try batch(t, t.createRequests([activity]), what: "creating the fan-out activity")
+        let s = try subscribe(t, count: config.fanoutSubscribers, path: t.streamPath(activity), channels: 1, trackSeqs: true)
+        Control.sleep(0.5)
+        var firsts: [Double] = [], lasts: [Double] = []
+        var seq = t.seqAtSubscribe
+        for _ in 0..<config.fanoutEvents {
+            seq += 1
+            let pubT = try t.publishNow(activity, seq: seq)
+            let s = seq
+            let got = Control.collect(subscribers, "fan", timeout: 15) { $0.int("seq") == Int(s) }
+            let done = got.compactMap { $0 }
+            if done.count < got.count { problems.append("\(t.name): fan-out event \(seq) did not reach every subscriber within 15 s") }
+            if let f = done.compactMap({ $0.double("first") }).min(), let l = done.compactMap({ $0.double("last") }).max() {
+                firsts.append((f - Double(pubT)) / 1e6)
+                lasts.append((l - Double(pubT)) / 1e6)
+            }
+            Control.sleep(0.05)
+        }
+        verify(t, finals: [seq], scenario: "fanout")
+        closeSubscribers()
+        let scenario = "fanout \(Self.count(config.fanoutSubscribers))"
+        record(scenario, "last receipt p50", "ms", higher: false, t, BenchStats.percentile(lasts, 0.5))
+        record(scenario, "last receipt p99", "ms", higher: false, t, BenchStats.percentile(lasts, 0.99))
+        record(scenario, "first receipt p50", "ms", higher: false, t, BenchStats.percentile(firsts, 0.5))
+        log("bench: \(t.name) fanout rep \(rep + 1): \(s.ready) subscribers, last p50 \(fmt(BenchStats.percentile(lasts, 0.5) ?? -1)) ms")
+    }
+
+    func throughput(_ t: Target, rep: Int) throws {
+        let prefix = "b\(runTag)-tp\(rep)-\(t.name)"
+        let k = config.throughputActivities
+        try batch(t, t.createRequests(names(prefix, k)), what: "creating throughput activities")
+        let s = try subscribe(t, count: config.throughputSubscribers, path: t.streamPath("\(prefix)-{ch}"),
+                              channels: k, trackSeqs: false)
+        Control.sleep(0.5)
+        for w in subscribers { w.send { $0.field("cmd", "reset") } }
+        _ = Control.collect(subscribers, "reset", timeout: 10)
+        publisher.send { w in
+            w.field("cmd", "publish")
+            w.key("addrs"); w.beginArray(); for a in addrs { w.string(a) }; w.endArray()
+            w.field("port", Int64(t.port))
+            w.field("auth", t.key)
+            w.field("target", t.name)
+            w.field("conns", Int64(config.throughputPublishers))
+            w.field("channels", Int64(k))
+            w.field("name", "\(prefix)-{ch}")
+            w.field("duration", config.throughputSeconds)
+            w.field("seqAtSubscribe", t.seqAtSubscribe)
+        }
+        guard let p = Control.collect([publisher], "published", timeout: config.throughputSeconds + 60)[0] else {
+            throw BenchError("\(t.name): publishers did not finish")
+        }
+        let windowReport = reports()
+        var finals: [Int64] = []
+        if case .array(let a)? = p["finals"] { finals = a.map { if case .number(let d) = $0 { return Int64(d) } else { return 0 } } }
+        verify(t, finals: finals, scenario: "throughput")
+        let final = reports()
+        closeSubscribers()
+        let elapsed = p.double("elapsed") ?? 1
+        let published = Double(p.int("count") ?? 0)
+        check(t, "throughput: publish errors", Int64(p.int("errors") ?? 0))
+        if (p.int("errors") ?? 0) > 0 { log("bench: \(t.name) publish error: \(p.string("error") ?? "")") }
+        let scenario = "throughput \(Self.count(config.throughputSubscribers))/\(Self.count(k))"
+        let ack = Self.histogram(p["ackHist"])
+        record(scenario, "publishes/s", "1/s", higher: true, t, published / elapsed)
+        record(scenario, "deliveries/s", "1/s", higher: true, t, Double(windowReport.deliveries) / elapsed)
+        record(scenario, "publish->receipt p50", "ms", higher: false, t, final.hist.percentile(0.5).map { Double($0) / 1e6 })
+        record(scenario, "publish->receipt p99", "ms", higher: false, t, final.hist.percentile(0.99).map { Double($0) / 1e6 })
+        record(scenario, "publish ack p50", "ms", higher: false, t, ack.percentile(0.5).map { Double($0) / 1e6 })
+        log("bench: \(t.name) throughput rep \(rep + 1): \(s.ready) subscribers, \(Int(published / elapsed)) publishes/s, "
+            + "\(Int(Double(windowReport.deliveries) / elapsed)) deliveries/s")
+    }
+
+    func terminal(_ t: Target, rep: Int) throws {
+        let prefix = "b\(runTag)-term\(rep)-\(t.name)"
+        let list = names(prefix, config.terminalActivities)
+        try batch(t, t.createRequests(list), what: "creating terminal activities")
+        try batch(t, t.finishRequests(list), what: "finishing terminal activities")
+        let paths = list.map { t.finishedStreamPath($0) }
+        let per = max(1, config.terminalConnections / subscribers.count)
+        for w in subscribers {
+            w.send { w in
+                w.field("cmd", "terminal")
+                w.key("addrs"); w.beginArray(); for a in addrs { w.string(a) }; w.endArray()
+                w.field("port", Int64(t.port))
+                w.field("target", t.name)
+                w.field("conns", Int64(per))
+                w.field("duration", config.terminalSeconds)
+                w.field("expectTerminal", t.kind == .dispatch)
+                w.key("paths"); w.beginArray(); for p in paths { w.string(p) }; w.endArray()
+            }
+        }
+        let got = Control.collect(subscribers, "terminal", timeout: config.terminalSeconds + 60)
+        var count = 0, errors = 0, wrong = 0
+        var elapsed = 0.0
+        for g in got {
+            guard let g else { throw BenchError("\(t.name): terminal streams did not finish") }
+            count += g.int("count") ?? 0
+            errors += g.int("errors") ?? 0
+            wrong += g.int("wrongEvent") ?? 0
+            elapsed = max(elapsed, g.double("elapsed") ?? 0)
+            if (g.int("errors") ?? 0) > 0 { log("bench: \(t.name) terminal: \(g.string("error") ?? "")") }
+        }
+        check(t, "terminal: failed streams", Int64(errors))
+        check(t, "terminal: wrong final event", Int64(wrong))
+        record("terminal", "finished streams/s", "1/s", higher: true, t, Double(count) / max(elapsed, 1e-6))
+        log("bench: \(t.name) terminal rep \(rep + 1): \(count) streams in \(fmt(elapsed))s")
+    }
+
+    // MARK: - Output
+
+    func fmt(_ v: Double) -> String {
+        if v.isNaN { return "-" }
+        let a = abs(v)
+        if a >= 100_000 { return String(Int(v.rounded())) }
+        if a >= 100 { return String(Int(v.rounded())) }
+        if a >= 10 { return String(Double(Int(v * 10)) / 10) }
+        return String(Double(Int(v * 100)) / 100)
+    }
+
+    func machine() -> [(String, String)] {
+        var model = ""
+        for line in (Proc.readFile("/proc/cpuinfo") ?? "").split(separator: "\n") where line.hasPrefix("model name") {
+            model = String(line.split(separator: ":", maxSplits: 1).last ?? "").trimmingCharacters(in: "\t")
+            break
+        }
+        let mem = Proc.kbField(Proc.readFile("/proc/meminfo") ?? "", "MemTotal:")
+        var u = utsname()
+        uname(&u)
+        let kernel = withUnsafeBytes(of: u.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        return [("cpu", model), ("cores", String(sysconf(Int32(_SC_NPROCESSORS_ONLN)))),
+                ("memory", "\(mem / 1024 / 1024) MiB"), ("kernel", kernel)]
+    }
+
+    func renderTable(elapsed: Double) -> String {
+        var lines: [String] = []
+        let names = targets.map(\.name)
+        let hasBoth = names.contains("dispatch") && names.contains("nchan")
+        func pad(_ s: String, _ n: Int, right: Bool = false) -> String {
+            s.count >= n ? s : (right ? String(repeating: " ", count: n - s.count) + s : s + String(repeating: " ", count: n - s.count))
+        }
+        lines.append("Dispatch vs nginx+nchan — \(config.mode) mode, \(config.repeats) run(s) each, medians; \(fmt(elapsed)) s")
+        lines.append(machine().map { "\($0.0): \($0.1)" }.joined(separator: "; "))
+        var header = pad("scenario", 22) + pad("figure", 26) + pad("unit", 10)
+        for n in names { header += pad(n, 12, right: true) }
+        if hasBoth { header += pad("D/nchan", 10, right: true) + "  better" }
+        lines.append(header)
+        lines.append(String(repeating: "-", count: header.count))
+        for f in figures {
+            var l = pad(f.scenario, 22) + pad(f.metric, 26) + pad(f.unit, 10)
+            for n in names { l += pad(f.median(n).map(fmt) ?? "-", 12, right: true) }
+            if hasBoth {
+                if let d = f.median("dispatch"), let c = f.median("nchan"), c != 0 {
+                    l += pad(fmt(d / c), 10, right: true)
+                } else {
+                    l += pad("-", 10, right: true)
+                }
+                l += "  " + (f.higherIsBetter ? "higher" : "lower")
+            }
+            lines.append(l)
+        }
+        lines.append("")
+        for n in names {
+            let c = checks[n] ?? [:]
+            let bad = c.filter { $0.value != 0 }
+            lines.append("\(n): " + (bad.isEmpty ? "no lost, duplicated or failed events/streams"
+                                                 : bad.map { "\($0.key) = \($0.value)" }.sorted().joined(separator: "; ")))
+        }
+        return lines.joined(separator: "\n")
+    }
+
+    func writeJSON(elapsed: Double) throws -> String {
+        var w = JSONWriter(capacity: 8192)
+        w.beginObject()
+        w.field("mode", config.mode)
+        w.field("runTag", runTag)
+        w.field("unixTime", Int64(time(nil)))
+        w.field("elapsedSeconds", elapsed)
+        w.field("repeats", Int64(config.repeats))
+        w.field("serverProcesses", Int64(config.serverWorkers))
+        w.field("subscriberProcesses", Int64(subscribers.count))
+        w.key("machine"); w.beginObject(); for (k, v) in machine() { w.field(k, v) }; w.endObject()
+        w.key("figures"); w.beginArray()
+        for f in figures {
+            w.beginObject()
+            w.field("scenario", f.scenario)
+            w.field("figure", f.metric)
+            w.field("unit", f.unit)
+            w.field("better", f.higherIsBetter ? "higher" : "lower")
+            for t in targets { if let m = f.median(t.name) { w.field(t.name, m) } else { w.key(t.name); w.null() } }
+            if let d = f.median("dispatch"), let c = f.median("nchan"), c != 0 { w.field("ratio", d / c) }
+            w.key("runs"); w.beginObject()
+            for t in targets { w.key(t.name); w.beginArray(); for v in f.runs[t.name] ?? [] { w.number(v) }; w.endArray() }
+            w.endObject()
+            w.endObject()
+        }
+        w.endArray()
+        w.key("checks"); w.beginObject()
+        for t in targets {
+            w.key(t.name); w.beginObject()
+            for (k, v) in (checks[t.name] ?? [:]).sorted(by: { $0.key < $1.key }) { w.field(k, v) }
+            w.endObject()
+        }
+        w.endObject()
+        w.key("problems"); w.beginArray(); for p in problems { w.string(p) }; w.endArray()
+        w.endObject()
+        let path: String
+        if let j = config.jsonOut {
+            path = j
+        } else {
+            Proc.mkdirs(absolute(config.resultsDir))
+            var tm = tm()
+            var now = time(nil)
+            gmtime_r(&now, &tm)
+            let stamp = String(format4(Int(tm.tm_year) + 1900)) + two(Int(tm.tm_mon) + 1) + two(Int(tm.tm_mday))
+                + "-" + two(Int(tm.tm_hour)) + two(Int(tm.tm_min)) + two(Int(tm.tm_sec))
+            path = "\(absolute(config.resultsDir))/\(stamp)-\(config.mode).json"
+            try Proc.writeFile("\(absolute(config.resultsDir))/latest-\(config.mode).json", w.string + "\n")
+        }
+        try Proc.writeFile(path, w.string + "\n")
+        return path
+    }
+
+    func two(_ v: Int) -> String { v < 10 ? "0\(v)" : String(v) }
+    func format4(_ v: Int) -> String { String(v) }
+
+    func absolute(_ p: String) -> String {
+        if p.hasPrefix("/") { return p }
+        var buf = [CChar](repeating: 0, count: 4096)
+        return String(cString: getcwd(&buf, 4096)) + "/" + p
+    }
+}
