@@ -1,2 +1,365 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import DispatchCore
-struct RunCommand { let options: CLIRunOptions; let client: Client; func run() -> Int32 { 0 } }
+
+/// What the signal handlers share with the main thread. Only async-signal-safe work happens
+/// in the handler: store the signal number, forward it with kill().
+enum RunSignals {
+    nonisolated(unsafe) static var child: pid_t = 0
+    nonisolated(unsafe) static var received: Int32 = 0
+    static let forwarded: [Int32] = [SIGINT, SIGTERM, SIGHUP]
+
+    static func install() {
+        var action = sigaction()
+        action.__sigaction_handler.sa_sigaction = { sig, info, _ in
+            RunSignals.received = sig
+            let pid = RunSignals.child
+            // A terminal's Ctrl-C (si_code SI_KERNEL) already went to the whole foreground
+            // process group, child included; forwarding it again would deliver it twice.
+            let code = info.map { $0.pointee.si_code } ?? 0
+            if pid > 0, code != 0x80 /* SI_KERNEL */ { kill(pid, sig) }
+        }
+        sigemptyset(&action.sa_mask)
+        action.sa_flags = SA_SIGINFO | SA_RESTART
+        for sig in forwarded { sigaction(sig, &action, nil) }
+    }
+
+    static func restoreDefaults() {
+        for sig in forwarded { signal(sig, SIG_DFL) }
+    }
+
+    static func block(_ how: Int32, old: UnsafeMutablePointer<sigset_t>?) {
+        var set = sigset_t()
+        sigemptyset(&set)
+        for sig in forwarded { sigaddset(&set, sig) }
+        sigprocmask(how, &set, old)
+    }
+
+    static func name(_ sig: Int32) -> String {
+        switch sig {
+        case SIGHUP: return "SIGHUP"
+        case SIGINT: return "SIGINT"
+        case SIGQUIT: return "SIGQUIT"
+        case SIGILL: return "SIGILL"
+        case SIGABRT: return "SIGABRT"
+        case SIGBUS: return "SIGBUS"
+        case SIGFPE: return "SIGFPE"
+        case SIGKILL: return "SIGKILL"
+        case SIGSEGV: return "SIGSEGV"
+        case SIGPIPE: return "SIGPIPE"
+        case SIGALRM: return "SIGALRM"
+        case SIGTERM: return "SIGTERM"
+        case SIGUSR1: return "SIGUSR1"
+        case SIGUSR2: return "SIGUSR2"
+        default: return "signal \(sig)"
+        }
+    }
+}
+
+/// `dispatch run -- CMD...`: start an activity, run CMD (optionally reading progress from its
+/// output), end the activity with CMD's outcome, and exit as CMD did.
+struct RunCommand {
+    let options: CLIRunOptions
+    let client: Client
+
+    func run() -> Int32 {
+        RunSignals.install()
+        let extractor = options.progressRegex.flatMap { try? CLIProgressExtractor(pattern: $0) }
+
+        // 1. Start. A failure here is reported but does not stop the command.
+        var start = options.start
+        if start.status == nil { start.status = "Running" }
+        var activityID: String?
+        switch client.call(method: "POST", path: "/v1/activities/start", body: CLIRequestBody.start(start)) {
+        case .answered(let response) where (200...299).contains(response.head.status):
+            if let value = try? JSONParser.parse(response.body), case .string(let id)? = value["activityId"] {
+                activityID = id
+            } else {
+                activityID = start.activityID
+            }
+        case .answered(let response):
+            Output.fail("run", "could not start the activity: \(CLIServerError.describe(status: response.head.status, body: response.body)); running the command untracked")
+        case .failed(_, let message):
+            Output.fail("run", "could not start the activity: \(message); running the command untracked")
+        }
+        if RunSignals.received != 0 {
+            let sig = RunSignals.received
+            finish(activityID, CLIEndOptions(activityID: "", state: "cancelled", status: "Cancelled (\(RunSignals.name(sig)))",
+                                             error: "interrupted by \(RunSignals.name(sig)) before the command started"))
+            return exitLikeSignal(sig)
+        }
+
+        // 2. Run the command.
+        let publisher = activityID.flatMap { id in extractor.map { _ in ProgressPublisher(client: client, activityID: id) } }
+        let outcome = ChildProcess.run(options.command, capture: extractor != nil) { line in
+            if let p = extractor?.progress(in: line) { publisher?.offer(p) }
+        }
+        RunSignals.restoreDefaults()  // a second Ctrl-C while the end is published stops us at once
+        publisher?.stop()
+
+        // 3. End with the command's outcome.
+        let sig = RunSignals.received
+        var end = CLIEndOptions(activityID: "")
+        switch outcome {
+        case .spawnFailed(let errno, let exitCode):
+            let what = errno == ENOENT ? "command not found: \(options.command[0])" : "cannot run \(options.command[0]): \(System.errorText(errno))"
+            Output.fail("run", what)
+            end.state = "error"; end.status = "Failed to start"; end.error = what
+            finish(activityID, end)
+            return exitCode
+        case .exited(let code):
+            if sig != 0 {
+                end.state = "cancelled"; end.status = "Cancelled (\(RunSignals.name(sig)))"
+            } else if code == 0 {
+                end.state = "completed"; end.status = "Completed"
+            } else {
+                end.state = "error"; end.status = "Failed (exit status \(code))"; end.error = "exit status \(code)"
+            }
+            finish(activityID, end)
+            return code
+        case .signaled(let childSignal):
+            if sig != 0 {
+                end.state = "cancelled"; end.status = "Cancelled (\(RunSignals.name(sig)))"
+            } else {
+                end.state = "error"; end.status = "Killed (\(RunSignals.name(childSignal)))"
+                end.error = "killed by \(RunSignals.name(childSignal))"
+            }
+            finish(activityID, end)
+            return exitLikeSignal(childSignal)
+        }
+    }
+
+    private func finish(_ activityID: String?, _ options: CLIEndOptions) {
+        guard let activityID else { return }
+        var o = options
+        o.activityID = activityID
+        switch client.call(method: "POST", path: Client.activityPath(activityID, "/end"), body: CLIRequestBody.end(o)) {
+        case .answered(let response) where (200...299).contains(response.head.status):
+            if client.global.json { client.printBody(response.body) }
+        case .answered(let response):
+            Output.fail("run", "could not end activity \(activityID): \(CLIServerError.describe(status: response.head.status, body: response.body))")
+        case .failed(_, let message):
+            Output.fail("run", "could not end activity \(activityID): \(message)")
+        }
+    }
+
+    /// Dies of the same signal as the command, so a calling shell sees what it would have seen
+    /// without `dispatch run` in between (bash stops a script on a child's SIGINT). Signals
+    /// that would dump core are reported as 128+N instead.
+    private func exitLikeSignal(_ sig: Int32) -> Int32 {
+        let coreDumping: [Int32] = [SIGQUIT, SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE, SIGSEGV, SIGSYS, SIGXCPU, SIGXFSZ]
+        if !coreDumping.contains(sig) {
+            signal(sig, SIG_DFL)
+            var set = sigset_t()
+            sigemptyset(&set)
+            sigaddset(&set, sig)
+            sigprocmask(SIG_UNBLOCK, &set, nil)
+            kill(getpid(), sig)
+        }
+        return 128 + sig
+    }
+}
+
+/// Spawns a command with posix_spawnp and waits for it, optionally passing its stdout and
+/// stderr through pipes so each line can be inspected.
+enum ChildProcess {
+    enum Outcome {
+        case exited(Int32)
+        case signaled(Int32)
+        /// errno of the failed spawn, and the shell-style exit code (127 not found, 126 otherwise).
+        case spawnFailed(Int32, Int32)
+    }
+
+    static func run(_ command: [String], capture: Bool, onLine: (String) -> Void) -> Outcome {
+        var outPipe: [Int32] = [-1, -1]
+        var errPipe: [Int32] = [-1, -1]
+        if capture {
+            guard pipe(&outPipe) == 0, pipe(&errPipe) == 0 else { return .spawnFailed(errno, 126) }
+            for fd in outPipe + errPipe { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        }
+
+        var attr = posix_spawnattr_t()
+        posix_spawnattr_init(&attr)
+        defer { posix_spawnattr_destroy(&attr) }
+        var emptyMask = sigset_t()
+        sigemptyset(&emptyMask)
+        posix_spawnattr_setsigmask(&attr, &emptyMask)
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for sig in RunSignals.forwarded + [SIGPIPE, SIGQUIT] { sigaddset(&defaults, sig) }
+        posix_spawnattr_setsigdefault(&attr, &defaults)
+        posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        if capture {
+            posix_spawn_file_actions_adddup2(&actions, outPipe[1], 1)
+            posix_spawn_file_actions_adddup2(&actions, errPipe[1], 2)
+        }
+
+        var argv: [UnsafeMutablePointer<CChar>?] = command.map { strdup($0) }
+        argv.append(nil)
+        defer { for p in argv { free(p) } }
+
+        // Block the forwarded signals until the child's pid is known, so none is lost between
+        // the spawn and the handler learning whom to forward to.
+        var oldMask = sigset_t()
+        RunSignals.block(SIG_BLOCK, old: &oldMask)
+        var pid: pid_t = 0
+        let rc = posix_spawnp(&pid, argv[0]!, &actions, &attr, argv, environ)
+        if rc == 0 { RunSignals.child = pid }
+        sigprocmask(SIG_SETMASK, &oldMask, nil)
+
+        if capture {
+            close(outPipe[1])
+            close(errPipe[1])
+        }
+        guard rc == 0 else {
+            if capture { close(outPipe[0]); close(errPipe[0]) }
+            return .spawnFailed(rc, rc == ENOENT ? 127 : 126)
+        }
+
+        var status: Int32 = 0
+        var reaped = false
+        if capture {
+            reaped = pump(out: outPipe[0], err: errPipe[0], pid: pid, status: &status, onLine: onLine)
+        }
+        while !reaped {
+            if waitpid(pid, &status, 0) == pid { reaped = true } else if errno != EINTR { break }
+        }
+        RunSignals.child = 0
+        // WIFEXITED / WTERMSIG are macros that Swift does not import.
+        let termSignal = status & 0x7F
+        if termSignal == 0 { return .exited((status >> 8) & 0xFF) }
+        return .signaled(termSignal)
+    }
+
+    /// Copies the child's output to ours and hands complete lines to `onLine`, until both pipes
+    /// close or the child has exited and its pipes are drained (a grandchild that keeps a pipe
+    /// open must not keep us waiting). Returns whether the child was reaped.
+    private static func pump(out: Int32, err: Int32, pid: pid_t, status: inout Int32, onLine: (String) -> Void) -> Bool {
+        var fds = [pollfd(fd: out, events: Int16(POLLIN), revents: 0), pollfd(fd: err, events: Int16(POLLIN), revents: 0)]
+        var splitters = [CLILineSplitter(), CLILineSplitter()]
+        let targets: [Int32] = [1, 2]
+        var open = [true, true]
+        var reaped = false
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        while open[0] || open[1] {
+            for i in 0..<2 { fds[i].fd = open[i] ? (i == 0 ? out : err) : -1; fds[i].revents = 0 }
+            let n = poll(&fds, 2, reaped ? 0 : 200)
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 {
+                if reaped { break }  // exited and nothing left to read right now
+                if waitpid(pid, &status, WNOHANG) == pid { reaped = true }
+                continue
+            }
+            for i in 0..<2 where open[i] && fds[i].revents != 0 {
+                let count = buffer.withUnsafeMutableBytes { read(fds[i].fd, $0.baseAddress!, $0.count) }
+                if count > 0 {
+                    let chunk = buffer[..<count]
+                    Output.write(targets[i], Array(chunk))
+                    for line in splitters[i].feed(chunk) { onLine(line) }
+                } else if count == 0 || (errno != EINTR && errno != EAGAIN) {
+                    open[i] = false
+                    close(fds[i].fd)
+                    if let rest = splitters[i].finish() { onLine(rest) }
+                }
+            }
+        }
+        for i in 0..<2 where open[i] {
+            close(i == 0 ? out : err)
+            if let rest = splitters[i].finish() { onLine(rest) }
+        }
+        return reaped
+    }
+}
+
+/// Publishes `run`'s progress from a background thread, so the command's output is never held
+/// up by the network. Values coalesce: only the latest is sent, at most every `interval` s.
+final class ProgressPublisher: @unchecked Sendable {
+    private let client: Client
+    private let activityID: String
+    private let interval = 0.25
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let cond = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+    private var pending: Double?
+    private var stopping = false
+    private var thread = pthread_t()
+    private var warned = false
+
+    init(client: Client, activityID: String) {
+        var c = client
+        c.attemptTimeout = 5
+        self.client = c
+        self.activityID = activityID
+        pthread_mutex_init(mutex, nil)
+        pthread_cond_init(cond, nil)
+        let unmanaged = Unmanaged.passRetained(self)
+        pthread_create(&thread, nil, { arg in
+            let me = Unmanaged<ProgressPublisher>.fromOpaque(arg!).takeRetainedValue()
+            me.loop()
+            return nil
+        }, unmanaged.toOpaque())
+    }
+
+    deinit {
+        pthread_mutex_destroy(mutex)
+        pthread_cond_destroy(cond)
+        mutex.deallocate()
+        cond.deallocate()
+    }
+
+    func offer(_ progress: Double) {
+        pthread_mutex_lock(mutex)
+        pending = progress
+        pthread_cond_signal(cond)
+        pthread_mutex_unlock(mutex)
+    }
+
+    /// Sends what is still pending, then ends the thread.
+    func stop() {
+        pthread_mutex_lock(mutex)
+        stopping = true
+        pthread_cond_signal(cond)
+        pthread_mutex_unlock(mutex)
+        pthread_join(thread, nil)
+    }
+
+    private func loop() {
+        var lastSent: Double?
+        while true {
+            pthread_mutex_lock(mutex)
+            while pending == nil && !stopping { pthread_cond_wait(cond, mutex) }
+            let value = pending
+            pending = nil
+            let done = stopping
+            pthread_mutex_unlock(mutex)
+            if let value, value != lastSent {
+                lastSent = value
+                send(value, budget: done ? 2 : min(client.global.retryFor, 5))
+            }
+            if done { return }
+            System.sleep(seconds: interval)
+        }
+    }
+
+    private func send(_ progress: Double, budget: Double) {
+        let body = CLIRequestBody.update(CLIUpdateOptions(activityID: activityID, progress: progress))
+        switch client.call(method: "POST", path: Client.activityPath(activityID, "/update"), body: body, retryFor: budget) {
+        case .answered(let response) where (200...299).contains(response.head.status):
+            return
+        case .answered(let response):
+            warnOnce(CLIServerError.describe(status: response.head.status, body: response.body))
+        case .failed(_, let message):
+            warnOnce(message)
+        }
+    }
+
+    private func warnOnce(_ message: String) {
+        guard !warned else { return }
+        warned = true
+        Output.fail("run", "progress update failed: \(message) (further failures are not reported)")
+    }
+}
