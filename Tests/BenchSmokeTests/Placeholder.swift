@@ -1,2 +1,0 @@
-import XCTest
-final class PlaceholderBench: XCTestCase { func testNothing() {} }

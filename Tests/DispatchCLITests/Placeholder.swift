@@ -1,2 +1,0 @@
-import XCTest
-final class PlaceholderDispatchCLITests: XCTestCase { func testNothing() {} }
