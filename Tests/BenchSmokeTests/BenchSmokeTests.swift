@@ -1,0 +1,43 @@
+import DispatchCore
+import DispatchTestSupport
+import Foundation
+import XCTest
+
+/// Runs the benchmark in smoke mode (a few hundred streams, seconds long) against a real
+/// dispatchd: every scenario must finish with no lost, duplicated or failed event or stream.
+final class BenchSmokeTests: XCTestCase {
+    func testSmokeRunAgainstDispatchLosesNothing() throws {
+        let server = try TestServer.start()
+        defer { server.stop() }
+        let json = NSTemporaryDirectory() + "bench-smoke-\(getpid()).json"
+        defer { try? FileManager.default.removeItem(atPath: json) }
+
+        let bench = Process()
+        bench.executableURL = URL(fileURLWithPath: TestPaths.binary("dispatch-bench"))
+        bench.arguments = ["run", "--smoke", "--only", "dispatch",
+                           "--dispatch-port", String(server.port), "--key", server.adminKey, "--json", json]
+        let output = Pipe()
+        bench.standardOutput = output
+        bench.standardError = output
+        try bench.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        bench.waitUntilExit()
+        XCTAssertEqual(bench.terminationStatus, 0, text)
+
+        let result = try JSONParser.parse(Array(try Data(contentsOf: URL(fileURLWithPath: json))))
+        guard case .object(let checks)? = result["checks"]?["dispatch"] else { return XCTFail("no checks in \(json)\n\(text)") }
+        for (name, value) in checks { XCTAssertEqual(value, .number(0), "\(name)\n\(text)") }
+        guard case .array(let figures)? = result["figures"] else { return XCTFail("no figures\n\(text)") }
+        let names = Set(figures.compactMap { f -> String? in
+            if case .string(let s)? = f["scenario"], case .string(let m)? = f["figure"] { return "\(s.split(separator: " ")[0]) \(m)" }
+            return nil
+        })
+        for expected in ["idle connect rate", "fanout last receipt p50", "throughput publishes/s",
+                         "throughput deliveries/s", "throughput publish->receipt p50", "terminal finished streams/s"] {
+            XCTAssertTrue(names.contains(expected), "missing figure \(expected)\n\(text)")
+        }
+        // Events really flowed: a run that delivered nothing would pass the loss checks vacuously.
+        let deliveries = figures.first { $0["figure"] == .string("deliveries/s") }?["dispatch"]
+        if case .number(let d)? = deliveries { XCTAssertGreaterThan(d, 0) } else { XCTFail("no deliveries\n\(text)") }
+    }
+}
