@@ -157,7 +157,7 @@ struct WatchCommand {
                 if client.global.json {
                     Output.out(CLIText.oneLine(raw))
                 } else if renderer.enabled {
-                    renderer.show(view)
+                    if event != "not_found" { renderer.show(view) }
                 } else {
                     Output.out(CLIProgress.plainLine(event: event, view: view))
                 }
