@@ -87,6 +87,9 @@ struct WatchCommand {
         var status: Int?
         var errorBody: [UInt8] = []
         var connected = false
+        /// Bytes arrived on this stream: only then does a later drop start a new outage, so a
+        /// server that accepts and hangs up at once cannot keep the watch looping forever.
+        var streamed = false
         var lastActivity = System.monotonic()
         let tick = renderer.enabled ? 0.25 : WatchCommand.idleTimeout
 
@@ -95,12 +98,12 @@ struct WatchCommand {
             do {
                 events = try conn.readEvents(until: System.monotonic() + tick)
             } catch {
-                return .reconnect(connected: connected, afterMilliseconds: nil, reason: error.message)
+                return .reconnect(connected: streamed, afterMilliseconds: nil, reason: error.message)
             }
             guard let events else {
                 renderer.tick()
                 if System.monotonic() - lastActivity > WatchCommand.idleTimeout {
-                    return .reconnect(connected: connected, afterMilliseconds: 0, reason: "the stream went silent")
+                    return .reconnect(connected: streamed, afterMilliseconds: 0, reason: "the stream went silent")
                 }
                 continue
             }
@@ -111,6 +114,11 @@ struct WatchCommand {
                     status = head.status
                     switch state.answered(status: head.status) {
                     case .readStream:
+                        guard head.header("content-type")?.lowercased().hasPrefix("text/event-stream") == true else {
+                            renderer.finish()
+                            Output.fail("watch", "the server did not answer with an event stream (Content-Type: \(CLIText.oneLine(head.header("content-type") ?? "none")))")
+                            return .finished(.unavailable)
+                        }
                         connected = true
                         renderer.note = nil
                     case .fetchSnapshot:
@@ -120,6 +128,7 @@ struct WatchCommand {
                     }
                 case .body(let bytes):
                     if connected {
+                        streamed = true
                         for sseEvent in sse.feed(bytes) {
                             if let r = sse.retryMilliseconds { state.retryAdvised(milliseconds: r) }
                             if let code = perform(state.received(sseEvent), raw: sseEvent.data, renderer: renderer) { return .finished(code) }
@@ -130,7 +139,7 @@ struct WatchCommand {
                     }
                 case .end:
                     if connected {
-                        return .reconnect(connected: true, afterMilliseconds: nil, reason: "the stream ended early")
+                        return .reconnect(connected: streamed, afterMilliseconds: nil, reason: "the stream ended early")
                     }
                     let s = status ?? 0
                     let message = CLIServerError.describe(status: s, body: errorBody)
@@ -190,7 +199,7 @@ struct WatchCommand {
             }
             let actions = state.snapshotFetched(view)
             if let code = perform(actions, raw: String(decoding: response.body, as: UTF8.self), renderer: renderer) { return .finished(code) }
-            return .reconnect(connected: true, afterMilliseconds: nil, reason: "the activity is still running")
+            return .reconnect(connected: false, afterMilliseconds: nil, reason: "the activity is still running")
         }
     }
 
