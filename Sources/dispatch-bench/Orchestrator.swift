@@ -8,16 +8,16 @@ struct BenchConfig {
     var mode = "quick"
     var idleCounts = [1000, 10000]
     var idleActivities = 1000
-    var fanoutSubscribers = 5000
+    var fanoutSubscribers = 10000
     var fanoutEvents = 10
-    var throughputSubscribers = 5000
-    var throughputActivities = 1000
-    var throughputPublishers = 32
+    var throughputSubscribers = 10000
+    var throughputActivities = 2000
+    var throughputPublishers = 64
     var throughputSeconds = 4.0
-    var terminalConnections = 64
-    var terminalActivities = 500
-    var terminalSeconds = 3.0
-    var repeats = 1
+    var terminalConnections = 128
+    var terminalActivities = 1000
+    var terminalSeconds = 2.0
+    var repeats = 3
     var targets: [Target.Kind] = [.dispatch, .nchan]
     var serverWorkers = 2
     var addressCount = 8
@@ -27,7 +27,7 @@ struct BenchConfig {
     var template = "bench/nginx.conf.template"
     var resultsDir = "bench/results"
     var jsonOut: String?
-    var deadlineSeconds: UInt32 = 240
+    var deadlineSeconds: UInt32 = 300
 
     static func preset(_ mode: String) -> BenchConfig {
         var c = BenchConfig()
@@ -35,18 +35,12 @@ struct BenchConfig {
         switch mode {
         case "full":
             c.idleCounts = [1000, 10000, 50000]
-            c.fanoutSubscribers = 10000
             c.fanoutEvents = 20
-            c.throughputSubscribers = 10000
-            c.throughputActivities = 2000
-            c.throughputPublishers = 64
             c.throughputSeconds = 10
-            c.terminalConnections = 128
-            c.terminalActivities = 1000
             c.terminalSeconds = 8
-            c.repeats = 3
+            c.repeats = 5
             c.serverWorkers = 3  // 50k streams need three processes of at most 20,000 files each
-            c.deadlineSeconds = 1000
+            c.deadlineSeconds = 1200
         case "smoke":
             c.idleCounts = [300]
             c.idleActivities = 30
@@ -59,6 +53,7 @@ struct BenchConfig {
             c.terminalConnections = 8
             c.terminalActivities = 30
             c.terminalSeconds = 1
+            c.repeats = 1
             c.deadlineSeconds = 120
         default:
             break
@@ -134,7 +129,7 @@ final class Orchestrator {
         for rep in 0..<config.repeats {
             // Alternate which server goes first so neither always gets the warmer machine.
             let order = rep % 2 == 0 ? targets : targets.reversed()
-            for n in config.idleCounts { for t in order { try idle(t, count: n, rep: rep) } }
+            for t in order { try idle(t, rep: rep) }
             for t in order { try fanout(t, rep: rep) }
             for t in order { try throughput(t, rep: rep) }
             for t in order { try terminal(t, rep: rep) }
@@ -217,9 +212,10 @@ final class Orchestrator {
     }
 
     /// Opens `count` streams spread over the subscriber processes; returns when all are ready.
-    func subscribe(_ t: Target, count: Int, path: String, channels: Int, trackSeqs: Bool) throws -> Subscribed {
+    func subscribe(_ t: Target, count: Int, path: String, channels: Int, trackSeqs: Bool,
+                   firstIndex: Int = 0) throws -> Subscribed {
         let n = subscribers.count
-        var first = 0
+        var first = firstIndex
         for (k, w) in subscribers.enumerated() {
             let share = count / n + (k < count % n ? 1 : 0)
             let f = first
@@ -314,21 +310,29 @@ final class Orchestrator {
         for t in targets { try batch(t, t.createRequests(names(idlePrefix, config.idleActivities)), what: "creating idle activities") }
     }
 
-    func idle(_ t: Target, count: Int, rep: Int) throws {
-        let scenario = "idle \(Self.count(count))"
+    /// Streams are added in steps (1k, then up to 10k, then up to 50k) on a freshly started
+    /// server: memory freed by an earlier step or scenario would otherwise be reused and hide
+    /// the cost. Per stream = (RSS now - RSS of the fresh, empty server) / streams open.
+    func idle(_ t: Target, rep: Int) throws {
+        try t.restart()
         Control.sleep(1)
         let before = t.memory()
-        let s = try subscribe(t, count: count, path: t.streamPath("\(idlePrefix)-{ch}"),
-                              channels: config.idleActivities, trackSeqs: false)
-        Control.sleep(1.5)
-        let after = t.memory()
-        record(scenario, "connect rate", "streams/s", higher: true, t, Double(s.ready) / max(s.elapsed, 1e-6))
-        if let b = before, let a = after, s.ready > 0 {
-            record(scenario, "memory per stream (RSS)", "B", higher: false, t, Double(a.rss - b.rss) / Double(s.ready))
-            record(scenario, "memory per stream (PSS)", "B", higher: false, t, Double(a.pss - b.pss) / Double(s.ready))
+        var open = 0
+        for n in config.idleCounts.sorted() where n > open {
+            let scenario = "idle \(Self.count(n))"
+            let s = try subscribe(t, count: n - open, path: t.streamPath("\(idlePrefix)-{ch}"),
+                                  channels: config.idleActivities, trackSeqs: false, firstIndex: open)
+            open += s.ready + s.failed
+            Control.sleep(1.5)
+            let after = t.memory()
+            record(scenario, "connect rate", "streams/s", higher: true, t, Double(s.ready) / max(s.elapsed, 1e-6))
+            if let b = before, let a = after, open > 0 {
+                record(scenario, "memory per stream (RSS)", "B", higher: false, t, Double(a.rss - b.rss) / Double(open))
+                record(scenario, "memory per stream (PSS)", "B", higher: false, t, Double(a.pss - b.pss) / Double(open))
+            }
+            log("bench: \(t.name) \(scenario) rep \(rep + 1): +\(s.ready) streams in \(fmt(s.elapsed))s"
+                + (before != nil && after != nil ? ", rss \(before!.rss / 1024) -> \(after!.rss / 1024) KiB over \(after!.processes) processes" : ""))
         }
-        log("bench: \(t.name) \(scenario) rep \(rep + 1): \(s.ready) streams in \(fmt(s.elapsed))s"
-            + (before != nil && after != nil ? ", rss \(before!.rss / 1024) -> \(after!.rss / 1024) KiB" : ""))
         closeSubscribers()
     }
 

@@ -13,7 +13,8 @@ final class Target {
     /// Root process whose tree is weighed (nil: an external server, memory not measured).
     var rootPid: pid_t?
     var logPath = ""
-    var version = ""
+    /// Starts the server process again (same port, key and data); nil for an external server.
+    var starter: (() throws -> pid_t)?
 
     init(kind: Kind, port: UInt16, key: String, rootPid: pid_t?) {
         self.kind = kind
@@ -98,6 +99,14 @@ final class Target {
         return (rss, pss, n)
     }
 
+    /// A fresh process, so memory freed by earlier scenarios (kept by malloc and nginx's
+    /// pools) does not hide what new streams cost. Stored data (activities) survives.
+    func restart() throws {
+        guard let starter else { return }
+        stop()
+        rootPid = try starter()
+    }
+
     func stop() {
         guard let pid = rootPid else { return }
         // nginx: SIGTERM is its fast shutdown; dispatchd: SIGTERM drains and stops PostgreSQL.
@@ -142,23 +151,27 @@ enum Servers {
         let data = "\(dir)/dispatch-data"
         Proc.mkdirs(data)
         let logPath = "\(dir)/dispatchd.log"
-        let logFd = open(logPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         let listen = addresses.map { "\($0):\(port)" }.joined(separator: ",")
-        let pid = try Proc.spawn(binary, [], env: [
-            "DISPATCH_LISTEN": listen,
-            "DISPATCH_BOOTSTRAP_KEY": key,
-            "DISPATCH_WORKERS": String(workers),
-            "DISPATCH_DATA_DIR": data,
-            "DISPATCH_LOG_LEVEL": "warning",
-        ], stdin: nil, stdout: logFd, stderr: logFd)
-        Glibc.close(logFd)
-        let target = Target(kind: .dispatch, port: port, key: key, rootPid: pid)
-        target.logPath = logPath
-        let ok = BlockingHTTP.waitReady(port: port, path: "/readyz", seconds: 120) { Proc.alive(pid) }
-        if !ok {
-            target.stop()
-            throw BenchError("dispatchd did not become ready; see \(logPath):\n\(tail(logPath))")
+        let start = { () throws -> pid_t in
+            let logFd = open(logPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+            let pid = try Proc.spawn(binary, [], env: [
+                "DISPATCH_LISTEN": listen,
+                "DISPATCH_BOOTSTRAP_KEY": key,
+                "DISPATCH_WORKERS": String(workers),
+                "DISPATCH_DATA_DIR": data,
+                "DISPATCH_LOG_LEVEL": "warning",
+            ], stdin: nil, stdout: logFd, stderr: logFd)
+            Glibc.close(logFd)
+            let ok = BlockingHTTP.waitReady(port: port, path: "/readyz", seconds: 120) { Proc.alive(pid) }
+            if !ok {
+                Proc.stop(pid)
+                throw BenchError("dispatchd did not become ready; see \(logPath):\n\(tail(logPath))")
+            }
+            return pid
         }
+        let target = Target(kind: .dispatch, port: port, key: key, rootPid: try start())
+        target.logPath = logPath
+        target.starter = start
         return target
     }
 
@@ -196,17 +209,21 @@ enum Servers {
             .replacing("{{LISTEN}}", with: listen)
         try Proc.writeFile("\(ndir)/nginx.conf", conf)
         let logPath = "\(ndir)/stderr.log"
-        let logFd = open(logPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        let pid = try Proc.spawn(nginx, ["-p", ndir, "-c", "\(ndir)/nginx.conf", "-e", "\(ndir)/error.log"],
-                                 stdout: logFd, stderr: logFd)
-        Glibc.close(logFd)
-        let target = Target(kind: .nchan, port: port, key: "", rootPid: pid)
-        target.logPath = "\(ndir)/error.log"
-        let ok = BlockingHTTP.waitReady(port: port, path: "/readyz", seconds: 20) { Proc.alive(pid) }
-        if !ok {
-            target.stop()
-            throw BenchError("nginx did not become ready:\n\(tail(logPath))\n\(tail("\(ndir)/error.log"))")
+        let start = { () throws -> pid_t in
+            let logFd = open(logPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+            let pid = try Proc.spawn(nginx, ["-p", ndir, "-c", "\(ndir)/nginx.conf", "-e", "\(ndir)/error.log"],
+                                     stdout: logFd, stderr: logFd)
+            Glibc.close(logFd)
+            let ok = BlockingHTTP.waitReady(port: port, path: "/readyz", seconds: 20) { Proc.alive(pid) }
+            if !ok {
+                Proc.stop(pid)
+                throw BenchError("nginx did not become ready:\n\(tail(logPath))\n\(tail("\(ndir)/error.log"))")
+            }
+            return pid
         }
+        let target = Target(kind: .nchan, port: port, key: "", rootPid: try start())
+        target.logPath = "\(ndir)/error.log"
+        target.starter = start
         return target
     }
 

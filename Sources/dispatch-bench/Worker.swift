@@ -413,7 +413,7 @@ final class Worker {
         firstError = ""
         subStart = Clock.realtime()
         subReportedDone = false
-        conns.reserveCapacity(subTotal + 64)
+        conns.reserveCapacity(conns.count + subTotal + 64)
         startMoreSubscribers()
         if subTotal == 0 { subscriberSettled(ready: true) }
     }
