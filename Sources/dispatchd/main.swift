@@ -1,1 +1,4 @@
-print("dispatchd")
+import DispatchServer
+import Glibc
+
+exit(Dispatchd.main(Array(CommandLine.arguments.dropFirst())))

@@ -1,0 +1,123 @@
+public enum ActivityState: String, Sendable, CaseIterable {
+    case queued, processing, retrying, completed, error, cancelled
+
+    public var isTerminal: Bool {
+        switch self {
+        case .queued, .processing, .retrying: return false
+        case .completed, .error, .cancelled: return true
+        }
+    }
+}
+
+/// The snapshot of one tracked job: what every stream and read shows.
+public struct Activity: Equatable, Sendable {
+    public var activityId: String
+    public var taskName: String
+    public var systemImage: String?
+    public var machine: String?
+    public var cancelURL: String?
+    public var state: ActivityState
+    public var progress: Double?
+    public var status: String?
+    public var attempt: Int64
+    public var seq: Int64
+    public var cancelRequested: Bool
+    public var createdAt: Int64
+    public var updatedAt: Int64
+    public var endedAt: Int64?
+    public var error: String?
+
+    public init(activityId: String, taskName: String, systemImage: String? = nil, machine: String? = nil,
+                cancelURL: String? = nil, state: ActivityState, progress: Double? = nil, status: String? = nil,
+                attempt: Int64 = 1, seq: Int64 = 1, cancelRequested: Bool = false, createdAt: Int64,
+                updatedAt: Int64, endedAt: Int64? = nil, error: String? = nil) {
+        self.activityId = activityId
+        self.taskName = taskName
+        self.systemImage = systemImage
+        self.machine = machine
+        self.cancelURL = cancelURL
+        self.state = state
+        self.progress = progress
+        self.status = status
+        self.attempt = attempt
+        self.seq = seq
+        self.cancelRequested = cancelRequested
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+        self.endedAt = endedAt
+        self.error = error
+    }
+
+    /// The snapshot as one line of JSON, fields in the contract's order.
+    public func json() -> [UInt8] {
+        var w = JSONWriter(capacity: 384)
+        w.beginObject()
+        w.field("activityId", activityId)
+        w.field("taskName", taskName)
+        w.field("systemImage", systemImage)
+        w.field("machine", machine)
+        w.field("cancelURL", cancelURL)
+        w.field("state", state.rawValue)
+        w.field("progress", progress)
+        w.field("status", status)
+        w.field("attempt", attempt)
+        w.field("seq", seq)
+        w.field("cancelRequested", cancelRequested)
+        w.field("createdAt", Timestamp.format(milliseconds: createdAt))
+        w.field("updatedAt", Timestamp.format(milliseconds: updatedAt))
+        w.field("endedAt", endedAt.map { Timestamp.format(milliseconds: $0) })
+        w.field("error", error)
+        w.endObject()
+        return w.bytes
+    }
+
+    /// Reads back what `json()` wrote (snapshots carried by NOTIFY and stored history).
+    public static func decode(_ value: JSONValue) -> Activity? {
+        func str(_ k: String) -> String?? {
+            switch value[k] {
+            case .some(.string(let s)): return .some(s)
+            case .some(.null): return .some(nil)
+            default: return nil
+            }
+        }
+        func num(_ k: String) -> Double?? {
+            switch value[k] {
+            case .some(.number(let d)): return .some(d)
+            case .some(.null): return .some(nil)
+            default: return nil
+            }
+        }
+        guard case .string(let id)? = value["activityId"], case .string(let name)? = value["taskName"],
+              case .string(let stateText)? = value["state"], let state = ActivityState(rawValue: stateText),
+              case .number(let attempt)? = value["attempt"], case .number(let seq)? = value["seq"],
+              case .bool(let cancel)? = value["cancelRequested"],
+              case .string(let created)? = value["createdAt"], let createdAt = Timestamp.parse(created),
+              case .string(let updated)? = value["updatedAt"], let updatedAt = Timestamp.parse(updated),
+              let image = str("systemImage"), let machine = str("machine"), let url = str("cancelURL"),
+              let progress = num("progress"), let status = str("status"), let ended = str("endedAt")
+        else { return nil }
+        var endedAt: Int64?
+        if let ended { guard let t = Timestamp.parse(ended) else { return nil }; endedAt = t }
+        let error: String?
+        switch value["error"] {
+        case .some(.string(let s)): error = s
+        default: error = nil
+        }
+        return Activity(activityId: id, taskName: name, systemImage: image, machine: machine, cancelURL: url,
+                        state: state, progress: progress, status: status, attempt: Int64(attempt), seq: Int64(seq),
+                        cancelRequested: cancel, createdAt: createdAt, updatedAt: updatedAt, endedAt: endedAt,
+                        error: error)
+    }
+}
+
+/// One accepted change: the event's name and the snapshot after it.
+public struct ActivityEvent: Equatable, Sendable {
+    public var seq: Int64 { snapshot.seq }
+    public let name: String
+    public let snapshot: Activity
+
+    public init(name: String, snapshot: Activity) {
+        self.name = name
+        self.snapshot = snapshot
+    }
+}

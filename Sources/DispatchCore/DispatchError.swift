@@ -1,0 +1,69 @@
+/// Every error a client can see: a stable machine-readable code mapped to one HTTP status here.
+public struct DispatchError: Error, Equatable, Sendable {
+    public enum Code: String, Sendable, CaseIterable {
+        case invalidJSON = "invalid_json"
+        case invalidField = "invalid_field"
+        case unknownField = "unknown_field"
+        case missingField = "missing_field"
+        case invalidQuery = "invalid_query"
+        case notFound = "not_found"
+        case alreadyFinished = "already_finished"
+        case conflict = "conflict"
+        case invalidTransition = "invalid_transition"
+        case bodyTooLarge = "body_too_large"
+        case unsupportedMediaType = "unsupported_media_type"
+        case unauthorized = "unauthorized"
+        case forbidden = "forbidden"
+        case methodNotAllowed = "method_not_allowed"
+        case rateLimited = "rate_limited"
+        case tooManyStreams = "too_many_streams"
+        case databaseUnavailable = "database_unavailable"
+        case internalError = "internal"
+    }
+
+    public let code: Code
+    public let message: String
+    /// For 409 answers: the stored snapshot the request conflicted with.
+    public var snapshot: Activity?
+    /// For 429 answers: seconds until a retry can succeed.
+    public var retryAfterSeconds: Int?
+
+    public init(_ code: Code, _ message: String, snapshot: Activity? = nil) {
+        self.code = code
+        self.message = message
+        self.snapshot = snapshot
+    }
+
+    public var httpStatus: Int {
+        switch code {
+        case .invalidJSON, .invalidField, .unknownField, .missingField, .invalidQuery: return 400
+        case .unauthorized: return 401
+        case .forbidden: return 403
+        case .notFound: return 404
+        case .methodNotAllowed: return 405
+        case .alreadyFinished, .conflict, .invalidTransition: return 409
+        case .bodyTooLarge: return 413
+        case .unsupportedMediaType: return 415
+        case .rateLimited, .tooManyStreams: return 429
+        case .internalError: return 500
+        case .databaseUnavailable: return 503
+        }
+    }
+
+    /// `{"error":{"code":"...","message":"..."}}`, plus the stored snapshot on a conflict.
+    public func jsonBody(now: Int64) -> [UInt8] {
+        var w = JSONWriter()
+        w.beginObject()
+        w.key("error")
+        w.beginObject()
+        w.field("code", code.rawValue)
+        w.field("message", message)
+        w.endObject()
+        if let snapshot {
+            w.key("activity")
+            w.raw(snapshot.json())
+        }
+        w.endObject()
+        return w.bytes
+    }
+}

@@ -1,0 +1,307 @@
+/// An event the hub can order: its per-activity seq and whether it ends the activity.
+public protocol HubEvent {
+    var seq: Int64 { get }
+    var isTerminal: Bool { get }
+}
+
+/// Fan-out bookkeeping for one server process, as a pure state machine.
+///
+/// Topics are activities with at least one subscriber here. A topic is *synced* when it
+/// holds the newest committed event and has seen every later one; only then can a new
+/// subscriber be answered from memory. Every input returns the actions the IO shell
+/// performs. Ids on every subscriber's stream are consecutive: events are delivered only
+/// in seq order, duplicates are dropped, and a gap triggers a read of stored history.
+public struct Hub<Subscriber: Hashable, Event: HubEvent> {
+    public enum Action {
+        /// Read the activity's current snapshot (nil result: unknown activity).
+        case readSnapshot(topic: String)
+        /// Read stored history after `after` for the whole topic (gap or lost LISTEN session).
+        case readTopicHistory(topic: String, after: Int64)
+        /// Read stored history after `after` for one subscriber's replay (`Last-Event-ID`).
+        case readHistory(subscriber: Subscriber, topic: String, after: Int64)
+        /// Write these events, in order, to the subscriber.
+        case send(Subscriber, [Event])
+        /// The stream is over: its terminal event was sent, or there is nothing more.
+        case finish(Subscriber)
+        /// Answer `204 No Content`: the client already has the final event.
+        case noContent(Subscriber)
+        /// Answer the `not_found` event and end.
+        case notFound(Subscriber)
+        /// Disconnect (backlog exceeded); the client resumes with `Last-Event-ID`.
+        case drop(Subscriber)
+    }
+
+    enum TopicPhase: Equatable {
+        case loading
+        case synced
+        case resyncing
+    }
+
+    struct Topic {
+        var subscribers: Set<Subscriber> = []
+        var phase: TopicPhase = .loading
+        var latest: Event?
+        /// Events received while loading or resyncing, applied in seq order afterwards.
+        var pending: [Event] = []
+        var needsResyncAfterLoad = false
+    }
+
+    enum SubscriberPhase {
+        case waitingForTopic
+        case catchingUp(buffer: [Event])
+        case live
+    }
+
+    struct SubscriberState {
+        let topic: String
+        var lastSent: Int64?
+        var phase: SubscriberPhase
+    }
+
+    public let maxPendingEvents: Int
+    var topics: [String: Topic] = [:]
+    var subscribers: [Subscriber: SubscriberState] = [:]
+
+    public init(maxPendingEvents: Int = 1024) {
+        self.maxPendingEvents = maxPendingEvents
+    }
+
+    public var subscriberCount: Int { subscribers.count }
+    public var topicCount: Int { topics.count }
+    public func isSubscribed(_ s: Subscriber) -> Bool { subscribers[s] != nil }
+    public func lastSent(_ s: Subscriber) -> Int64? { subscribers[s]?.lastSent }
+    public func subscribers(of topic: String) -> Set<Subscriber> { topics[topic]?.subscribers ?? [] }
+
+    // MARK: - Inputs
+
+    public mutating func subscribe(_ s: Subscriber, topic name: String, lastEventID: Int64?) -> [Action] {
+        precondition(subscribers[s] == nil, "subscriber registered twice")
+        var actions: [Action] = []
+        var topic = topics[name] ?? Topic()
+        let isNew = topics[name] == nil
+        topic.subscribers.insert(s)
+        subscribers[s] = SubscriberState(topic: name, lastSent: lastEventID, phase: .waitingForTopic)
+        topics[name] = topic
+        if isNew { actions.append(.readSnapshot(topic: name)) }
+        if topic.phase == .synced, let latest = topic.latest {
+            resolve(s, latest: latest, into: &actions)
+        }
+        return actions
+    }
+
+    /// Removes a subscriber; safe to call more than once.
+    public mutating func unsubscribe(_ s: Subscriber) {
+        guard let state = subscribers.removeValue(forKey: s) else { return }
+        topics[state.topic]?.subscribers.remove(s)
+        if topics[state.topic]?.subscribers.isEmpty == true { topics[state.topic] = nil }
+    }
+
+    public mutating func snapshotLoaded(topic name: String, _ event: Event?) -> [Action] {
+        guard var topic = topics[name], topic.phase == .loading else { return [] }
+        var actions: [Action] = []
+        guard let event else {
+            // Unknown activity: an event we heard meanwhile means it was just created.
+            if topic.pending.isEmpty {
+                for s in topic.subscribers { subscribers[s] = nil; actions.append(.notFound(s)) }
+                topics[name] = nil
+                return actions
+            }
+            topic.phase = .resyncing
+            topics[name] = topic
+            return [.readTopicHistory(topic: name, after: 0)]
+        }
+        topic.latest = event
+        topic.phase = .synced
+        topics[name] = topic
+        if topic.needsResyncAfterLoad {
+            topics[name]?.needsResyncAfterLoad = false
+            topics[name]?.phase = .resyncing
+            actions.append(.readTopicHistory(topic: name, after: event.seq))
+            return actions
+        }
+        for s in topic.subscribers { resolve(s, latest: event, into: &actions) }
+        applyPending(name, into: &actions)
+        return actions
+    }
+
+    /// A committed event, from this process's own publish or from NOTIFY.
+    public mutating func published(topic name: String, _ event: Event) -> [Action] {
+        guard var topic = topics[name] else { return [] }
+        switch topic.phase {
+        case .loading, .resyncing:
+            topic.pending.append(event)
+            topics[name] = topic
+            if topic.pending.count > maxPendingEvents { return dropTopic(name) }
+            return []
+        case .synced:
+            guard let latest = topic.latest else { return [] }
+            if event.seq <= latest.seq { return [] }
+            if event.seq > latest.seq + 1 {
+                topic.pending.append(event)
+                topic.phase = .resyncing
+                topics[name] = topic
+                return [.readTopicHistory(topic: name, after: latest.seq)]
+            }
+            var actions: [Action] = []
+            advance(name, to: event, into: &actions)
+            return actions
+        }
+    }
+
+    public mutating func topicHistoryLoaded(topic name: String, _ events: [Event]) -> [Action] {
+        guard var topic = topics[name], topic.phase != .loading else { return [] }
+        topic.pending.append(contentsOf: events)
+        topic.phase = .synced
+        topics[name] = topic
+        var actions: [Action] = []
+        if topic.latest == nil {
+            // Started from "unknown": the first stored event stands in for the snapshot.
+            let sorted = topic.pending.sorted { $0.seq < $1.seq }
+            guard let first = sorted.first else {
+                for s in topic.subscribers { subscribers[s] = nil; actions.append(.notFound(s)) }
+                topics[name] = nil
+                return actions
+            }
+            topics[name]?.latest = first
+            for s in topic.subscribers { resolve(s, latest: first, into: &actions) }
+        }
+        applyPending(name, into: &actions)
+        return actions
+    }
+
+    public mutating func historyLoaded(subscriber s: Subscriber, _ events: [Event]) -> [Action] {
+        guard var state = subscribers[s], case .catchingUp(let buffer) = state.phase else { return [] }
+        var actions: [Action] = []
+        var out: [Event] = []
+        var last = state.lastSent ?? 0
+        for e in (events + buffer).sorted(by: { $0.seq < $1.seq }) where e.seq == last + 1 {
+            out.append(e)
+            last = e.seq
+        }
+        state.lastSent = last
+        state.phase = .live
+        subscribers[s] = state
+        if !out.isEmpty { actions.append(.send(s, out)) }
+        if out.last?.isTerminal == true {
+            finish(s, into: &actions)
+        } else if let latest = topics[state.topic]?.latest, topics[state.topic]?.phase == .synced, latest.seq > last {
+            // The stored history ended before what the topic already holds: read the rest.
+            state.phase = .catchingUp(buffer: [])
+            subscribers[s] = state
+            actions.append(.readHistory(subscriber: s, topic: state.topic, after: last))
+        }
+        return actions
+    }
+
+    /// The LISTEN session is back: every topic may have missed events while it was down.
+    public mutating func listenRestored() -> [Action] {
+        var actions: [Action] = []
+        for (name, topic) in topics {
+            switch topic.phase {
+            case .loading:
+                topics[name]?.needsResyncAfterLoad = true
+            case .synced, .resyncing:
+                topics[name]?.phase = .resyncing
+                actions.append(.readTopicHistory(topic: name, after: topic.latest?.seq ?? 0))
+            }
+        }
+        return actions
+    }
+
+    /// A read failed (database down): its waiters are dropped and reconnect later.
+    public mutating func readFailed(topic name: String) -> [Action] {
+        dropTopic(name)
+    }
+
+    public mutating func readFailed(subscriber s: Subscriber) -> [Action] {
+        guard subscribers[s] != nil else { return [] }
+        unsubscribe(s)
+        return [.drop(s)]
+    }
+
+    // MARK: - Internals
+
+    private mutating func dropTopic(_ name: String) -> [Action] {
+        guard let topic = topics.removeValue(forKey: name) else { return [] }
+        var actions: [Action] = []
+        for s in topic.subscribers { subscribers[s] = nil; actions.append(.drop(s)) }
+        return actions
+    }
+
+    /// Decides a subscriber's first answer once the topic's newest event is known.
+    private mutating func resolve(_ s: Subscriber, latest: Event, into actions: inout [Action]) {
+        guard var state = subscribers[s], case .waitingForTopic = state.phase else { return }
+        guard let after = state.lastSent else {
+            state.lastSent = latest.seq
+            state.phase = .live
+            subscribers[s] = state
+            actions.append(.send(s, [latest]))
+            if latest.isTerminal { finish(s, into: &actions) }
+            return
+        }
+        if after >= latest.seq {
+            if latest.isTerminal {
+                unsubscribe(s)
+                actions.append(.noContent(s))
+                return
+            }
+            state.phase = .live
+            subscribers[s] = state
+            return
+        }
+        state.phase = .catchingUp(buffer: [])
+        subscribers[s] = state
+        actions.append(.readHistory(subscriber: s, topic: state.topic, after: after))
+    }
+
+    private mutating func applyPending(_ name: String, into actions: inout [Action]) {
+        guard let topic = topics[name] else { return }
+        let pending = topic.pending.sorted { $0.seq < $1.seq }
+        topics[name]?.pending = []
+        for e in pending {
+            guard let t = topics[name], let latest = t.latest else { return }
+            if e.seq <= latest.seq { continue }
+            if e.seq > latest.seq + 1 {
+                // Still a hole: keep the rest and read the history in between.
+                topics[name]?.pending = pending.filter { $0.seq > latest.seq }
+                topics[name]?.phase = .resyncing
+                actions.append(.readTopicHistory(topic: name, after: latest.seq))
+                return
+            }
+            advance(name, to: e, into: &actions)
+        }
+    }
+
+    private mutating func advance(_ name: String, to event: Event, into actions: inout [Action]) {
+        guard let topic = topics[name] else { return }
+        topics[name]?.latest = event
+        for s in topic.subscribers {
+            guard var state = subscribers[s] else { continue }
+            switch state.phase {
+            case .waitingForTopic:
+                continue
+            case .catchingUp(var buffer):
+                buffer.append(event)
+                if buffer.count > maxPendingEvents {
+                    unsubscribe(s)
+                    actions.append(.drop(s))
+                    continue
+                }
+                state.phase = .catchingUp(buffer: buffer)
+                subscribers[s] = state
+            case .live:
+                let last = state.lastSent ?? 0
+                guard event.seq == last + 1 else { continue }
+                state.lastSent = event.seq
+                subscribers[s] = state
+                actions.append(.send(s, [event]))
+                if event.isTerminal { finish(s, into: &actions) }
+            }
+        }
+    }
+
+    private mutating func finish(_ s: Subscriber, into actions: inout [Action]) {
+        unsubscribe(s)
+        actions.append(.finish(s))
+    }
+}

@@ -1,0 +1,171 @@
+/// Turns request bodies and path pieces into commands, enforcing every rule of the
+/// contract's field table. Nothing here touches storage: bad input changes nothing.
+public enum Validation {
+    public static let maxBodyBytes = 16 * 1024
+
+    public static func isValidActivityID(_ s: String) -> Bool {
+        let u = s.utf8
+        guard (1...128).contains(u.count) else { return false }
+        return u.allSatisfy { b in
+            (0x30...0x39).contains(b) || (0x41...0x5A).contains(b) || (0x61...0x7A).contains(b)
+                || b == 0x2E || b == 0x5F || b == 0x3A || b == 0x2D
+        }
+    }
+
+    public static func activityID(_ s: String) throws(DispatchError) -> String {
+        guard isValidActivityID(s) else {
+            throw DispatchError(.invalidField, "activityId must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        }
+        return s
+    }
+
+    static func hasControlCharacters(_ s: String) -> Bool {
+        s.unicodeScalars.contains { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) || $0.value == 0x2028 || $0.value == 0x2029 }
+    }
+
+    /// Parses a body that must be a JSON object with only the allowed keys.
+    public static func object(_ body: [UInt8], allowed: Set<String>) throws(DispatchError) -> [String: JSONValue] {
+        guard body.count <= maxBodyBytes else {
+            throw DispatchError(.bodyTooLarge, "request body is larger than \(maxBodyBytes) bytes")
+        }
+        let value: JSONValue
+        do {
+            value = try JSONParser.parse(body)
+        } catch {
+            throw DispatchError(.invalidJSON, "body is not valid JSON: \(error.message) at byte \(error.offset)")
+        }
+        guard case .object(let members) = value else {
+            throw DispatchError(.invalidJSON, "body must be a JSON object")
+        }
+        var out: [String: JSONValue] = [:]
+        for (k, v) in members {
+            guard allowed.contains(k) else {
+                throw DispatchError(.unknownField, "unknown field \"\(k)\"; allowed: \(allowed.sorted().joined(separator: ", "))")
+            }
+            out[k] = v
+        }
+        return out
+    }
+
+    static func optionalString(_ fields: [String: JSONValue], _ key: String) throws(DispatchError) -> String?? {
+        switch fields[key] {
+        case nil: return nil
+        case .null?: return .some(nil)
+        case .string(let s)?: return .some(s)
+        case let other?: throw DispatchError(.invalidField, "\(key) must be a string, not \(other.typeName)")
+        }
+    }
+
+    static func progress(_ fields: [String: JSONValue], _ key: String) throws(DispatchError) -> Patch<Double> {
+        switch fields[key] {
+        case nil: return .keep
+        case .null?: return .set(nil)
+        case .number(let d)?:
+            guard d.isFinite, d >= 0, d <= 1 else { throw DispatchError(.invalidField, "\(key) must be a number from 0 to 1") }
+            return .set(d)
+        case let other?: throw DispatchError(.invalidField, "\(key) must be a number from 0 to 1 or null, not \(other.typeName)")
+        }
+    }
+
+    static func status(_ fields: [String: JSONValue], key: String = "status", max: Int = 200) throws(DispatchError) -> Patch<String> {
+        guard let value = try optionalString(fields, key) else { return .keep }
+        guard let s = value else { return .set(nil) }
+        guard s.count <= max else { throw DispatchError(.invalidField, "\(key) must be at most \(max) characters") }
+        guard !hasControlCharacters(s) else {
+            throw DispatchError(.invalidField, "\(key) must be one line without control characters")
+        }
+        return .set(s)
+    }
+
+    static func state(_ fields: [String: JSONValue], allowed: [ActivityState], default def: ActivityState) throws(DispatchError) -> ActivityState {
+        guard let value = try optionalString(fields, "state"), let text = value else { return def }
+        guard let s = ActivityState(rawValue: text), allowed.contains(s) else {
+            throw DispatchError(.invalidField, "state must be one of \(allowed.map(\.rawValue).joined(separator: ", "))")
+        }
+        return s
+    }
+
+    static func charset(_ s: String, _ ok: (UInt8) -> Bool) -> Bool { s.utf8.allSatisfy(ok) }
+
+    public static func isValidCancelURL(_ s: String) -> Bool {
+        guard s.utf8.count <= 2048, s.utf8.allSatisfy({ (0x21...0x7E).contains($0) }) else { return false }
+        let lower = s.lowercased()
+        let rest: Substring
+        if lower.hasPrefix("https://") { rest = lower.dropFirst(8) } else if lower.hasPrefix("http://") { rest = lower.dropFirst(7) } else { return false }
+        let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        let hostPort = authority.split(separator: "@", omittingEmptySubsequences: false).last ?? ""
+        let host = hostPort.hasPrefix("[") ? hostPort.prefix { $0 != "]" } : hostPort.prefix { $0 != ":" }
+        return !host.isEmpty && host != "["
+    }
+
+    public static func start(_ body: [UInt8]) throws(DispatchError) -> StartCommand {
+        let f = try object(body, allowed: ["activityId", "taskName", "systemImage", "machine", "cancelURL",
+                                           "initialProgress", "status", "state"])
+        var cmd = StartCommand(taskName: "")
+        if let v = try optionalString(f, "activityId"), let id = v { cmd.activityId = try activityID(id) }
+        guard let nameValue = try optionalString(f, "taskName"), let rawName = nameValue else {
+            throw DispatchError(.missingField, "taskName is required")
+        }
+        let name = trimmed(rawName)
+        guard !hasControlCharacters(name) else { throw DispatchError(.invalidField, "taskName must not contain control characters") }
+        guard (1...200).contains(name.count) else { throw DispatchError(.invalidField, "taskName must be 1-200 characters") }
+        cmd.taskName = name
+        if let v = try optionalString(f, "systemImage"), let s = v {
+            guard (1...100).contains(s.utf8.count), charset(s, { (0x61...0x7A).contains($0) || (0x30...0x39).contains($0) || $0 == 0x2E })
+            else { throw DispatchError(.invalidField, "systemImage must be 1-100 characters of a-z 0-9 .") }
+            cmd.systemImage = s
+        }
+        if let v = try optionalString(f, "machine"), let s = v {
+            guard (1...64).contains(s.utf8.count), charset(s, { b in
+                (0x30...0x39).contains(b) || (0x41...0x5A).contains(b) || (0x61...0x7A).contains(b) || b == 0x2E || b == 0x5F || b == 0x2D
+            }) else { throw DispatchError(.invalidField, "machine must be 1-64 characters of A-Z a-z 0-9 . _ -") }
+            cmd.machine = s
+        }
+        if let v = try optionalString(f, "cancelURL"), let s = v {
+            guard isValidCancelURL(s) else { throw DispatchError(.invalidField, "cancelURL must be an absolute http or https URL of at most 2048 characters") }
+            cmd.cancelURL = s
+        }
+        if case .set(let p) = try progress(f, "initialProgress") { cmd.initialProgress = p }
+        if case .set(let s) = try status(f) { cmd.status = s }
+        cmd.state = try state(f, allowed: [.queued, .processing], default: .queued)
+        return cmd
+    }
+
+    public static func update(_ body: [UInt8]) throws(DispatchError) -> UpdateCommand {
+        let f = try object(body, allowed: ["progress", "status", "state"])
+        return UpdateCommand(progress: try progress(f, "progress"), status: try status(f),
+                             state: try state(f, allowed: [.processing, .queued, .retrying], default: .processing))
+    }
+
+    public static func end(_ body: [UInt8]) throws(DispatchError) -> EndCommand {
+        let f = try object(body, allowed: ["progress", "status", "state", "error"])
+        var cmd = EndCommand(progress: try progress(f, "progress"), status: try status(f),
+                             state: try state(f, allowed: [.completed, .error, .cancelled], default: .completed))
+        if case .set(let e) = try status(f, key: "error", max: 500) { cmd.error = e }
+        return cmd
+    }
+
+    static func trimmed(_ s: String) -> String {
+        var scalars = Substring(s).unicodeScalars[...]
+        while let first = scalars.first, first.properties.isWhitespace { scalars = scalars.dropFirst() }
+        while let last = scalars.last, last.properties.isWhitespace { scalars = scalars.dropLast() }
+        return String(String.UnicodeScalarView(scalars))
+    }
+
+    /// `Last-Event-ID`: a seq we issued. Anything else is ignored (a fresh subscription).
+    public static func lastEventID(_ header: String?) -> Int64? {
+        guard let header, !header.isEmpty, header.utf8.count <= 19,
+              header.utf8.allSatisfy({ (0x30...0x39).contains($0) }) else { return nil }
+        return Int64(header)
+    }
+
+    /// Small positive integers from the query string (`limit`, `after`).
+    public static func integer(_ text: String?, name: String, range: ClosedRange<Int64>, default def: Int64) throws(DispatchError) -> Int64 {
+        guard let text else { return def }
+        guard text.utf8.count <= 19, !text.isEmpty, text.utf8.allSatisfy({ (0x30...0x39).contains($0) }),
+              let v = Int64(text), range.contains(v) else {
+            throw DispatchError(.invalidQuery, "\(name) must be an integer from \(range.lowerBound) to \(range.upperBound)")
+        }
+        return v
+    }
+}

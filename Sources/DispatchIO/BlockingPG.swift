@@ -1,0 +1,45 @@
+import CLibpq
+
+/// Synchronous libpq, for start-up and admin commands only (never on the event loop).
+public final class BlockingPG {
+    private let conn: OpaquePointer
+
+    public init(_ conninfo: String) throws {
+        guard let c = PQconnectdb(conninfo) else { throw PGError("out of memory") }
+        guard PQstatus(c) == CONNECTION_OK else {
+            let message = String(cString: PQerrorMessage(c))
+            PQfinish(c)
+            throw PGError(message.trimmingNewlines)
+        }
+        conn = c
+        PQsetNoticeProcessor(c, { _, _ in }, nil)
+    }
+
+    deinit { PQfinish(conn) }
+
+    @discardableResult
+    public func query(_ sql: String, _ params: [String?] = []) throws -> PGResult {
+        let r = withCStrings(params) { PQexecParams(conn, sql, Int32(params.count), nil, $0, nil, nil, 0) }
+        guard let r else { throw PGError(String(cString: PQerrorMessage(conn)).trimmingNewlines) }
+        defer { PQclear(r) }
+        let out = PGConnection.copy(r)
+        if let e = out.errorMessage { throw PGError(e.trimmingNewlines) }
+        return out
+    }
+
+    /// Runs a script of several statements (a migration file).
+    public func script(_ sql: String) throws {
+        guard let r = PQexec(conn, sql) else { throw PGError(String(cString: PQerrorMessage(conn)).trimmingNewlines) }
+        defer { PQclear(r) }
+        let out = PGConnection.copy(r)
+        if let e = out.errorMessage { throw PGError(e.trimmingNewlines) }
+    }
+}
+
+extension String {
+    public var trimmingNewlines: String {
+        var s = self
+        while s.hasSuffix("\n") || s.hasSuffix(" ") { s.removeLast() }
+        return s
+    }
+}

@@ -1,0 +1,5 @@
+import DispatchCore
+
+enum DispatchCoreTimestamp {
+    static func format(_ ms: Int64) -> String { Timestamp.format(milliseconds: ms) }
+}

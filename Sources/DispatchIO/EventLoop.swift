@@ -1,0 +1,108 @@
+import CLibevent
+import Glibc
+
+/// One libevent loop: timers, deferred work and signals, with Swift closures.
+public final class EventLoop {
+    public let base: OpaquePointer
+
+    public init() {
+        guard let base = event_base_new() else { fatalError("event_base_new failed") }
+        self.base = base
+    }
+
+    deinit { event_base_free(base) }
+
+    public func run() { event_base_dispatch(base) }
+    public func stop() { event_base_loopbreak(base) }
+
+    /// Runs `body` on a later turn of the loop, outside whatever callback is running now.
+    public func soon(_ body: @escaping () -> Void) {
+        let box = Unmanaged.passRetained(ClosureBox(body)).toOpaque()
+        var zero = timeval(tv_sec: 0, tv_usec: 0)
+        event_base_once(base, -1, Int16(EV_TIMEOUT), { _, _, arg in
+            let box = Unmanaged<ClosureBox>.fromOpaque(arg!).takeRetainedValue()
+            box.body()
+        }, box, &zero)
+    }
+
+    @discardableResult
+    public func timer(after seconds: Double, repeating: Bool = false, _ body: @escaping () -> Void) -> Timer {
+        let t = Timer(loop: self, interval: seconds, repeating: repeating, body: body)
+        t.arm()
+        return t
+    }
+
+    /// Calls `body` when the process receives `signal` (handled inside the loop, not async).
+    @discardableResult
+    public func onSignal(_ signal: Int32, _ body: @escaping () -> Void) -> Timer {
+        let t = Timer(loop: self, signal: signal, body: body)
+        t.arm()
+        return t
+    }
+}
+
+final class ClosureBox {
+    let body: () -> Void
+    init(_ body: @escaping () -> Void) { self.body = body }
+}
+
+/// A timer or signal watcher; cancelling is idempotent, and deinit cancels.
+public final class Timer {
+    private var event: OpaquePointer?
+    private let interval: Double
+    private let body: () -> Void
+
+    init(loop: EventLoop, interval: Double, repeating: Bool, body: @escaping () -> Void) {
+        self.interval = interval
+        self.body = body
+        let flags = Int16(repeating ? EV_PERSIST : 0)
+        event = event_new(loop.base, -1, flags, { _, _, arg in
+            Unmanaged<Timer>.fromOpaque(arg!).takeUnretainedValue().body()
+        }, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    init(loop: EventLoop, signal: Int32, body: @escaping () -> Void) {
+        self.interval = -1
+        self.body = body
+        event = event_new(loop.base, signal, Int16(EV_SIGNAL | EV_PERSIST), { _, _, arg in
+            Unmanaged<Timer>.fromOpaque(arg!).takeUnretainedValue().body()
+        }, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    func arm() {
+        guard let event else { return }
+        if interval < 0 { event_add(event, nil); return }
+        var tv = timeval(seconds: interval)
+        event_add(event, &tv)
+    }
+
+    public func cancel() {
+        if let event { event_free(event) }
+        event = nil
+    }
+
+    deinit { cancel() }
+}
+
+extension timeval {
+    public init(seconds: Double) {
+        let whole = seconds.rounded(.down)
+        self.init(tv_sec: Int(whole), tv_usec: Int((seconds - whole) * 1_000_000))
+    }
+}
+
+public enum Clock {
+    /// Wall-clock milliseconds since the epoch (timestamps shown to users).
+    public static func nowMilliseconds() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+    }
+
+    /// Monotonic seconds (timeouts, heartbeats, latency).
+    public static func monotonic() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
+}

@@ -1,0 +1,139 @@
+import DispatchIO
+import Glibc
+
+/// A private PostgreSQL cluster under the data directory, for when no DATABASE_URL is given.
+/// Uses the server binaries on the machine; as root, runs them as the `postgres` user
+/// (initdb refuses root). Unix socket only: nothing listens on TCP.
+public final class EmbeddedPostgres {
+    public let dataDir: String
+    public let clusterDir: String
+    public let socketDir: String
+    private let binDir: String
+    private let runAs: [String]
+    private let log: Logger
+    public private(set) var started = false
+    /// False when the cluster was already running (another dispatchd owns it): leave it be.
+    public private(set) var ownsServer = false
+
+    public init(dataDir: String, log: Logger) throws {
+        self.log = log
+        let absolute = EmbeddedPostgres.absolutePath(dataDir)
+        self.dataDir = absolute
+        guard let bin = EmbeddedPostgres.findBinDir() else {
+            throw PGError("no PostgreSQL server binaries in /usr/lib/postgresql/*/bin (install postgresql) and no DATABASE_URL set")
+        }
+        binDir = bin
+        var root = absolute
+        if getuid() == 0 {
+            runAs = ["runuser", "-u", "postgres", "--"]
+            // The postgres user must be able to reach the cluster; fall back when an ancestor is private.
+            if !EmbeddedPostgres.traversable(byOthers: absolute) {
+                root = "/var/lib/dispatch/" + String(SHA256Hex.of(absolute).prefix(16))
+                log.warning("embedded_postgres.relocated", [("data_dir", absolute), ("cluster", root),
+                                                           ("why", "the postgres user cannot reach the data dir")])
+            }
+        } else {
+            runAs = []
+        }
+        clusterDir = root + "/pg"
+        socketDir = root + "/run"
+    }
+
+    public var conninfo: String { "host=\(socketDir) port=5432 user=dispatch dbname=dispatch" }
+    public func conninfo(database: String) -> String { "host=\(socketDir) port=5432 user=dispatch dbname=\(database)" }
+
+    public func start() throws {
+        try makeDirectory(dataDir)
+        try makeDirectory(socketDir.dropLastPathComponent)
+        try makeDirectory(socketDir)
+        if getuid() == 0 {
+            _ = Subprocess.run(["chown", "-R", "postgres:postgres", socketDir.dropLastPathComponent])
+        }
+        if access(clusterDir + "/PG_VERSION", F_OK) != 0 {
+            log.info("embedded_postgres.initdb", [("cluster", clusterDir)])
+            let r = Subprocess.run(runAs + [binDir + "/initdb", "-D", clusterDir, "-U", "dispatch", "--auth=trust",
+                                            "-E", "UTF8", "--locale=C.UTF-8", "--no-instructions"])
+            guard r.status == 0 else { throw PGError("initdb failed: \(r.output.trimmingNewlines)") }
+        }
+        let status = Subprocess.run(runAs + [binDir + "/pg_ctl", "-D", clusterDir, "status"])
+        ownsServer = status.status != 0
+        if ownsServer {
+            let options = "-k \(socketDir) -c listen_addresses='' -c max_connections=200 -c shared_buffers=128MB"
+            let r = Subprocess.run(runAs + [binDir + "/pg_ctl", "-D", clusterDir, "-o", options, "-l", clusterDir + "/server.log",
+                                            "-w", "-t", "60", "start"])
+            guard r.status == 0 else {
+                throw PGError("cannot start the embedded PostgreSQL: \(r.output.trimmingNewlines) (see \(clusterDir)/server.log)")
+            }
+        }
+        started = true
+        log.info("embedded_postgres.started", [("cluster", clusterDir), ("socket", socketDir)])
+        try createDatabase("dispatch")
+    }
+
+    public func createDatabase(_ name: String) throws {
+        let admin = try BlockingPG(conninfo(database: "postgres"))
+        let exists = try admin.query("SELECT 1 FROM pg_database WHERE datname = $1", [name])
+        if exists.rows.isEmpty { try admin.script("CREATE DATABASE \"\(name)\"") }
+    }
+
+    public func stop() {
+        guard started, ownsServer else { return }
+        started = false
+        let r = Subprocess.run(runAs + [binDir + "/pg_ctl", "-D", clusterDir, "-m", "fast", "-w", "stop"])
+        log.info("embedded_postgres.stopped", [("status", r.status)])
+    }
+
+    private func makeDirectory(_ path: String) throws {
+        var current = path.hasPrefix("/") ? "" : "."
+        for part in path.split(separator: "/") {
+            current += "/" + part
+            if mkdir(current, 0o755) != 0 && errno != EEXIST {
+                throw PGError("cannot create \(current): \(String(cString: strerror(errno)))")
+            }
+        }
+    }
+
+    static func absolutePath(_ p: String) -> String {
+        if p.hasPrefix("/") { return p }
+        var buf = [CChar](repeating: 0, count: 4096)
+        guard getcwd(&buf, buf.count) != nil else { return p }
+        let cwd = String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        var parts = cwd.split(separator: "/").map(String.init)
+        for piece in p.split(separator: "/") {
+            if piece == "." { continue }
+            if piece == ".." { _ = parts.popLast(); continue }
+            parts.append(String(piece))
+        }
+        return "/" + parts.joined(separator: "/")
+    }
+
+    static func traversable(byOthers path: String) -> Bool {
+        var current = ""
+        for part in path.split(separator: "/").dropLast() {
+            current += "/" + part
+            var st = stat()
+            guard stat(current, &st) == 0 else { return true }
+            if st.st_mode & 0o001 == 0 { return false }
+        }
+        return true
+    }
+
+    static func findBinDir() -> String? {
+        for version in ["17", "16", "15", "14", "13"] {
+            let dir = "/usr/lib/postgresql/\(version)/bin"
+            if access(dir + "/initdb", X_OK) == 0 { return dir }
+        }
+        return nil
+    }
+}
+
+enum SHA256Hex {
+    static func of(_ s: String) -> String { DispatchCoreBridge.sha256Hex(s) }
+}
+
+extension String {
+    var dropLastPathComponent: String {
+        guard let slash = lastIndex(of: "/"), slash != startIndex else { return "/" }
+        return String(self[..<slash])
+    }
+}

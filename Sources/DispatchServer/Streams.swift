@@ -1,0 +1,294 @@
+import DispatchCore
+import DispatchIO
+
+/// One event, framed once as SSE and as an HTTP chunk, shared by every subscriber.
+final class WireEvent: HubEvent {
+    let seq: Int64
+    let name: String
+    let isTerminal: Bool
+    let payload: StreamPayload
+
+    init(seq: Int64, name: String, terminal: Bool, json: String) {
+        self.seq = seq
+        self.name = name
+        isTerminal = terminal
+        payload = StreamPayload(SSE.encode(id: String(seq), event: name, data: json))
+    }
+
+    static func terminalName(_ name: String) -> Bool {
+        ActivityState(rawValue: name)?.isTerminal ?? false
+    }
+}
+
+/// One client's status stream.
+final class StreamSession {
+    let id: Int
+    let activityID: String
+    let keyID: Int64
+    let http: HTTPStream
+    var lastWrite: Double
+
+    init(id: Int, activityID: String, keyID: Int64, http: HTTPStream, now: Double) {
+        self.id = id
+        self.activityID = activityID
+        self.keyID = keyID
+        self.http = http
+        lastWrite = now
+    }
+}
+
+/// The IO shell around `Hub`: opens and serves status streams, performs the hub's reads
+/// and writes, heartbeats idle streams from one timer, and tears each stream down once.
+final class StreamService {
+    let loop: EventLoop
+    let store: Store
+    let metrics: Metrics
+    let log: Logger
+    let heartbeatSeconds: Double
+    let maxBacklog: Int
+    let writeTimeout: Double
+    private var hub = Hub<Int, WireEvent>()
+    private var sessions: [Int: StreamSession] = [:]
+    private var streamsPerKey: [Int64: Int] = [:]
+    private var terminalCache: [String: WireEvent] = [:]
+    private var nextID = 1
+    private var heartbeatTimer: Timer?
+    static let retryMilliseconds = 3000
+    static let historyPage: Int64 = 10_000
+
+    init(loop: EventLoop, store: Store, metrics: Metrics, log: Logger, heartbeatSeconds: Double, maxBacklog: Int, writeTimeout: Double) {
+        self.loop = loop
+        self.store = store
+        self.metrics = metrics
+        self.log = log
+        self.heartbeatSeconds = heartbeatSeconds
+        self.maxBacklog = maxBacklog
+        self.writeTimeout = writeTimeout
+        let tick = min(1, heartbeatSeconds / 4)
+        heartbeatTimer = loop.timer(after: tick, repeating: true) { [weak self] in self?.heartbeat(tick: tick) }
+    }
+
+    var openStreams: Int { sessions.count }
+    func streams(forKey key: Int64) -> Int { streamsPerKey[key] ?? 0 }
+
+    static let headers: [(String, String)] = [
+        ("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"),
+    ]
+
+    // MARK: - Opening
+
+    func open(_ req: HTTPRequest, activityID: String, lastEventID: Int64?, keyID: Int64) {
+        let http = HTTPStream(loop: loop)
+        http.attach(req)
+        let session = StreamSession(id: nextID, activityID: activityID, keyID: keyID, http: http, now: Clock.monotonic())
+        nextID += 1
+        sessions[session.id] = session
+        streamsPerKey[keyID, default: 0] += 1
+        metrics.streamsActive = sessions.count
+        http.onPeerClosed = { [weak self, id = session.id] in self?.close(id, reason: "client_closed") }
+
+        if let final = terminalCache[activityID] {
+            // A finished activity never changes: answer from memory.
+            serveFinished(session, final: final, lastEventID: lastEventID)
+            return
+        }
+        perform(hub.subscribe(session.id, topic: activityID, lastEventID: lastEventID))
+    }
+
+    private func serveFinished(_ session: StreamSession, final: WireEvent, lastEventID: Int64?) {
+        guard let after = lastEventID else {
+            send(session.id, [final])
+            close(session.id, reason: "terminal")
+            return
+        }
+        if after >= final.seq {
+            close(session.id, reason: "no_content")
+            return
+        }
+        store.readHistory(session.activityID, after: after, limit: StreamService.historyPage) { [weak self] result in
+            guard let self, self.sessions[session.id] != nil else { return }
+            switch result {
+            case .failure: self.close(session.id, reason: "database")
+            case .success(let events):
+                self.send(session.id, events.map { WireEvent(seq: $0.seq, name: $0.name, terminal: WireEvent.terminalName($0.name), json: $0.data) })
+                self.close(session.id, reason: "terminal")
+            }
+        }
+    }
+
+    // MARK: - Inputs from the database
+
+    /// A committed event: from this worker's own publish, or NOTIFY from any worker.
+    func committed(activityID: String, seq: Int64, name: String, json: String) {
+        let event = WireEvent(seq: seq, name: name, terminal: WireEvent.terminalName(name), json: json)
+        if event.isTerminal { rememberTerminal(activityID, event) }
+        perform(hub.published(topic: activityID, event))
+    }
+
+    /// NOTIFY payload: `id \n seq \n event \n json` (json empty when it did not fit).
+    func notified(_ payload: String) {
+        let parts = payload.split(separator: "\n", maxSplits: 3, omittingEmptySubsequences: false)
+        guard parts.count == 4, let seq = Int64(parts[1]) else {
+            log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
+            return
+        }
+        let id = String(parts[0]), name = String(parts[2]), json = String(parts[3])
+        if !json.isEmpty {
+            if let value = try? JSONParser.parse(json), let a = Activity.decode(value) {
+                store.observe(ActivityEvent(name: name, snapshot: a))
+            }
+            committed(activityID: id, seq: seq, name: name, json: json)
+            return
+        }
+        guard !hub.subscribers(of: id).isEmpty else { return }
+        store.readHistory(id, after: seq - 1, limit: 1) { [weak self] result in
+            guard let self, case .success(let events) = result, let e = events.first else { return }
+            self.committed(activityID: id, seq: e.seq, name: e.name, json: e.data)
+        }
+    }
+
+    /// The LISTEN session came back: re-read every topic's history from where it was.
+    func listenRestored() {
+        perform(hub.listenRestored())
+    }
+
+    private func rememberTerminal(_ id: String, _ e: WireEvent) {
+        if terminalCache.count >= 50_000 { terminalCache.removeAll(keepingCapacity: true) }
+        terminalCache[id] = e
+    }
+
+    // MARK: - Performing the hub's decisions
+
+    private func perform(_ actions: [Hub<Int, WireEvent>.Action]) {
+        for action in actions {
+            switch action {
+            case .readSnapshot(let topic):
+                store.readActivity(topic) { [weak self] result in
+                    guard let self else { return }
+                    switch result {
+                    case .failure: self.perform(self.hub.readFailed(topic: topic))
+                    case .success(nil): self.perform(self.hub.snapshotLoaded(topic: topic, nil))
+                    case .success(let s?):
+                        let e = WireEvent(seq: s.activity.seq, name: s.lastEvent, terminal: s.activity.state.isTerminal,
+                                          json: String(decoding: s.activity.json(), as: UTF8.self))
+                        if e.isTerminal { self.rememberTerminal(topic, e) }
+                        self.perform(self.hub.snapshotLoaded(topic: topic, e))
+                    }
+                }
+            case .readTopicHistory(let topic, let after):
+                metrics.resyncs += 1
+                store.readHistory(topic, after: after, limit: StreamService.historyPage) { [weak self] result in
+                    guard let self else { return }
+                    switch result {
+                    case .failure: self.perform(self.hub.readFailed(topic: topic))
+                    case .success(let events):
+                        self.perform(self.hub.topicHistoryLoaded(topic: topic, events.map {
+                            WireEvent(seq: $0.seq, name: $0.name, terminal: WireEvent.terminalName($0.name), json: $0.data)
+                        }))
+                    }
+                }
+            case .readHistory(let s, let topic, let after):
+                store.readHistory(topic, after: after, limit: StreamService.historyPage) { [weak self] result in
+                    guard let self else { return }
+                    switch result {
+                    case .failure: self.perform(self.hub.readFailed(subscriber: s))
+                    case .success(let events):
+                        self.perform(self.hub.historyLoaded(subscriber: s, events.map {
+                            WireEvent(seq: $0.seq, name: $0.name, terminal: WireEvent.terminalName($0.name), json: $0.data)
+                        }))
+                    }
+                }
+            case .send(let s, let events):
+                send(s, events)
+            case .finish(let s):
+                close(s, reason: "terminal")
+            case .noContent(let s):
+                close(s, reason: "no_content")
+            case .notFound(let s):
+                guard let session = sessions[s] else { continue }
+                var w = JSONWriter()
+                w.beginObject(); w.field("activityId", session.activityID); w.endObject()
+                let e = WireEvent(seq: 0, name: "not_found", terminal: true, json: w.string)
+                sendPayload(s, StreamPayload(SSE.encode(id: nil, event: "not_found", data: w.string)), count: 0)
+                _ = e
+                close(s, reason: "not_found")
+            case .drop(let s):
+                close(s, reason: sessions[s]?.http.started == true ? "slow_client" : "database")
+            }
+        }
+    }
+
+    private func begin(_ session: StreamSession) {
+        guard !session.http.started else { return }
+        session.http.begin(headers: StreamService.headers, writeTimeout: writeTimeout)
+        _ = session.http.write(StreamPayload(SSE.retry(milliseconds: StreamService.retryMilliseconds)), maxBacklog: maxBacklog)
+    }
+
+    private func send(_ id: Int, _ events: [WireEvent]) {
+        for e in events {
+            guard sendPayload(id, e.payload, count: 1) else { return }
+        }
+    }
+
+    @discardableResult
+    private func sendPayload(_ id: Int, _ payload: StreamPayload, count: Int) -> Bool {
+        guard let session = sessions[id] else { return false }
+        begin(session)
+        switch session.http.write(payload, maxBacklog: maxBacklog) {
+        case .written, .queued:
+            session.lastWrite = Clock.monotonic()
+            metrics.eventsDelivered += count
+            return true
+        case .backlogExceeded:
+            close(id, reason: "slow_client")
+            return false
+        case .failed:
+            close(id, reason: "write_failed")
+            return false
+        }
+    }
+
+    private func heartbeat(tick: Double) {
+        let now = Clock.monotonic()
+        let due = heartbeatSeconds - tick
+        var ids: [Int] = []
+        for (id, s) in sessions where s.http.started && now - s.lastWrite >= due { ids.append(id) }
+        let beat = StreamPayload(SSE.heartbeat)
+        for id in ids { sendPayload(id, beat, count: 0) }
+    }
+
+    // MARK: - The one teardown path
+
+    /// Removes a stream from memory and ends its connection; safe to call more than once.
+    func close(_ id: Int, reason: String) {
+        guard let session = sessions.removeValue(forKey: id) else { return }
+        hub.unsubscribe(id)
+        let remaining = (streamsPerKey[session.keyID] ?? 1) - 1
+        streamsPerKey[session.keyID] = remaining > 0 ? remaining : nil
+        metrics.streamsActive = sessions.count
+        metrics.closed(reason)
+        let http = session.http
+        http.onPeerClosed = nil
+        switch reason {
+        case "client_closed":
+            break
+        case "terminal", "not_found":
+            http.end()
+        case "no_content":
+            http.respond(status: 204, body: [])
+        case "database" where !http.started:
+            http.respond(status: 503, headers: [("Content-Type", "application/json")],
+                         body: DispatchError(.databaseUnavailable, "the database is unavailable, retry shortly").jsonBody(now: 0))
+        case "shutdown" where http.started:
+            http.end()
+        default:
+            http.abort()
+        }
+    }
+
+    /// Ends every stream (server shutdown); clients reconnect with Last-Event-ID elsewhere.
+    func shutdown() {
+        heartbeatTimer?.cancel()
+        for id in Array(sessions.keys) { close(id, reason: "shutdown") }
+    }
+}
