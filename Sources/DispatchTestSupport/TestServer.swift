@@ -1,0 +1,179 @@
+import DispatchCore
+import DispatchIO
+import DispatchServer
+import Glibc
+
+/// Paths of the executables built next to the test bundle.
+public enum TestPaths {
+    public static var buildDirectory: String {
+        let exe = Subprocess.executablePath()
+        var dir = exe
+        // .../debug/DispatchPackageTests.xctest (a file on Linux)
+        while let slash = dir.lastIndex(of: "/") {
+            dir = String(dir[..<slash])
+            if access(dir + "/dispatchd", X_OK) == 0 { return dir }
+            if dir.isEmpty { break }
+        }
+        return "./.build/debug"
+    }
+
+    public static func binary(_ name: String) -> String { buildDirectory + "/" + name }
+
+    public static var repositoryRoot: String {
+        var dir = buildDirectory
+        for _ in 0..<6 {
+            if access(dir + "/Package.swift", R_OK) == 0 { return dir }
+            guard let slash = dir.lastIndex(of: "/") else { break }
+            dir = String(dir[..<slash])
+        }
+        return "."
+    }
+}
+
+nonisolated(unsafe) private var sharedCluster: TestPostgres?
+
+/// One private PostgreSQL cluster per test process (or `DISPATCH_TEST_DATABASE_URL`'s server);
+/// each test server gets a fresh database in it. Stopped when the process exits.
+public final class TestPostgres: @unchecked Sendable {
+    public let embedded: EmbeddedPostgres
+    private var counter = 0
+
+    public static func shared() throws -> TestPostgres {
+        if let c = sharedCluster { return c }
+        let dir = "/tmp/dispatch-tests-\(getpid())"
+        let pg = try EmbeddedPostgres(dataDir: dir, log: Logger(level: .warning))
+        try pg.start()
+        let c = TestPostgres(embedded: pg)
+        sharedCluster = c
+        atexit {
+            sharedCluster?.embedded.stop()
+            _ = Subprocess.run(["rm", "-rf", "/tmp/dispatch-tests-\(getpid())"])
+        }
+        return c
+    }
+
+    init(embedded: EmbeddedPostgres) { self.embedded = embedded }
+
+    /// A new empty database; returns its conninfo.
+    public func freshDatabase() throws -> String {
+        counter += 1
+        let name = "t\(getpid())_\(counter)"
+        try embedded.createDatabase(name)
+        return embedded.conninfo(database: name)
+    }
+
+    /// Runs SQL as the cluster's superuser against `database`'s conninfo.
+    public func sql(_ conninfo: String, _ query: String, _ params: [String?] = []) throws -> [[String?]] {
+        try BlockingPG(conninfo).query(query, params).rows
+    }
+}
+
+/// A real `dispatchd` process on a free loopback port, against its own database.
+public final class TestServer: @unchecked Sendable {
+    public let port: Int
+    public let conninfo: String
+    public let adminKey = "test-admin-key-0123456789"
+    public var environment: [String: String]
+    public private(set) var pid: pid_t = 0
+    public var baseURL: String { "http://127.0.0.1:\(port)" }
+    public let logPath: String
+
+    /// Starts a server; `conninfo` shares another server's database (several processes, one truth).
+    public static func start(environment: [String: String] = [:], conninfo: String? = nil) throws -> TestServer {
+        let cluster = try TestPostgres.shared()
+        let db = try conninfo ?? cluster.freshDatabase()
+        let s = TestServer(port: try freePort(), conninfo: db, environment: environment)
+        try s.launch()
+        return s
+    }
+
+    init(port: Int, conninfo: String, environment: [String: String]) {
+        self.port = port
+        self.conninfo = conninfo
+        self.environment = environment
+        logPath = "/tmp/dispatchd-test-\(getpid())-\(port).log"
+    }
+
+    public func launch() throws {
+        var env = Subprocess.currentEnvironment()
+        env["DATABASE_URL"] = conninfo
+        env["DISPATCH_LISTEN"] = "127.0.0.1:\(port)"
+        env["DISPATCH_BOOTSTRAP_KEY"] = adminKey
+        env["DISPATCH_WORKERS"] = env["DISPATCH_WORKERS"] ?? "1"
+        env["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
+        env["DISPATCH_LOG_LEVEL"] = "info"
+        for (k, v) in environment { env[k] = v }
+        let cmd = "exec \(TestPaths.binary("dispatchd")) >> \(logPath) 2>&1"
+        guard let p = Subprocess.start(["/bin/sh", "-c", cmd], environment: env) else {
+            throw TestError("cannot start dispatchd")
+        }
+        pid = p
+        let deadline = Clock.monotonic() + 30
+        while Clock.monotonic() < deadline {
+            if let r = try? HTTPClient(port: port).request("GET", "/readyz"), r.status == 200 { return }
+            var status: Int32 = 0
+            if waitpid(pid, &status, WNOHANG) == pid {
+                pid = 0
+                throw TestError("dispatchd exited with \(Subprocess.exitCode(status)): \(log())")
+            }
+            usleep(50_000)
+        }
+        throw TestError("dispatchd did not become ready: \(log())")
+    }
+
+    public func log() -> String {
+        guard let f = fopen(logPath, "r") else { return "" }
+        defer { fclose(f) }
+        var out: [UInt8] = []
+        var buf = [UInt8](repeating: 0, count: 65536)
+        while true { let n = fread(&buf, 1, buf.count, f); if n <= 0 { break }; out.append(contentsOf: buf[0..<n]) }
+        return String(decoding: out.suffix(8000), as: UTF8.self)
+    }
+
+    /// SIGTERM and wait (graceful shutdown).
+    public func stop() {
+        guard pid > 0 else { return }
+        Glibc.kill(pid, SIGTERM)
+        _ = Subprocess.wait(pid)
+        pid = 0
+    }
+
+    /// SIGKILL: a crash, nothing flushed.
+    public func kill() {
+        guard pid > 0 else { return }
+        Glibc.kill(pid, SIGKILL)
+        _ = Subprocess.wait(pid)
+        pid = 0
+    }
+
+    public func restart() throws {
+        stop()
+        try launch()
+    }
+
+    public var client: HTTPClient { HTTPClient(port: port, token: adminKey) }
+
+    deinit {
+        if pid > 0 { Glibc.kill(pid, SIGKILL); _ = Subprocess.wait(pid) }
+    }
+
+    public static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = 0
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let ok = withUnsafeMutablePointer(to: &addr) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
+        }
+        guard ok else { throw TestError("no free port") }
+        return Int(UInt16(bigEndian: addr.sin_port))
+    }
+}
+
+public struct TestError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ d: String) { description = d }
+}
