@@ -2,6 +2,17 @@
 import Glibc
 #endif
 
+/// `runuser -u postgres -- pg_ctl -D <cluster> stop -m fast`, ready for the signal handler.
+nonisolated(unsafe) var emergencyPgStop: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?
+
+func prepareEmergencyPgStop(cluster: String) {
+    let args = ["/usr/sbin/runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_ctl", "-D", cluster, "stop", "-m", "fast"]
+    let argv = UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>.allocate(capacity: args.count + 1)
+    for (i, a) in args.enumerated() { argv[i] = strdup(a) }
+    argv[args.count] = nil
+    emergencyPgStop = argv
+}
+
 enum BenchMain {
     static let usage = """
     usage: dispatch-bench run [--quick | --full | --smoke] [options]
@@ -76,6 +87,13 @@ enum BenchMain {
             for pid in startedPids { kill(pid, SIGTERM) }
             sleep(3)
             for pid in startedPids { kill(pid, SIGKILL) }
+            // dispatchd's embedded PostgreSQL is not our child: stop it with pg_ctl (fork and
+            // exec are safe in a signal handler; the argv was prepared beforehand).
+            if let argv = emergencyPgStop {
+                let child = fork()
+                if child == 0 { execv(argv[0]!, argv); _exit(127) }
+                if child > 0 { var st: Int32 = 0; waitpid(child, &st, 0) }
+            }
             _exit(130)
         }
         signal(SIGINT, handler)

@@ -150,7 +150,10 @@ final class Orchestrator {
     func makeTempDir() -> String {
         var template = Array("/tmp/dispatch-bench-XXXXXX".utf8CString)
         let p = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
-        return p.map { String(cString: $0) } ?? "/tmp/dispatch-bench-\(getpid())"
+        let dir = p.map { String(cString: $0) } ?? "/tmp/dispatch-bench-\(getpid())"
+        // dispatchd runs its embedded PostgreSQL as the postgres user, who must reach the data dir.
+        chmod(dir, 0o755)
+        return dir
     }
 
     func startTargets() throws {
@@ -199,7 +202,7 @@ final class Orchestrator {
             }
             w.endArray()
         }
-        guard let r = Control.collect([publisher], "batch", timeout: 120)[0] else { throw BenchError("\(t.name): \(what) timed out") }
+        guard let r = Control.collect([publisher], "batch", timeout: 30 + Double(requests.count) / 200)[0] else { throw BenchError("\(t.name): \(what) timed out") }
         if (r.int("errors") ?? 1) != 0 {
             throw BenchError("\(t.name): \(what): \(r.int("errors") ?? 0) of \(requests.count) failed (\(r.string("error") ?? ""))")
         }

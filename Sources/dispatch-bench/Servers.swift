@@ -15,6 +15,8 @@ final class Target {
     var logPath = ""
     /// Starts the server process again (same port, key and data); nil for an external server.
     var starter: (() throws -> pid_t)?
+    /// Dispatch's embedded PostgreSQL cluster, stopped after dispatchd if it is still up.
+    var postgresCluster: String?
 
     init(kind: Kind, port: UInt16, key: String, rootPid: pid_t?) {
         self.kind = kind
@@ -112,6 +114,16 @@ final class Target {
         // nginx: SIGTERM is its fast shutdown; dispatchd: SIGTERM drains and stops PostgreSQL.
         Proc.stop(pid, signal: SIGTERM, grace: 20)
         rootPid = nil
+        stopLeftoverPostgres()
+    }
+
+    /// dispatchd should stop its embedded PostgreSQL itself; if it was killed (or did not),
+    /// the cluster would outlive the run and keep its temporary directory busy.
+    func stopLeftoverPostgres() {
+        guard let cluster = postgresCluster, access("\(cluster)/postmaster.pid", F_OK) == 0,
+              let runuser = Proc.which("runuser") else { return }
+        log("bench: PostgreSQL at \(cluster) still running after dispatchd stopped; stopping it")
+        _ = Proc.run(runuser, ["-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_ctl", "-D", cluster, "stop", "-m", "fast", "-w"])
     }
 }
 
@@ -159,10 +171,10 @@ enum Servers {
                 "DISPATCH_BOOTSTRAP_KEY": key,
                 "DISPATCH_WORKERS": String(workers),
                 "DISPATCH_DATA_DIR": data,
-                "DISPATCH_LOG_LEVEL": "warning",
+                "DISPATCH_LOG_LEVEL": "info",
             ], stdin: nil, stdout: logFd, stderr: logFd)
             Glibc.close(logFd)
-            let ok = BlockingHTTP.waitReady(port: port, path: "/readyz", seconds: 120) { Proc.alive(pid) }
+            let ok = BlockingHTTP.waitReady(port: port, path: "/readyz", seconds: 60) { Proc.alive(pid) }
             if !ok {
                 Proc.stop(pid)
                 throw BenchError("dispatchd did not become ready; see \(logPath):\n\(tail(logPath))")
@@ -172,6 +184,8 @@ enum Servers {
         let target = Target(kind: .dispatch, port: port, key: key, rootPid: try start())
         target.logPath = logPath
         target.starter = start
+        target.postgresCluster = "\(data)/pg"
+        prepareEmergencyPgStop(cluster: "\(data)/pg")
         return target
     }
 
