@@ -89,7 +89,8 @@ public struct Activity: Equatable, Sendable {
         }
         guard case .string(let id)? = value["activityId"], case .string(let name)? = value["taskName"],
               case .string(let stateText)? = value["state"], let state = ActivityState(rawValue: stateText),
-              case .number(let attempt)? = value["attempt"], case .number(let seq)? = value["seq"],
+              case .number(let attemptNumber)? = value["attempt"], let attempt = Int64(exactly: attemptNumber),
+              case .number(let seqNumber)? = value["seq"], let seq = Int64(exactly: seqNumber),
               case .bool(let cancel)? = value["cancelRequested"],
               case .string(let created)? = value["createdAt"], let createdAt = Timestamp.parse(created),
               case .string(let updated)? = value["updatedAt"], let updatedAt = Timestamp.parse(updated),
@@ -104,7 +105,7 @@ public struct Activity: Equatable, Sendable {
         default: error = nil
         }
         return Activity(activityId: id, taskName: name, systemImage: image, machine: machine, cancelURL: url,
-                        state: state, progress: progress, status: status, attempt: Int64(attempt), seq: Int64(seq),
+                        state: state, progress: progress, status: status, attempt: attempt, seq: seq,
                         cancelRequested: cancel, createdAt: createdAt, updatedAt: updatedAt, endedAt: endedAt,
                         error: error)
     }

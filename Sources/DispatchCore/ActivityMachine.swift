@@ -81,7 +81,7 @@ public struct EndCommand: Equatable, Sendable {
         case .set(let v): if let v { w.number(v) } else { w.null() }
         }
         switch status {
-        case .keep: w.string("keep")
+        case .keep: w.bool(false)  // not a string: a status may be the text "keep"
         case .set(let v): w.field2(v)
         }
         w.string(state.rawValue)
@@ -126,8 +126,8 @@ public enum ActivityMachine {
         switch (from, to) {
         case (.queued, .queued), (.queued, .processing): return true
         case (.processing, .processing), (.processing, .retrying): return true
-        case (.retrying, .retrying), (.retrying, .processing): return true
-        case (.queued, .retrying), (.processing, .queued), (.retrying, .queued): return false
+        case (.retrying, .retrying), (.retrying, .processing), (.retrying, .queued): return true
+        case (.queued, .retrying), (.processing, .queued): return false
         case (_, .completed), (_, .error), (_, .cancelled): return false
         case (.completed, _), (.error, _), (.cancelled, _): return false
         }

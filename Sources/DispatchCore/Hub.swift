@@ -93,11 +93,14 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     public mutating func unsubscribe(_ s: Subscriber) {
         guard let state = subscribers.removeValue(forKey: s) else { return }
         topics[state.topic]?.subscribers.remove(s)
-        if topics[state.topic]?.subscribers.isEmpty == true { topics[state.topic] = nil }
+        // An empty loading topic stays until its snapshot read answers: a new topic for the same
+        // activity must not take that older read (from before events it never heard) as its own.
+        if let topic = topics[state.topic], topic.subscribers.isEmpty, topic.phase != .loading { topics[state.topic] = nil }
     }
 
     public mutating func snapshotLoaded(topic name: String, _ event: Event?) -> [Action] {
         guard var topic = topics[name], topic.phase == .loading else { return [] }
+        if topic.subscribers.isEmpty { topics[name] = nil; return [] }
         var actions: [Action] = []
         guard let event else {
             // Unknown activity: an event we heard meanwhile means it was just created.
@@ -131,7 +134,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         case .loading, .resyncing:
             topic.pending.append(event)
             topics[name] = topic
-            if topic.pending.count > maxPendingEvents { return dropTopic(name) }
+            if topic.pending.count > maxPendingEvents { return dropTopic(name, awaitingSnapshot: topic.phase == .loading) }
             return []
         case .synced:
             guard let latest = topic.latest else { return [] }
@@ -163,7 +166,10 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
                 return actions
             }
             topics[name]?.latest = first
-            for s in topic.subscribers { resolve(s, latest: first, into: &actions) }
+        }
+        // Subscribers that arrived while the topic was re-reading are answered now that it is synced.
+        if let latest = topics[name]?.latest {
+            for s in topic.subscribers { resolve(s, latest: latest, into: &actions) }
         }
         applyPending(name, into: &actions)
         return actions
@@ -221,10 +227,17 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
 
     // MARK: - Internals
 
-    private mutating func dropTopic(_ name: String) -> [Action] {
+    private mutating func dropTopic(_ name: String, awaitingSnapshot: Bool = false) -> [Action] {
         guard let topic = topics.removeValue(forKey: name) else { return [] }
         var actions: [Action] = []
         for s in topic.subscribers { subscribers[s] = nil; actions.append(.drop(s)) }
+        if awaitingSnapshot {
+            // Its snapshot read is still out (see `unsubscribe`): keep the topic, empty, and since
+            // the events it held are gone, re-read the history after that snapshot when it comes.
+            var waiting = Topic()
+            waiting.needsResyncAfterLoad = true
+            topics[name] = waiting
+        }
         return actions
     }
 
@@ -291,6 +304,12 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
                 subscribers[s] = state
             case .live:
                 let last = state.lastSent ?? 0
+                if event.seq <= last {
+                    // Its Last-Event-ID was ahead of this process (heard from another server):
+                    // when the final event arrives, there is nothing more to wait for.
+                    if event.isTerminal { finish(s, into: &actions) }
+                    continue
+                }
                 guard event.seq == last + 1 else { continue }
                 state.lastSent = event.seq
                 subscribers[s] = state

@@ -255,9 +255,10 @@ public struct JSONWriter {
         }
     }
 
-    public mutating func beginObject() { separator(); bytes.append(UInt8(ascii: "{")); needsComma.append(false) }
+    // A container is a value too: after a key it takes the key's place, not a comma.
+    public mutating func beginObject() { valuePrefix(); bytes.append(UInt8(ascii: "{")); needsComma.append(false) }
     public mutating func endObject() { bytes.append(UInt8(ascii: "}")); needsComma.removeLast() }
-    public mutating func beginArray() { separator(); bytes.append(UInt8(ascii: "[")); needsComma.append(false) }
+    public mutating func beginArray() { valuePrefix(); bytes.append(UInt8(ascii: "[")); needsComma.append(false) }
     public mutating func endArray() { bytes.append(UInt8(ascii: "]")); needsComma.removeLast() }
 
     public mutating func key(_ k: String) {

@@ -1,2 +1,0 @@
-import XCTest
-final class PlaceholderDispatchCoreTests: XCTestCase { func testNothing() {} }
