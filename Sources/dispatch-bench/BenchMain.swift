@@ -87,6 +87,7 @@ enum BenchMain {
             for pid in startedPids { kill(pid, SIGTERM) }
             sleep(3)
             for pid in startedPids { kill(pid, SIGKILL) }
+            for group in startedGroups { kill(-group, SIGKILL) }
             // dispatchd's embedded PostgreSQL is not our child: stop it with pg_ctl (fork and
             // exec are safe in a signal handler; the argv was prepared beforehand).
             if let argv = emergencyPgStop {

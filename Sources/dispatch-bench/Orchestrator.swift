@@ -237,10 +237,10 @@ final class Orchestrator {
                 w.field("trackSeqs", trackSeqs)
             }
         }
-        let got = Control.collect(subscribers, "subscribed", timeout: 180)
+        let got = Control.collect(subscribers, "subscribed", timeout: 60)
         var s = Subscribed()
         for (k, g) in got.enumerated() {
-            guard let g else { throw BenchError("\(t.name): subscriber process \(k) did not finish connecting") }
+            guard let g else { throw BenchError("\(t.name): subscriber process \(k) did not get all \(count / subscribers.count) streams open within 60 s (\(path))") }
             s.ready += g.int("ready") ?? 0
             s.failed += g.int("failed") ?? 0
             s.elapsed = max(s.elapsed, g.double("elapsed") ?? 0)

@@ -5,12 +5,21 @@ import Glibc
 
 /// Everything this run started, so a signal or a deadline can stop it all.
 nonisolated(unsafe) var startedPids: [pid_t] = []
+/// Process groups of servers started with `newGroup` (their workers die with them).
+nonisolated(unsafe) var startedGroups: [pid_t] = []
 
 enum Proc {
     /// Starts `path` with `args`; stdin/stdout/stderr are dup'ed from the given fds when set.
     static func spawn(_ path: String, _ args: [String], env: [String: String]? = nil,
                       stdin: Int32? = nil, stdout: Int32? = nil, stderr: Int32? = nil,
-                      closeInChild: [Int32] = []) throws -> pid_t {
+                      closeInChild: [Int32] = [], newGroup: Bool = false) throws -> pid_t {
+        var attr = posix_spawnattr_t()
+        posix_spawnattr_init(&attr)
+        defer { posix_spawnattr_destroy(&attr) }
+        if newGroup {
+            posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETPGROUP))
+            posix_spawnattr_setpgroup(&attr, 0)
+        }
         var fa = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&fa)
         defer { posix_spawn_file_actions_destroy(&fa) }
@@ -25,9 +34,10 @@ enum Proc {
         let envp: [UnsafeMutablePointer<CChar>?] = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
         defer { envp.forEach { free($0) } }
         var pid: pid_t = 0
-        let rc = posix_spawn(&pid, path, &fa, nil, argv, envp)
+        let rc = posix_spawn(&pid, path, &fa, &attr, argv, envp)
         if rc != 0 { throw BenchError("cannot start \(path): \(String(cString: strerror(rc)))") }
         startedPids.append(pid)
+        if newGroup { startedGroups.append(pid) }
         return pid
     }
 

@@ -112,7 +112,14 @@ final class Target {
     func stop() {
         guard let pid = rootPid else { return }
         // nginx: SIGTERM is its fast shutdown; dispatchd: SIGTERM drains and stops PostgreSQL.
+        let tree = Proc.tree(pid).filter { !Proc.comm($0).hasPrefix("postgres") }
         Proc.stop(pid, signal: SIGTERM, grace: 20)
+        // Worker processes that outlived their supervisor.
+        for p in tree where p != pid && kill(p, 0) == 0 {
+            log("bench: \(name) process \(p) still running after its parent stopped; killing it")
+            kill(p, SIGKILL)
+        }
+        startedGroups.removeAll { $0 == pid }
         rootPid = nil
         stopLeftoverPostgres()
     }
@@ -172,7 +179,7 @@ enum Servers {
                 "DISPATCH_WORKERS": String(workers),
                 "DISPATCH_DATA_DIR": data,
                 "DISPATCH_LOG_LEVEL": "info",
-            ], stdin: nil, stdout: logFd, stderr: logFd)
+            ], stdin: nil, stdout: logFd, stderr: logFd, newGroup: true)
             Glibc.close(logFd)
             let ok = BlockingHTTP.waitReady(port: port, path: "/readyz", seconds: 60) { Proc.alive(pid) }
             if !ok {

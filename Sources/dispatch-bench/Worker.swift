@@ -464,6 +464,10 @@ final class Worker {
                 subscriberSettled(ready: true)
             }
         case .event(let e):
+            if e.kind == .notFound {
+                failed(i, "stream answered not_found")
+                return
+            }
             let seq = e.seq >= 0 ? e.seq : e.id
             if seq < 0 { return }
             if !conns[i].sawEvent {
