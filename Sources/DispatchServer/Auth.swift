@@ -31,7 +31,14 @@ final class Auth {
         self.publishRate = publishRate
     }
 
-    func invalidateAll() { cache.removeAll() }
+    /// Bumped by every invalidation: a lookup that was in flight across one (it may have read
+    /// the key just before its revocation committed) answers its request but is not cached.
+    private var generation = 0
+
+    func invalidateAll() {
+        cache.removeAll()
+        generation += 1
+    }
 
     static func secret(from req: HTTPRequest, allowQuery: Bool) -> String? {
         if let h = req.header("Authorization") {
@@ -70,6 +77,7 @@ final class Auth {
             return
         }
         waiters[hash] = []
+        let startedIn = generation
         store.reader.execute([PGQuery("""
             UPDATE api_keys SET last_used_at = now() WHERE secret_hash = $1 AND revoked_at IS NULL
             RETURNING id, name, array_to_string(scopes, ','), machine
@@ -81,13 +89,18 @@ final class Auth {
                 let err = Store.unavailable(e)
                 completion(.failure(err))
                 for w in waiting { w(.failure(err)) }
+            case .success(let rs) where !rs[0].ok:
+                // A failed lookup says nothing about the key: 503, not a cached 401.
+                let err = DispatchError(.databaseUnavailable, "the database is unavailable, retry shortly")
+                completion(.failure(err))
+                for w in waiting { w(.failure(err)) }
             case .success(let rs):
                 var key: APIKey?
                 if let r = rs[0].rows.first, let id = r[0].flatMap({ Int64($0) }), let name = r[1] {
                     key = APIKey(id: id, name: name, scopes: Scope.parseList(r[2] ?? "") ?? [], machine: r[3])
                 }
                 if self.cache.count > 10_000 { self.cache.removeAll() }
-                self.cache[hash] = (key, Clock.monotonic())
+                if startedIn == self.generation { self.cache[hash] = (key, Clock.monotonic()) }
                 finish(key)
                 for w in waiting { w(.success(key)) }
             }

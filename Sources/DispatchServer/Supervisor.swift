@@ -66,7 +66,8 @@ final class Supervisor {
                 stop(SIGTERM)
                 continue
             }
-            loop.timer(after: 0.2 * Double(recent.count)) { [unowned self] in if !self.stopping { self.spawn(index) } }
+            // Held in `watchers`: a Timer nobody holds is cancelled by its deinit and never fires.
+            watchers.append(loop.timer(after: 0.2 * Double(recent.count)) { [unowned self] in if !self.stopping { self.spawn(index) } })
         }
         if stopping && children.isEmpty { loop.stop() }
     }
@@ -76,9 +77,9 @@ final class Supervisor {
             stopping = true
             log.info("supervisor.stopping", [("workers", children.count)])
             for pid in children.keys { kill(pid, sig) }
-            loop.timer(after: 15) { [unowned self] in
+            watchers.append(loop.timer(after: 15) { [unowned self] in
                 for pid in self.children.keys { kill(pid, SIGKILL) }
-            }
+            })
         }
         if children.isEmpty { loop.stop() }
     }

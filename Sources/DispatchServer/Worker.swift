@@ -87,11 +87,12 @@ public final class Worker {
         log.info("worker.shutdown", [("streams", streams.openStreams)])
         http.stopListening()
         streams.shutdown()
-        loop.timer(after: 0.3) { [unowned self] in
+        // Kept in `signals`: a Timer nobody holds is cancelled by its deinit and never fires.
+        signals.append(loop.timer(after: 0.3) { [unowned self] in
             self.store.close()
             self.listener.close()
             self.loop.stop()
-        }
+        })
     }
 
     var isReady: Bool { store.isReady && listener.isReady && listenEstablished }
@@ -190,15 +191,22 @@ public final class Worker {
         authenticated(req, .admin) { _ in body() }
     }
 
+    /// A JSON body must say so: `application/json`, parameters (`; charset=utf-8`) allowed.
+    static func requireJSON(_ req: HTTPRequest) -> DispatchError? {
+        let value = (req.header("Content-Type") ?? "").split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false)[0]
+        let type = value.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed()
+        guard String(type).lowercased() == "application/json" else {
+            return DispatchError(.unsupportedMediaType, "send the body as Content-Type: application/json")
+        }
+        return nil
+    }
+
     // MARK: - Publishing
 
     private func publish(_ req: HTTPRequest, id: String?, kind: String) {
         authenticated(req, .publish) { [unowned self] key in
             if let e = self.auth.checkRate(key) { return self.fail(req, e) }
-            let contentType = req.header("Content-Type")?.lowercased() ?? ""
-            guard contentType.hasPrefix("application/json") else {
-                return self.fail(req, DispatchError(.unsupportedMediaType, "send the body as Content-Type: application/json"))
-            }
+            if let e = Worker.requireJSON(req) { return self.fail(req, e) }
             let idempotencyKey = req.header("Idempotency-Key")
             if let k = idempotencyKey, !(1...128).contains(k.utf8.count) || !k.utf8.allSatisfy({ (0x21...0x7E).contains($0) }) {
                 return self.fail(req, DispatchError(.invalidField, "Idempotency-Key must be 1-128 printable characters"))
@@ -383,6 +391,7 @@ public final class Worker {
     }
 
     private func createKey(_ req: HTTPRequest) {
+        if let e = Worker.requireJSON(req) { return fail(req, e) }
         let spec: KeySpec
         do { spec = try KeySpec.parse(req.body()) } catch { return fail(req, error) }
         let secret = RandomID.secret(using: &rng)
