@@ -30,7 +30,7 @@ public enum CLIHelp {
       2  usage error (bad flags or values)
       3  not found (unknown activity; watch: not_found)
       4  authentication or permission refused (401/403)
-      5  conflict: the activity already ended (409)
+      5  conflict (409): the activity already ended, or a state change it does not allow
       6  server unreachable, or 5xx/429 until --retry-for ran out
       7  input rejected by the server (400/413/415)
       run: the command's own exit code (128+N when it died of signal N)
