@@ -187,7 +187,11 @@ public final class HTTPRequest {
         let out = evhttp_request_get_output_headers(raw)
         for (k, v) in headers { evhttp_add_header(out, k, v) }
         let buf = evbuffer_new()
-        if !body.isEmpty { body.withUnsafeBytes { _ = evbuffer_add(buf, $0.baseAddress, $0.count) } }
+        // evhttp 2.1 sends a body even after HEAD, which a keep-alive client would read as the
+        // start of the next answer: HEAD gets the headers only.
+        if !body.isEmpty && evhttp_request_get_command(raw) != EVHTTP_REQ_HEAD {
+            body.withUnsafeBytes { _ = evbuffer_add(buf, $0.baseAddress, $0.count) }
+        }
         evhttp_send_reply(raw, Int32(status), HTTPRequest.reason(status), buf)
         evbuffer_free(buf)
     }

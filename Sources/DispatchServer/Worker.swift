@@ -361,6 +361,11 @@ public final class Worker {
             if self.streams.streams(forKey: key.id) >= self.config.maxStreamsPerKey {
                 return self.fail(req, DispatchError(.tooManyStreams, "this key already holds \(self.config.maxStreamsPerKey) streams"))
             }
+            // HEAD gets the stream's headers only: a stream writes to the socket itself, so it
+            // would send a body after a HEAD answer and hold a stream slot.
+            if req.method == .head {
+                return self.reply(req, 200, [], contentType: "text/event-stream", headers: [("Cache-Control", "no-cache")])
+            }
             let lastEventID = Validation.lastEventID(req.header("Last-Event-ID") ?? req.query["lastEventId"])
             self.streams.open(req, activityID: id, lastEventID: lastEventID, keyID: key.id)
         }

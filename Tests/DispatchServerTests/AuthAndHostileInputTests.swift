@@ -343,6 +343,25 @@ final class AuthAndHostileInputTests: XCTestCase {
         // EventSource has no other way).
         AuthKit.assertError(try anon.get("/v1/activities/SSE-TOKEN?access_token=\(reader)"), 401, "unauthorized")
         AuthKit.assertError(try anon.get("/v1/activities?access_token=\(reader)"), 401, "unauthorized")
+        // HEAD answers the stream's headers and no body (and holds no stream).
+        let head = AuthKit.exchange(port: s.port, Array("HEAD /v1/activities/SSE-TOKEN/status?access_token=\(reader) HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".utf8), timeout: 10)
+        XCTAssertEqual(head.status, 200)
+        XCTAssertTrue(head.closed)
+        let headText = String(decoding: head.raw, as: UTF8.self)
+        XCTAssertTrue(headText.lowercased().contains("content-type: text/event-stream"), headText)
+        XCTAssertTrue(headText.hasSuffix("\r\n\r\n") && !headText.contains("retry:"), "a body after HEAD: \(headText.debugDescription)")
+        let headRefused = AuthKit.exchange(port: s.port, Array("HEAD /v1/activities/SSE-TOKEN/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".utf8), timeout: 10)
+        XCTAssertEqual(headRefused.status, 401)
+        XCTAssertTrue(String(decoding: headRefused.raw, as: UTF8.self).hasSuffix("\r\n\r\n"), "a body after HEAD")
+        // On a kept-alive connection, the answer after a HEAD is read correctly (no stray body).
+        let sock = try TestSocket.connect(port: s.port)
+        defer { sock.close() }
+        try sock.send("HEAD /v1/activities/SSE-TOKEN HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(reader)\r\n\r\n"
+            + "GET /v1/activities/nope HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(reader)\r\nConnection: close\r\n\r\n")
+        let pipelined = String(decoding: try sock.readAll(timeout: 10), as: UTF8.self)
+        XCTAssertTrue(pipelined.hasPrefix("HTTP/1.1 200 "), pipelined)
+        let second = pipelined.split(separator: "\r\n\r\n", maxSplits: 1, omittingEmptySubsequences: false).last.map(String.init) ?? ""
+        XCTAssertTrue(second.hasPrefix("HTTP/1.1 404 "), "the answer after HEAD: \(second.prefix(200).debugDescription)")
         // A change still reaches the token-authenticated stream.
         XCTAssertEqual(try s.client.post("/v1/activities/SSE-TOKEN/update", #"{"progress":0.4}"#).status, 200)
         XCTAssertEqual(try sse.waitForEvents(2).map(\.id), ["1", "2"])
@@ -500,6 +519,16 @@ final class AuthAndHostileInputTests: XCTestCase {
         AuthKit.assertError(try admin.post(start, #"{"taskName":"x","cancelURL":"javascript:alert(1)"}"#), 400, "invalid_field", "cancelURL")
         AuthKit.assertError(try admin.post(start, #"{"taskName":"x","activityId":"../etc"}"#), 400, "invalid_field", "activityId")
         AuthKit.assertError(try admin.post(start, #"{"taskName":""# + String(repeating: "x", count: 20 * 1024) + #""}"#), 413, "body_too_large", "start: 20 KB")
+        // A chunked body is held to the same limits as a sized one.
+        let chunk = Array(#"{"taskName":""#.utf8) + [UInt8](repeating: UInt8(ascii: "x"), count: 30 * 1024) + Array(#""}"#.utf8)
+        let chunkedHead = "POST \(start) HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer \(s.adminKey)\r\n"
+            + "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        let chunked = AuthKit.exchange(port: s.port, Array(chunkedHead.utf8) + Array((String(chunk.count, radix: 16) + "\r\n").utf8) + chunk + Array("\r\n0\r\n\r\n".utf8))
+        AuthKit.assertError(try AuthKit.parse(chunked.raw), 413, "body_too_large", "30 KB chunked body")
+        let bigChunk = [UInt8](repeating: UInt8(ascii: " "), count: 100 * 1024)
+        let tooBig = AuthKit.exchange(port: s.port, Array(chunkedHead.utf8) + Array((String(bigChunk.count, radix: 16) + "\r\n").utf8) + bigChunk + Array("\r\n0\r\n\r\n".utf8))
+        XCTAssertTrue(tooBig.status == 413 || (tooBig.status == nil && tooBig.closed), "100 KB chunked body: \(tooBig.status ?? 0)")
+        stillServing("chunked bodies")
         // Invalid UTF-8 bytes in a body, and NUL and junk in the path.
         var rawBody = Array(#"{"taskName":""#.utf8) + [0xC3, 0x28, 0xFF] + Array(#""}"#.utf8)
         AuthKit.assertError(try AuthKit.post(s, start, rawBody), 400, "invalid_json", "invalid UTF-8")
