@@ -737,14 +737,14 @@ private enum AuthKit {
 
     /// VmRSS of a process in kB.
     static func residentKB(_ pid: pid_t) -> Int? {
-        guard let f = fopen("/proc/\(pid)/status", "r") else { return nil }
-        defer { fclose(f) }
-        var line = [CChar](repeating: 0, count: 512)
-        while fgets(&line, Int32(line.count), f) != nil {
-            let text = String(cString: line)
-            if text.hasPrefix("VmRSS:") {
-                return Int(text.dropFirst(6).split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" }).first ?? "")
-            }
+        let fd = open("/proc/\(pid)/status", O_RDONLY)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var buf = [UInt8](repeating: 0, count: 8192)
+        let n = read(fd, &buf, buf.count)
+        guard n > 0 else { return nil }
+        for line in String(decoding: buf[0..<n], as: UTF8.self).split(separator: "\n") where line.hasPrefix("VmRSS:") {
+            return Int(line.dropFirst(6).split(whereSeparator: { $0 == " " || $0 == "\t" }).first ?? "")
         }
         return nil
     }
