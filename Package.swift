@@ -7,7 +7,7 @@ let package = Package(
     name: "Dispatch",
     products: [
         .executable(name: "dispatchd", targets: ["dispatchd"]),
-        .executable(name: "dispatch", targets: ["dispatch"]),
+        .executable(name: "dispatch", targets: ["DispatchCLI"]),
         .executable(name: "dispatch-bench", targets: ["dispatch-bench"]),
     ],
     targets: [
@@ -17,7 +17,8 @@ let package = Package(
         .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "DispatchCore"]),
         .target(name: "DispatchServer", dependencies: ["DispatchCore", "DispatchIO", "CLibevent", "CLibpq"]),
         .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
-        .executableTarget(name: "dispatch", dependencies: ["DispatchCore"]),
+        // Not named `dispatch`: its entry point would become `dispatch_main`, libdispatch's name.
+        .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCore"], path: "Sources/dispatch"),
         .executableTarget(name: "dispatch-bench", dependencies: ["DispatchCore", "DispatchIO", "CLibevent"]),
         .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore"]),
         .testTarget(name: "DispatchCoreTests", dependencies: ["DispatchCore"]),
@@ -26,7 +27,7 @@ let package = Package(
         .testTarget(name: "BenchSmokeTests",
                     dependencies: ["DispatchTestSupport", "DispatchCore", "dispatchd", "dispatch-bench"]),
         .testTarget(name: "DispatchCLITests",
-                    dependencies: ["DispatchTestSupport", "DispatchCore", "dispatchd", "dispatch"]),
+                    dependencies: ["DispatchTestSupport", "DispatchCore", "dispatchd", "DispatchCLI"]),
     ],
     swiftLanguageModes: [.v6]
 )

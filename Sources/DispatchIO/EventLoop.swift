@@ -46,19 +46,26 @@ final class ClosureBox {
     init(_ body: @escaping () -> Void) { self.body = body }
 }
 
-/// A timer or signal watcher; cancelling is idempotent, and deinit cancels.
+/// A timer or signal watcher; cancelling is idempotent. A one-shot timer keeps itself alive
+/// until it fires or is cancelled; a repeating one lives as long as its owner holds it.
 public final class Timer {
     private var event: OpaquePointer?
     private let interval: Double
     private let body: () -> Void
+    private var keepAlive: Timer?
 
     init(loop: EventLoop, interval: Double, repeating: Bool, body: @escaping () -> Void) {
         self.interval = interval
         self.body = body
         let flags = Int16(repeating ? EV_PERSIST : 0)
         event = event_new(loop.base, -1, flags, { _, _, arg in
-            Unmanaged<Timer>.fromOpaque(arg!).takeUnretainedValue().body()
+            let timer = Unmanaged<Timer>.fromOpaque(arg!).takeUnretainedValue()
+            let held = timer.keepAlive
+            timer.keepAlive = nil
+            timer.body()
+            _ = held
         }, Unmanaged.passUnretained(self).toOpaque())
+        if !repeating { keepAlive = self }
     }
 
     init(loop: EventLoop, signal: Int32, body: @escaping () -> Void) {
@@ -79,6 +86,7 @@ public final class Timer {
     public func cancel() {
         if let event { event_free(event) }
         event = nil
+        keepAlive = nil
     }
 
     deinit { cancel() }

@@ -105,7 +105,13 @@ public final class PGConnection {
 
     private func connect() {
         guard !stopped else { return }
-        guard let c = PQconnectStart(conninfo) else { scheduleReconnect("out of memory"); return }
+        // The URL or conninfo is expanded as dbname; application_name tells operators (and
+        // tests) which process and connection a backend serves.
+        let appName = "dispatchd-\(getpid())-\(name)"
+        let keywords: [String?] = ["dbname", "application_name", nil]
+        let values: [String?] = [conninfo, appName, nil]
+        let started = withCStrings(keywords) { k in withCStrings(values) { v in PQconnectStartParams(k, v, 1) } }
+        guard let c = started else { scheduleReconnect("out of memory"); return }
         conn = c
         if PQstatus(c) == CONNECTION_BAD {
             let message = String(cString: PQerrorMessage(c))

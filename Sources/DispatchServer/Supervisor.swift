@@ -66,8 +66,7 @@ final class Supervisor {
                 stop(SIGTERM)
                 continue
             }
-            // Held in `watchers`: a Timer nobody holds is cancelled by its deinit and never fires.
-            watchers.append(loop.timer(after: 0.2 * Double(recent.count)) { [unowned self] in if !self.stopping { self.spawn(index) } })
+            loop.timer(after: 0.2 * Double(recent.count)) { [unowned self] in if !self.stopping { self.spawn(index) } }
         }
         if stopping && children.isEmpty { loop.stop() }
     }
@@ -77,9 +76,9 @@ final class Supervisor {
             stopping = true
             log.info("supervisor.stopping", [("workers", children.count)])
             for pid in children.keys { kill(pid, sig) }
-            watchers.append(loop.timer(after: 15) { [unowned self] in
+            loop.timer(after: 15) { [unowned self] in
                 for pid in self.children.keys { kill(pid, SIGKILL) }
-            })
+            }
         }
         if children.isEmpty { loop.stop() }
     }

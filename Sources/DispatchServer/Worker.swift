@@ -87,12 +87,11 @@ public final class Worker {
         log.info("worker.shutdown", [("streams", streams.openStreams)])
         http.stopListening()
         streams.shutdown()
-        // Kept in `signals`: a Timer nobody holds is cancelled by its deinit and never fires.
-        signals.append(loop.timer(after: 0.3) { [unowned self] in
+        loop.timer(after: 0.3) { [unowned self] in
             self.store.close()
             self.listener.close()
             self.loop.stop()
-        })
+        }
     }
 
     var isReady: Bool { store.isReady && listener.isReady && listenEstablished }

@@ -6,16 +6,6 @@ import DispatchCore
 /// `dispatch`: the publishing and watching CLI. Parsing and every decision live in
 /// DispatchCore (CLI+*.swift); this target is the thin IO shell around them.
 
-// SwiftPM links this module into the test bundle and renames its entry point `dispatch_main`,
-// which is also libdispatch's `dispatch_main()`; the Swift Testing runner's async main calls
-// that and lands here. Inside a test bundle, hand over to the real libdispatch function.
-// (Renaming the target, with the product still called `dispatch`, removes the clash.)
-if CommandLine.arguments.first?.hasSuffix(".xctest") == true,
-   let real = dlsym(UnsafeMutableRawPointer(bitPattern: -1), "dispatch_main") {  // RTLD_NEXT
-    unsafeBitCast(real, to: (@convention(c) () -> Void).self)()
-    exit(0)  // not reached: dispatch_main() never returns
-}
-
 let arguments = Array(CommandLine.arguments.dropFirst())
 let invocation: CLIInvocation
 do {
