@@ -248,6 +248,11 @@ public final class HTTPStream {
     private var aborting = false
     /// Runs once when the peer goes away (FIN, RST, write timeout); not after end or abort.
     public var onPeerClosed: (() -> Void)?
+    /// Runs (on a later loop turn) when queued output drained below `drainMark` bytes.
+    public var onDrain: (() -> Void)?
+    public var drainMark = 32 * 1024
+    private var drainEntry: OpaquePointer?
+    private var drainScheduled = false
     public private(set) var isOpen = false
 
     public init(loop: EventLoop) { self.loop = loop }
@@ -281,6 +286,14 @@ public final class HTTPStream {
         fd = Int32(bufferevent_getfd(bev))
         var wtv = timeval(seconds: writeTimeout)
         bufferevent_set_timeouts(bev, nil, &wtv)
+        // A fixed kernel send buffer: events are small, and without it autotuning lets a
+        // reader that stopped reading park megabytes in the kernel before our cap sees it.
+        drainEntry = evbuffer_add_cb(output, { _, info, arg in
+            guard let info, info.pointee.n_deleted > 0 else { return }
+            Unmanaged<HTTPStream>.fromOpaque(arg!).takeUnretainedValue().drained()
+        }, Unmanaged.passUnretained(self).toOpaque())
+        var sndbuf: Int32 = 64 * 1024
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, socklen_t(MemoryLayout<Int32>.size))
         bufferevent_setwatermark(bev, Int16(EV_READ), 0, maxInputBuffer)
     }
 
@@ -299,7 +312,19 @@ public final class HTTPStream {
         onPeerClosed = nil
     }
 
+    private func drained() {
+        guard !drainScheduled, onDrain != nil, backlog < drainMark else { return }
+        drainScheduled = true
+        loop.soon { [weak self] in
+            guard let self else { return }
+            self.drainScheduled = false
+            if self.isOpen { self.onDrain?() }
+        }
+    }
+
     private func forget() {
+        if let output, let drainEntry { evbuffer_remove_cb_entry(output, drainEntry) }
+        drainEntry = nil
         isOpen = false
         started = false
         request = nil

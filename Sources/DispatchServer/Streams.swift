@@ -27,6 +27,12 @@ final class StreamSession {
     let keyID: Int64
     let http: HTTPStream
     var lastWrite: Double
+    /// Events waiting for the socket to drain (a replay larger than the socket takes at once).
+    var queue: [StreamPayload] = []
+    var queueHead = 0
+    var queuedLiveBytes = 0
+    /// The final event is queued: end the response once the queue is written.
+    var endWhenDrained = false
 
     init(id: Int, activityID: String, keyID: Int64, http: HTTPStream, now: Double) {
         self.id = id
@@ -54,7 +60,8 @@ final class StreamService {
     private var nextID = 1
     private var heartbeatTimer: Timer?
     static let retryMilliseconds = 3000
-    static let historyPage: Int64 = 10_000
+    /// Bounds what one replaying stream holds in memory; the hub reads the next page after it.
+    static let historyPage: Int64 = 1000
 
     init(loop: EventLoop, store: Store, metrics: Metrics, log: Logger, heartbeatSeconds: Double, maxBacklog: Int, writeTimeout: Double) {
         self.loop = loop
@@ -86,6 +93,7 @@ final class StreamService {
         streamsPerKey[keyID, default: 0] += 1
         metrics.streamsActive = sessions.count
         http.onPeerClosed = { [weak self, id = session.id] in self?.close(id, reason: "client_closed") }
+        http.onDrain = { [weak self, id = session.id] in self?.pump(id) }
 
         if let final = terminalCache[activityID] {
             // A finished activity never changes: answer from memory.
@@ -98,7 +106,7 @@ final class StreamService {
     private func serveFinished(_ session: StreamSession, final: WireEvent, lastEventID: Int64?) {
         guard let after = lastEventID else {
             send(session.id, [final])
-            close(session.id, reason: "terminal")
+            finishWhenDrained(session.id)
             return
         }
         if after >= final.seq {
@@ -111,7 +119,12 @@ final class StreamService {
             case .failure: self.close(session.id, reason: "database")
             case .success(let events):
                 self.send(session.id, events.map { WireEvent(seq: $0.seq, name: $0.name, terminal: WireEvent.terminalName($0.name), json: $0.data) })
-                self.close(session.id, reason: "terminal")
+                if events.last?.seq ?? final.seq < final.seq {
+                    // More history than one page: serve the rest as a fresh replay from there.
+                    self.serveFinished(session, final: final, lastEventID: events.last!.seq)
+                } else {
+                    self.finishWhenDrained(session.id)
+                }
             }
         }
     }
@@ -201,7 +214,7 @@ final class StreamService {
             case .send(let s, let events):
                 send(s, events)
             case .finish(let s):
-                close(s, reason: "terminal")
+                finishWhenDrained(s)
             case .noContent(let s):
                 close(s, reason: "no_content")
             case .notFound(let s):
@@ -224,16 +237,59 @@ final class StreamService {
         _ = session.http.write(StreamPayload(SSE.retry(milliseconds: StreamService.retryMilliseconds)), maxBacklog: maxBacklog)
     }
 
+    /// Queues events for a stream and writes what the socket takes. A replay (several events
+    /// at once) may wait in the queue for the socket to drain; live events count against the
+    /// slow-client cap, so a reader that stopped reading is cut off, not buffered without end.
     private func send(_ id: Int, _ events: [WireEvent]) {
+        guard let session = sessions[id] else { return }
+        begin(session)
         for e in events {
-            guard sendPayload(id, e.payload, count: 1) else { return }
+            session.queue.append(e.payload)
+            if events.count == 1 { session.queuedLiveBytes += e.payload.chunked.count }
         }
+        metrics.eventsDelivered += events.count
+        if session.http.backlog + session.queuedLiveBytes > maxBacklog {
+            close(id, reason: "slow_client")
+            return
+        }
+        pump(id)
+    }
+
+    /// Writes queued events while the connection's output stays under the drain mark.
+    private func pump(_ id: Int) {
+        guard let session = sessions[id] else { return }
+        while session.queueHead < session.queue.count && session.http.backlog < session.http.drainMark {
+            let payload = session.queue[session.queueHead]
+            session.queueHead += 1
+            switch session.http.write(payload, maxBacklog: Int.max) {
+            case .written, .queued:
+                session.lastWrite = Clock.monotonic()
+            case .backlogExceeded, .failed:
+                close(id, reason: "write_failed")
+                return
+            }
+        }
+        if session.queueHead == session.queue.count {
+            session.queue.removeAll(keepingCapacity: false)
+            session.queueHead = 0
+            session.queuedLiveBytes = 0
+            if session.endWhenDrained { close(id, reason: "terminal") }
+        }
+    }
+
+    private func finishWhenDrained(_ id: Int) {
+        guard let session = sessions[id] else { return }
+        if session.queueHead == session.queue.count { close(id, reason: "terminal") } else { session.endWhenDrained = true }
     }
 
     @discardableResult
     private func sendPayload(_ id: Int, _ payload: StreamPayload, count: Int) -> Bool {
         guard let session = sessions[id] else { return false }
         begin(session)
+        if session.queueHead < session.queue.count {
+            session.queue.append(payload)
+            return true
+        }
         switch session.http.write(payload, maxBacklog: maxBacklog) {
         case .written, .queued:
             session.lastWrite = Clock.monotonic()
@@ -269,6 +325,7 @@ final class StreamService {
         metrics.closed(reason)
         let http = session.http
         http.onPeerClosed = nil
+        http.onDrain = nil
         switch reason {
         case "client_closed":
             break

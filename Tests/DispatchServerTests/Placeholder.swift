@@ -1,2 +1,0 @@
-import XCTest
-final class PlaceholderDispatchServerTests: XCTestCase { func testNothing() {} }
