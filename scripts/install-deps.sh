@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the system packages Dispatch builds and runs with, when they are missing:
+# libevent and libpq headers, the PostgreSQL server (for the embedded default and tests),
+# curl. Debian/Ubuntu; uses sudo when not root.
+set -euo pipefail
+
+need=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+for p in libevent-dev libpq-dev curl; do have_pkg "$p" || need+=("$p"); done
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+
+if ((${#need[@]})); then
+  echo "installing: ${need[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+command -v swift >/dev/null || [ -x /opt/swift/usr/bin/swift ] || {
+  echo "Swift 6 is required (https://www.swift.org/install/linux/)" >&2
+  exit 1
+}
