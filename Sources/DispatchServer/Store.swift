@@ -165,6 +165,24 @@ final class Store {
         }
     }
 
+    /// Deletes finished activities (and their history) that ended before `cutoff`, a bounded
+    /// number per call. Live activities are never touched.
+    func prune(endedBefore cutoff: Int64, completion: @escaping (Int) -> Void) {
+        reader.execute([PGQuery("""
+            WITH old AS (
+              DELETE FROM activities WHERE activity_id IN (
+                SELECT activity_id FROM activities WHERE ended_ms IS NOT NULL AND ended_ms < $1::bigint LIMIT 5000)
+              RETURNING activity_id
+            ), gone AS (
+              DELETE FROM activity_events e USING old WHERE e.activity_id = old.activity_id RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM old), (SELECT count(*) FROM gone)
+            """, [String(cutoff)], name: "prune")]) { result in
+            guard case .success(let rs) = result, let n = rs[0].rows.first?[0].flatMap({ Int($0) }) else { return completion(0) }
+            completion(n)
+        }
+    }
+
     static func unavailable(_ e: PGError) -> DispatchError {
         DispatchError(.databaseUnavailable, "the database is unavailable, retry shortly")
     }

@@ -20,6 +20,7 @@ public final class Worker {
     private var rng = SystemRandomNumberGenerator()
     private var shuttingDown = false
     private var listenEstablished = false
+    private var pruneTimer: Timer?
 
     public init(config: ServerConfig, conninfo: String, index: Int, log: Logger) {
         self.config = config
@@ -72,6 +73,11 @@ public final class Worker {
         }
         store.start()
         listener.start()
+        if index == 0 {
+            // One worker prunes; concurrent servers doing the same is harmless.
+            let retention = config.retentionDays * 86_400
+            pruneTimer = loop.timer(after: min(600, retention / 4), repeating: true) { [unowned self] in self.prune() }
+        }
         signals.append(loop.onSignal(SIGTERM) { [unowned self] in self.shutdown() })
         signals.append(loop.onSignal(SIGINT) { [unowned self] in self.shutdown() })
         let addresses = config.listen.map { "\($0.host):\(http.boundPort() ?? $0.port)" }.joined(separator: ",")
@@ -91,6 +97,14 @@ public final class Worker {
             self.store.close()
             self.listener.close()
             self.loop.stop()
+        }
+    }
+
+    private func prune() {
+        guard store.isReady else { return }
+        let cutoff = Clock.nowMilliseconds() - Int64(config.retentionDays * 86_400_000)
+        store.prune(endedBefore: cutoff) { [log] n in
+            if n > 0 { log.info("retention.pruned", [("activities", n)]) }
         }
     }
 

@@ -294,3 +294,19 @@ final class StreamTests: XCTestCase {
         XCTAssertEqual(page1 + page2 + page3, ["list-4", "list-3", "list-2", "list-1", "list-0"].filter { (page1 + page2 + page3).contains($0) }.count == 5 ? page1 + page2 + page3 : [])
     }
 }
+
+final class RetentionTests: XCTestCase {
+    func testFinishedActivitiesArePrunedAfterRetentionLiveOnesNever() throws {
+        // 0.00003 days is about 2.6 s; the prune job runs every retention/4.
+        let s = try TestServer.start(environment: ["DISPATCH_RETENTION_DAYS": "0.00003"])
+        defer { s.stop() }
+        try s.startActivity("old-done")
+        try s.end("old-done")
+        try s.startActivity("still-live")
+        XCTAssertTrue(try waitUntil(20) { try s.client.get("/v1/activities/old-done").status == 404 })
+        let rows = try TestPostgres.shared().sql(s.conninfo, "SELECT count(*) FROM activity_events WHERE activity_id = 'old-done'")
+        XCTAssertEqual(rows.first?.first, "0")
+        XCTAssertEqual(try s.client.get("/v1/activities/still-live").status, 200)
+        XCTAssertEqual(try s.seq("still-live"), 1)
+    }
+}
