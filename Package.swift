@@ -31,3 +31,9 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// The hub and codecs are generic or small functions in DispatchCore called on every event:
+// let release builds specialise and inline them across modules.
+for target in package.targets where target.type != .system {
+    target.swiftSettings = (target.swiftSettings ?? []) + [.unsafeFlags(["-cross-module-optimization"], .when(configuration: .release))]
+}

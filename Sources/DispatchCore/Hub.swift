@@ -72,6 +72,14 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     public func lastSent(_ s: Subscriber) -> Int64? { subscribers[s]?.lastSent }
     public func subscribers(of topic: String) -> Set<Subscriber> { topics[topic]?.subscribers ?? [] }
 
+    /// Whether an event would change anything here: lets the shell skip framing events
+    /// nobody on this process is waiting for (most NOTIFYs on a busy server).
+    public func wants(topic name: String, seq: Int64) -> Bool {
+        guard let topic = topics[name] else { return false }
+        if topic.phase == .synced, let latest = topic.latest, seq <= latest.seq { return false }
+        return true
+    }
+
     // MARK: - Inputs
 
     public mutating func subscribe(_ s: Subscriber, topic name: String, lastEventID: Int64?) -> [Action] {

@@ -55,7 +55,6 @@ final class Auth {
             completion(.failure(DispatchError(.unauthorized, "an API key is required: Authorization: Bearer <key>")))
             return
         }
-        let hash = SHA256.hex(Array(secret.utf8))
         let finish: (APIKey?) -> Void = { key in
             guard let key else {
                 completion(.failure(DispatchError(.unauthorized, "the API key is not valid")))
@@ -68,22 +67,25 @@ final class Auth {
             completion(.success(key))
         }
         let now = Clock.monotonic()
-        if let hit = cache[hash], now - hit.fetched < ttl {
+        // Cached by secret (process memory only), so the hot path hashes nothing; the
+        // database only ever sees and stores the SHA-256.
+        if let hit = cache[secret], now - hit.fetched < ttl {
             finish(hit.key)
             return
         }
-        if waiters[hash] != nil {
-            waiters[hash]!.append { r in if case .success(let k) = r { finish(k) } else if case .failure(let e) = r { completion(.failure(e)) } }
+        if waiters[secret] != nil {
+            waiters[secret]!.append { r in if case .success(let k) = r { finish(k) } else if case .failure(let e) = r { completion(.failure(e)) } }
             return
         }
-        waiters[hash] = []
+        waiters[secret] = []
+        let hash = SHA256.hex(Array(secret.utf8))
         let startedIn = generation
         store.reader.execute([PGQuery("""
             UPDATE api_keys SET last_used_at = now() WHERE secret_hash = $1 AND revoked_at IS NULL
             RETURNING id, name, array_to_string(scopes, ','), machine
             """, [hash], name: "auth_key")]) { [weak self] result in
             guard let self else { return }
-            let waiting = self.waiters.removeValue(forKey: hash) ?? []
+            let waiting = self.waiters.removeValue(forKey: secret) ?? []
             switch result {
             case .failure(let e):
                 let err = Store.unavailable(e)
@@ -100,7 +102,7 @@ final class Auth {
                     key = APIKey(id: id, name: name, scopes: Scope.parseList(r[2] ?? "") ?? [], machine: r[3])
                 }
                 if self.cache.count > 10_000 { self.cache.removeAll() }
-                if startedIn == self.generation { self.cache[hash] = (key, Clock.monotonic()) }
+                if startedIn == self.generation { self.cache[secret] = (key, Clock.monotonic()) }
                 finish(key)
                 for w in waiting { w(.success(key)) }
             }

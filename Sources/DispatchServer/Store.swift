@@ -204,6 +204,14 @@ final class Store {
 
     func cached(_ id: String) -> StoredActivity? { cache[id] }
 
+    /// Whether the cache holds `id` at an older seq than a change just heard of.
+    func isStale(_ id: String, seq: Int64) -> Bool {
+        guard let entry = cache[id] else { return false }
+        return entry.activity.seq < seq
+    }
+
+    func forget(_ id: String) { cache[id] = nil }
+
     func observe(_ event: ActivityEvent) {
         guard var entry = cache[event.snapshot.activityId], entry.activity.seq < event.seq else { return }
         if event.snapshot.state.isTerminal { cache[event.snapshot.activityId] = nil; return }

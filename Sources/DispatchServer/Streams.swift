@@ -133,7 +133,9 @@ final class StreamService {
 
     /// A committed event: from this worker's own publish, or NOTIFY from any worker.
     func committed(activityID: String, seq: Int64, name: String, json: String) {
-        let event = WireEvent(seq: seq, name: name, terminal: WireEvent.terminalName(name), json: json)
+        let terminal = WireEvent.terminalName(name)
+        guard terminal || hub.wants(topic: activityID, seq: seq) else { return }
+        let event = WireEvent(seq: seq, name: name, terminal: terminal, json: json)
         if event.isTerminal { rememberTerminal(activityID, event) }
         perform(hub.published(topic: activityID, event))
     }
@@ -145,15 +147,21 @@ final class StreamService {
             log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
             return
         }
-        let id = String(parts[0]), name = String(parts[2]), json = String(parts[3])
+        let id = String(parts[0]), name = String(parts[2])
+        let terminal = WireEvent.terminalName(name)
+        let observe = store.isStale(id, seq: seq)
+        // Most NOTIFYs concern nothing held here (or echo this worker's own commit): skip them cheaply.
+        guard observe || terminal || hub.wants(topic: id, seq: seq) else { return }
+        let json = String(parts[3])
         if !json.isEmpty {
-            if let value = try? JSONParser.parse(json), let a = Activity.decode(value) {
+            if observe, let value = try? JSONParser.parse(json), let a = Activity.decode(value) {
                 store.observe(ActivityEvent(name: name, snapshot: a))
             }
             committed(activityID: id, seq: seq, name: name, json: json)
             return
         }
-        guard !hub.subscribers(of: id).isEmpty else { return }
+        if observe { store.forget(id) }
+        guard hub.wants(topic: id, seq: seq) else { return }
         store.readHistory(id, after: seq - 1, limit: 1) { [weak self] result in
             guard let self, case .success(let events) = result, let e = events.first else { return }
             self.committed(activityID: id, seq: e.seq, name: e.name, json: e.data)
