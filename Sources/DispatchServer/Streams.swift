@@ -45,7 +45,7 @@ final class StreamSession {
 
 /// The IO shell around `Hub`: opens and serves status streams, performs the hub's reads
 /// and writes, heartbeats idle streams from one timer, and tears each stream down once.
-final class StreamService {
+final class StreamService: HTTPStreamDelegate {
     let loop: EventLoop
     let store: Store
     let metrics: Metrics
@@ -92,8 +92,8 @@ final class StreamService {
         sessions[session.id] = session
         streamsPerKey[keyID, default: 0] += 1
         metrics.streamsActive = sessions.count
-        http.onPeerClosed = { [weak self, id = session.id] in self?.close(id, reason: "client_closed") }
-        http.onDrain = { [weak self, id = session.id] in self?.pump(id) }
+        http.tag = session.id
+        http.delegate = self
 
         if let final = terminalCache[activityID] {
             // A finished activity never changes: answer from memory.
@@ -198,16 +198,7 @@ final class StreamService {
                 }
             case .readTopicHistory(let topic, let after):
                 metrics.resyncs += 1
-                store.readHistory(topic, after: after, limit: StreamService.historyPage) { [weak self] result in
-                    guard let self else { return }
-                    switch result {
-                    case .failure: self.perform(self.hub.readFailed(topic: topic))
-                    case .success(let events):
-                        self.perform(self.hub.topicHistoryLoaded(topic: topic, events.map {
-                            WireEvent(seq: $0.seq, name: $0.name, terminal: WireEvent.terminalName($0.name), json: $0.data)
-                        }))
-                    }
-                }
+                resync(topic, after: after, attempt: 0)
             case .readHistory(let s, let topic, let after):
                 store.readHistory(topic, after: after, limit: StreamService.historyPage) { [weak self] result in
                     guard let self else { return }
@@ -235,6 +226,28 @@ final class StreamService {
                 close(s, reason: "not_found")
             case .drop(let s):
                 close(s, reason: sessions[s]?.http.started == true ? "slow_client" : "database")
+            }
+        }
+    }
+
+    /// Reads a topic's missed history. While the database is coming back, retry with backoff
+    /// rather than dropping its streams: they keep their heartbeats and lose nothing.
+    private func resync(_ topic: String, after: Int64, attempt: Int) {
+        store.readHistory(topic, after: after, limit: StreamService.historyPage) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .failure:
+                guard attempt < 60, !self.hub.subscribers(of: topic).isEmpty else {
+                    self.perform(self.hub.readFailed(topic: topic))
+                    return
+                }
+                self.loop.timer(after: min(2, 0.1 * Double(attempt + 1))) { [weak self] in
+                    self?.resync(topic, after: after, attempt: attempt + 1)
+                }
+            case .success(let events):
+                self.perform(self.hub.topicHistoryLoaded(topic: topic, events.map {
+                    WireEvent(seq: $0.seq, name: $0.name, terminal: WireEvent.terminalName($0.name), json: $0.data)
+                }))
             }
         }
     }
@@ -321,6 +334,9 @@ final class StreamService {
         for id in ids { sendPayload(id, beat, count: 0) }
     }
 
+    func streamPeerClosed(_ tag: Int) { close(tag, reason: "client_closed") }
+    func streamDrained(_ tag: Int) { pump(tag) }
+
     // MARK: - The one teardown path
 
     /// Removes a stream from memory and ends its connection; safe to call more than once.
@@ -332,8 +348,7 @@ final class StreamService {
         metrics.streamsActive = sessions.count
         metrics.closed(reason)
         let http = session.http
-        http.onPeerClosed = nil
-        http.onDrain = nil
+        http.delegate = nil
         switch reason {
         case "client_closed":
             break
