@@ -43,7 +43,7 @@ public enum Dispatchd {
         let log = Logger(level: Logger.Level(name: config.logLevel) ?? .info)
         if let index = env["DISPATCH_WORKER_INDEX"].flatMap({ Int($0) }), let conninfo = env["DISPATCH_WORKER_CONNINFO"] {
             log.staticFields = [("worker", String(index))]
-            return runWorker(config: config, conninfo: conninfo, index: index, log: log)
+            return runWorker(config: config, conninfo: conninfo, index: index, log: log, supervisor: getppid())
         }
         switch command {
         case "serve", "migrate", "keys": break
@@ -97,8 +97,9 @@ public enum Dispatchd {
         return Supervisor(config: config, conninfo: conninfo, log: log).run()
     }
 
-    static func runWorker(config: ServerConfig, conninfo: String, index: Int, log: Logger) -> Int32 {
+    static func runWorker(config: ServerConfig, conninfo: String, index: Int, log: Logger, supervisor: pid_t? = nil) -> Int32 {
         let worker = Worker(config: config, conninfo: conninfo, index: index, log: log)
+        worker.supervisor = supervisor
         do {
             try worker.run()
         } catch {

@@ -21,6 +21,9 @@ public final class Worker {
     private var shuttingDown = false
     private var listenEstablished = false
     private var pruneTimer: Timer?
+    private var orphanTimer: Timer?
+    /// The supervisor that started this worker; if it dies (even by SIGKILL), so does the worker.
+    var supervisor: pid_t?
 
     public init(config: ServerConfig, conninfo: String, index: Int, log: Logger) {
         self.config = config
@@ -77,6 +80,14 @@ public final class Worker {
             // One worker prunes; concurrent servers doing the same is harmless.
             let retention = config.retentionDays * 86_400
             pruneTimer = loop.timer(after: min(600, retention / 4), repeating: true) { [unowned self] in self.prune() }
+        }
+        if let supervisor {
+            orphanTimer = loop.timer(after: 1, repeating: true) { [unowned self] in
+                if getppid() != supervisor {
+                    self.log.warning("worker.orphaned", [("supervisor", supervisor)])
+                    self.shutdown()
+                }
+            }
         }
         signals.append(loop.onSignal(SIGTERM) { [unowned self] in self.shutdown() })
         signals.append(loop.onSignal(SIGINT) { [unowned self] in self.shutdown() })

@@ -115,3 +115,29 @@ final class ClusterTests: XCTestCase {
         XCTAssertNotEqual(try? HTTPClient(port: s.port).get("/healthz").status, 200)
     }
 }
+
+final class SupervisorTests: XCTestCase {
+    func testWorkersExitWhenTheSupervisorIsKilled() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_WORKERS": "2"])
+        let supervisor = s.pid
+        let out = Subprocess.run(["pgrep", "-P", String(supervisor)])
+        let workers = out.output.split(separator: "\n").compactMap { Int32($0) }
+        XCTAssertEqual(workers.count, 2, out.output)
+        s.kill()
+        XCTAssertTrue(waitUntil(10) { workers.allSatisfy { Glibc.kill($0, 0) != 0 } }, "workers outlived their supervisor")
+    }
+
+    func testACrashedWorkerIsRestarted() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_WORKERS": "2"])
+        defer { s.stop() }
+        let before = Subprocess.run(["pgrep", "-P", String(s.pid)]).output.split(separator: "\n").compactMap { Int32($0) }
+        XCTAssertEqual(before.count, 2)
+        Glibc.kill(before[0], SIGKILL)
+        XCTAssertTrue(waitUntil(10) {
+            let now = Subprocess.run(["pgrep", "-P", String(s.pid)]).output.split(separator: "\n").compactMap { Int32($0) }
+            return now.count == 2 && !now.contains(before[0])
+        })
+        XCTAssertTrue(s.log().contains("supervisor.worker_crashed"))
+        XCTAssertEqual(try s.client.get("/readyz").status, 200)
+    }
+}
