@@ -11,12 +11,18 @@ public protocol HubEvent {
 /// subscriber be answered from memory. Every input returns the actions the IO shell
 /// performs. Ids on every subscriber's stream are consecutive: events are delivered only
 /// in seq order, duplicates are dropped, and a gap triggers a read of stored history.
+///
+/// A topic's reads carry its `generation`, and their answers bring it back: a read issued
+/// for a topic that is gone never answers a newer topic for the same activity (it predates
+/// events that topic never heard, and its failure is not that topic's failure).
 public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     public enum Action {
-        /// Read the activity's current snapshot (nil result: unknown activity).
-        case readSnapshot(topic: String)
-        /// Read stored history after `after` for the whole topic (gap or lost LISTEN session).
-        case readTopicHistory(topic: String, after: Int64)
+        /// Read the activity's current snapshot (nil result: unknown activity); answer with
+        /// `snapshotLoaded` or `readFailed(topic:generation:)`, passing `generation` back.
+        case readSnapshot(topic: String, generation: UInt64)
+        /// Read stored history after `after` for the whole topic (gap or lost LISTEN session);
+        /// answer with `topicHistoryLoaded` or `readFailed(topic:generation:)`, passing `generation` back.
+        case readTopicHistory(topic: String, generation: UInt64, after: Int64)
         /// Read stored history after `after` for one subscriber's replay (`Last-Event-ID`).
         case readHistory(subscriber: Subscriber, topic: String, after: Int64)
         /// Write these events, in order, to the subscriber.
@@ -38,6 +44,8 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     }
 
     struct Topic {
+        /// Unique per topic created: tells this topic's read answers from an earlier topic's.
+        let generation: UInt64
         var subscribers: Set<Subscriber> = []
         var phase: TopicPhase = .loading
         var latest: Event?
@@ -61,6 +69,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     public let maxPendingEvents: Int
     var topics: [String: Topic] = [:]
     var subscribers: [Subscriber: SubscriberState] = [:]
+    var lastGeneration: UInt64 = 0
 
     public init(maxPendingEvents: Int = 1024) {
         self.maxPendingEvents = maxPendingEvents
@@ -71,6 +80,8 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     public func isSubscribed(_ s: Subscriber) -> Bool { subscribers[s] != nil }
     public func lastSent(_ s: Subscriber) -> Int64? { subscribers[s]?.lastSent }
     public func subscribers(of topic: String) -> Set<Subscriber> { topics[topic]?.subscribers ?? [] }
+    /// Whether a read issued with `generation` still belongs to a live topic (worth retrying).
+    public func isCurrent(topic: String, generation: UInt64) -> Bool { topics[topic]?.generation == generation }
 
     /// Whether an event would change anything here: lets the shell skip framing events
     /// nobody on this process is waiting for (most NOTIFYs on a busy server).
@@ -85,12 +96,12 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     public mutating func subscribe(_ s: Subscriber, topic name: String, lastEventID: Int64?) -> [Action] {
         precondition(subscribers[s] == nil, "subscriber registered twice")
         var actions: [Action] = []
-        var topic = topics[name] ?? Topic()
         let isNew = topics[name] == nil
+        var topic = topics[name] ?? newTopic()
         topic.subscribers.insert(s)
         subscribers[s] = SubscriberState(topic: name, lastSent: lastEventID, phase: .waitingForTopic)
         topics[name] = topic
-        if isNew { actions.append(.readSnapshot(topic: name)) }
+        if isNew { actions.append(.readSnapshot(topic: name, generation: topic.generation)) }
         if topic.phase == .synced, let latest = topic.latest {
             resolve(s, latest: latest, into: &actions)
         }
@@ -101,14 +112,12 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     public mutating func unsubscribe(_ s: Subscriber) {
         guard let state = subscribers.removeValue(forKey: s) else { return }
         topics[state.topic]?.subscribers.remove(s)
-        // An empty loading topic stays until its snapshot read answers: a new topic for the same
-        // activity must not take that older read (from before events it never heard) as its own.
-        if let topic = topics[state.topic], topic.subscribers.isEmpty, topic.phase != .loading { topics[state.topic] = nil }
+        // Its reads still out are ignored when they answer: they carry this topic's generation.
+        if topics[state.topic]?.subscribers.isEmpty == true { topics[state.topic] = nil }
     }
 
-    public mutating func snapshotLoaded(topic name: String, _ event: Event?) -> [Action] {
-        guard var topic = topics[name], topic.phase == .loading else { return [] }
-        if topic.subscribers.isEmpty { topics[name] = nil; return [] }
+    public mutating func snapshotLoaded(topic name: String, generation: UInt64, _ event: Event?) -> [Action] {
+        guard var topic = topics[name], topic.generation == generation, topic.phase == .loading else { return [] }
         var actions: [Action] = []
         guard let event else {
             // Unknown activity: an event we heard meanwhile means it was just created.
@@ -119,7 +128,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
             }
             topic.phase = .resyncing
             topics[name] = topic
-            return [.readTopicHistory(topic: name, after: 0)]
+            return [.readTopicHistory(topic: name, generation: generation, after: 0)]
         }
         topic.latest = event
         topic.phase = .synced
@@ -127,7 +136,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         if topic.needsResyncAfterLoad {
             topics[name]?.needsResyncAfterLoad = false
             topics[name]?.phase = .resyncing
-            actions.append(.readTopicHistory(topic: name, after: event.seq))
+            actions.append(.readTopicHistory(topic: name, generation: generation, after: event.seq))
             return actions
         }
         for s in topic.subscribers { resolve(s, latest: event, into: &actions) }
@@ -142,7 +151,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         case .loading, .resyncing:
             topic.pending.append(event)
             topics[name] = topic
-            if topic.pending.count > maxPendingEvents { return dropTopic(name, awaitingSnapshot: topic.phase == .loading) }
+            if topic.pending.count > maxPendingEvents { return dropTopic(name) }
             return []
         case .synced:
             guard let latest = topic.latest else { return [] }
@@ -151,7 +160,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
                 topic.pending.append(event)
                 topic.phase = .resyncing
                 topics[name] = topic
-                return [.readTopicHistory(topic: name, after: latest.seq)]
+                return [.readTopicHistory(topic: name, generation: topic.generation, after: latest.seq)]
             }
             var actions: [Action] = []
             advance(name, to: event, into: &actions)
@@ -159,8 +168,8 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         }
     }
 
-    public mutating func topicHistoryLoaded(topic name: String, _ events: [Event]) -> [Action] {
-        guard var topic = topics[name], topic.phase != .loading else { return [] }
+    public mutating func topicHistoryLoaded(topic name: String, generation: UInt64, _ events: [Event]) -> [Action] {
+        guard var topic = topics[name], topic.generation == generation, topic.phase != .loading else { return [] }
         topic.pending.append(contentsOf: events)
         topic.phase = .synced
         topics[name] = topic
@@ -216,15 +225,17 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
                 topics[name]?.needsResyncAfterLoad = true
             case .synced, .resyncing:
                 topics[name]?.phase = .resyncing
-                actions.append(.readTopicHistory(topic: name, after: topic.latest?.seq ?? 0))
+                actions.append(.readTopicHistory(topic: name, generation: topic.generation, after: topic.latest?.seq ?? 0))
             }
         }
         return actions
     }
 
-    /// A read failed (database down): its waiters are dropped and reconnect later.
-    public mutating func readFailed(topic name: String) -> [Action] {
-        dropTopic(name)
+    /// A read failed (database down): its waiters are dropped and reconnect later. A failed
+    /// read of an earlier topic for the same activity concerns nobody here.
+    public mutating func readFailed(topic name: String, generation: UInt64) -> [Action] {
+        guard topics[name]?.generation == generation else { return [] }
+        return dropTopic(name)
     }
 
     public mutating func readFailed(subscriber s: Subscriber) -> [Action] {
@@ -235,17 +246,15 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
 
     // MARK: - Internals
 
-    private mutating func dropTopic(_ name: String, awaitingSnapshot: Bool = false) -> [Action] {
+    private mutating func newTopic() -> Topic {
+        lastGeneration += 1
+        return Topic(generation: lastGeneration)
+    }
+
+    private mutating func dropTopic(_ name: String) -> [Action] {
         guard let topic = topics.removeValue(forKey: name) else { return [] }
         var actions: [Action] = []
         for s in topic.subscribers { subscribers[s] = nil; actions.append(.drop(s)) }
-        if awaitingSnapshot {
-            // Its snapshot read is still out (see `unsubscribe`): keep the topic, empty, and since
-            // the events it held are gone, re-read the history after that snapshot when it comes.
-            var waiting = Topic()
-            waiting.needsResyncAfterLoad = true
-            topics[name] = waiting
-        }
         return actions
     }
 
@@ -286,7 +295,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
                 // Still a hole: keep the rest and read the history in between.
                 topics[name]?.pending = pending.filter { $0.seq > latest.seq }
                 topics[name]?.phase = .resyncing
-                actions.append(.readTopicHistory(topic: name, after: latest.seq))
+                actions.append(.readTopicHistory(topic: name, generation: t.generation, after: latest.seq))
                 return
             }
             advance(name, to: e, into: &actions)

@@ -183,22 +183,22 @@ final class StreamService: HTTPStreamDelegate {
     private func perform(_ actions: [Hub<Int, WireEvent>.Action]) {
         for action in actions {
             switch action {
-            case .readSnapshot(let topic):
+            case .readSnapshot(let topic, let generation):
                 store.readActivity(topic) { [weak self] result in
                     guard let self else { return }
                     switch result {
-                    case .failure: self.perform(self.hub.readFailed(topic: topic))
-                    case .success(nil): self.perform(self.hub.snapshotLoaded(topic: topic, nil))
+                    case .failure: self.perform(self.hub.readFailed(topic: topic, generation: generation))
+                    case .success(nil): self.perform(self.hub.snapshotLoaded(topic: topic, generation: generation, nil))
                     case .success(let s?):
                         let e = WireEvent(seq: s.activity.seq, name: s.lastEvent, terminal: s.activity.state.isTerminal,
                                           json: String(decoding: s.activity.json(), as: UTF8.self))
                         if e.isTerminal { self.rememberTerminal(topic, e) }
-                        self.perform(self.hub.snapshotLoaded(topic: topic, e))
+                        self.perform(self.hub.snapshotLoaded(topic: topic, generation: generation, e))
                     }
                 }
-            case .readTopicHistory(let topic, let after):
+            case .readTopicHistory(let topic, let generation, let after):
                 metrics.resyncs += 1
-                resync(topic, after: after, attempt: 0)
+                resync(topic, generation: generation, after: after, attempt: 0)
             case .readHistory(let s, let topic, let after):
                 store.readHistory(topic, after: after, limit: StreamService.historyPage) { [weak self] result in
                     guard let self else { return }
@@ -232,20 +232,20 @@ final class StreamService: HTTPStreamDelegate {
 
     /// Reads a topic's missed history. While the database is coming back, retry with backoff
     /// rather than dropping its streams: they keep their heartbeats and lose nothing.
-    private func resync(_ topic: String, after: Int64, attempt: Int) {
+    private func resync(_ topic: String, generation: UInt64, after: Int64, attempt: Int) {
         store.readHistory(topic, after: after, limit: StreamService.historyPage) { [weak self] result in
             guard let self else { return }
             switch result {
             case .failure:
-                guard attempt < 60, !self.hub.subscribers(of: topic).isEmpty else {
-                    self.perform(self.hub.readFailed(topic: topic))
+                guard attempt < 60, self.hub.isCurrent(topic: topic, generation: generation) else {
+                    self.perform(self.hub.readFailed(topic: topic, generation: generation))
                     return
                 }
                 self.loop.timer(after: min(2, 0.1 * Double(attempt + 1))) { [weak self] in
-                    self?.resync(topic, after: after, attempt: attempt + 1)
+                    self?.resync(topic, generation: generation, after: after, attempt: attempt + 1)
                 }
             case .success(let events):
-                self.perform(self.hub.topicHistoryLoaded(topic: topic, events.map {
+                self.perform(self.hub.topicHistoryLoaded(topic: topic, generation: generation, events.map {
                     WireEvent(seq: $0.seq, name: $0.name, terminal: WireEvent.terminalName($0.name), json: $0.data)
                 }))
             }
@@ -264,6 +264,16 @@ final class StreamService: HTTPStreamDelegate {
     private func send(_ id: Int, _ events: [WireEvent]) {
         guard let session = sessions[id] else { return }
         begin(session)
+        if events.count == 1, session.queueHead == session.queue.count, session.http.backlog < session.http.drainMark {
+            // The common case (one live event, nothing waiting): straight to the socket.
+            metrics.eventsDelivered += 1
+            switch session.http.write(events[0].payload, maxBacklog: maxBacklog) {
+            case .written, .queued: session.lastWrite = Clock.monotonic()
+            case .backlogExceeded: close(id, reason: "slow_client")
+            case .failed: close(id, reason: "write_failed")
+            }
+            return
+        }
         for e in events {
             session.queue.append(e.payload)
             if events.count == 1 { session.queuedLiveBytes += e.payload.chunked.count }

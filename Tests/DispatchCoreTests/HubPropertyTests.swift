@@ -42,8 +42,9 @@ struct PEv: HubEvent, Equatable {
 /// One simulated process: a hub, the database it reads, the notifications it hears, and clients.
 struct HubWorld {
     enum Read {
-        case snapshot(String)
-        case topicHistory(String, after: Int64)
+        // `lifetime` is the model's own count of the topic's lives, to check what a failure drops.
+        case snapshot(String, generation: UInt64, lifetime: Int)
+        case topicHistory(String, generation: UInt64, lifetime: Int, after: Int64)
         case history(Int, String, after: Int64)
     }
 
@@ -73,6 +74,11 @@ struct HubWorld {
     var reads: [(Read, Answer?)] = []
     var clients: [Client] = []
     var clientOf: [Int: Int] = [:]
+    /// A topic's life on the hub runs from a subscribe to it while it has no subscribers until
+    /// it has none again; a subscription belongs to the life it joined.
+    var lifetime: [String: Int] = [:]
+    var lifetimeOf: [Int: Int] = [:]
+    var lifetimes = 0
     var nextSubscription = 1
     var failure: String?
     var deliveredCount = 0
@@ -141,19 +147,15 @@ struct HubWorld {
     mutating func executeRead() {
         let waiting = reads.indices.filter { reads[$0].1 == nil }
         guard let i = waiting.randomElement(using: &rng) else { return }
-        // Topic-history reads never fail here: a failure that outlives its topic can drop a newer
-        // topic's waiters and let an older snapshot answer it (HubTests.testStaleTopicReadFailure).
-        if case .topicHistory = reads[i].0 {
-            reads[i].1 = answer(reads[i].0)
-        } else {
-            reads[i].1 = chance(0.02) ? .failed : answer(reads[i].0)
-        }
+        // Any read may fail, including one whose topic is gone by the time it answers: its
+        // generation keeps it from touching a newer topic (HubTests.testStaleTopicReadFailure).
+        reads[i].1 = chance(0.02) ? .failed : answer(reads[i].0)
     }
 
     func answer(_ read: Read) -> Answer {
         switch read {
-        case .snapshot(let t): return .snapshot(db[t]!.last)
-        case .topicHistory(let t, let after), .history(_, let t, let after): return .events(db[t]!.filter { $0.seq > after })
+        case .snapshot(let t, _, _): return .snapshot(db[t]!.last)
+        case .topicHistory(let t, _, _, let after), .history(_, let t, let after): return .events(db[t]!.filter { $0.seq > after })
         }
     }
 
@@ -167,10 +169,15 @@ struct HubWorld {
     mutating func deliver(_ read: Read, _ answer: Answer) {
         log("answer \(read) -> \(answer)")
         switch (read, answer) {
-        case (.snapshot(let t), .failed), (.topicHistory(let t, _), .failed): perform(hub.readFailed(topic: t))
+        case (.snapshot(let t, let g, let life), .failed), (.topicHistory(let t, let g, let life, _), .failed):
+            let actions = hub.readFailed(topic: t, generation: g)
+            for case .drop(let s) in actions where lifetimeOf[s] != life {
+                return fail("a failed read of \(t)'s life \(life) dropped subscription \(s) of life \(String(describing: lifetimeOf[s]))")
+            }
+            perform(actions)
         case (.history(let s, _, _), .failed): perform(hub.readFailed(subscriber: s))
-        case (.snapshot(let t), .snapshot(let e)): perform(hub.snapshotLoaded(topic: t, e))
-        case (.topicHistory(let t, _), .events(let es)): perform(hub.topicHistoryLoaded(topic: t, es))
+        case (.snapshot(let t, let g, _), .snapshot(let e)): perform(hub.snapshotLoaded(topic: t, generation: g, e))
+        case (.topicHistory(let t, let g, _, _), .events(let es)): perform(hub.topicHistoryLoaded(topic: t, generation: g, es))
         case (.history(let s, _, _), .events(let es)): perform(hub.historyLoaded(subscriber: s, es))
         default: fail("a read answered with the wrong kind of answer")
         }
@@ -192,7 +199,13 @@ struct HubWorld {
         clients[c].subscription = s
         clientOf[s] = c
         log("subscribe \(s) (client \(c)) \(clients[c].topic) after \(String(describing: clients[c].lastEventID))")
-        perform(hub.subscribe(s, topic: clients[c].topic, lastEventID: clients[c].lastEventID))
+        let topic = clients[c].topic
+        if hub.subscribers(of: topic).isEmpty {
+            lifetimes += 1
+            lifetime[topic] = lifetimes
+        }
+        lifetimeOf[s] = lifetime[topic]
+        perform(hub.subscribe(s, topic: topic, lastEventID: clients[c].lastEventID))
     }
 
     mutating func closeRandomClient() {
@@ -222,8 +235,9 @@ struct HubWorld {
         for action in actions { log("    \(action)") }
         for action in actions where failure == nil {
             switch action {
-            case .readSnapshot(let t): reads.append((.snapshot(t), nil))
-            case .readTopicHistory(let t, let after): reads.append((.topicHistory(t, after: after), nil))
+            case .readSnapshot(let t, let g): reads.append((.snapshot(t, generation: g, lifetime: lifetime[t] ?? 0), nil))
+            case .readTopicHistory(let t, let g, let after):
+                reads.append((.topicHistory(t, generation: g, lifetime: lifetime[t] ?? 0, after: after), nil))
             case .readHistory(let s, let t, let after):
                 guard let c = client(for: s, "readHistory") else { return }
                 if t != clients[c].topic { return fail("readHistory of \(t) for a client of \(clients[c].topic)") }
