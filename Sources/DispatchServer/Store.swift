@@ -26,8 +26,9 @@ final class PublishOp {
     }
 
     enum Outcome {
-        case created(Activity)
         case ok(Activity)
+        /// Committed now: the snapshot's JSON is the one already written to the database.
+        case committed(json: [UInt8], created: Bool)
         /// A repeat of an already applied request: the stored answer, as JSON.
         case replay(String)
         case failed(DispatchError)
@@ -444,6 +445,6 @@ final class Store {
             observe(event)
         }
         onCommitted?(event, json)
-        if case .start = op.kind { finish(op, .created(event.snapshot)) } else { finish(op, .ok(event.snapshot)) }
+        if case .start = op.kind { finish(op, .committed(json: json, created: true)) } else { finish(op, .committed(json: json, created: false)) }
     }
 }

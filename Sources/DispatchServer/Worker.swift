@@ -264,7 +264,7 @@ public final class Worker {
                                },
                                completion: { [unowned self] outcome in
                                    switch outcome {
-                                   case .created(let a): self.reply(req, 201, a.json())
+                                   case .committed(let json, let created): self.reply(req, created ? 201 : 200, json)
                                    case .ok(let a): self.reply(req, 200, a.json())
                                    case .replay(let json): self.reply(req, 200, Array(json.utf8))
                                    case .failed(let e): self.fail(req, e)
