@@ -1,5 +1,5 @@
 # dispatchd and the dispatch CLI, built on the official Swift image, run on slim Debian.
-FROM swift:6.0-bookworm AS build
+FROM swift:6.3-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends libevent-dev libpq-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Package.swift ./
@@ -7,7 +7,7 @@ COPY Sources ./Sources
 COPY Tests ./Tests
 RUN swift build -c release --product dispatchd && swift build -c release --product dispatch
 
-FROM swift:6.0-bookworm-slim
+FROM swift:6.3-bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends \
       libevent-core-2.1-7 libevent-extra-2.1-7 libevent-pthreads-2.1-7 libpq5 curl \
     && rm -rf /var/lib/apt/lists/* && useradd --system --uid 10001 dispatch
