@@ -286,9 +286,13 @@ public final class HTTPStream {
         for (k, v) in headers { evhttp_add_header(out, k, v) }
         evhttp_send_reply_start(raw, 200, "OK")
         started = true
-        // The headers are on the wire now; a long-lived stream need not keep them in memory.
+        // The status line and headers are on the wire now: a long-lived stream need not keep
+        // them, nor the parsed URI, in memory (evhttp_request_free frees only what is set).
         evhttp_clear_headers(evhttp_request_get_input_headers(raw))
         evhttp_clear_headers(out)
+        if let uri = raw.pointee.uri_elems { evhttp_uri_free(uri); raw.pointee.uri_elems = nil }
+        if let uri = raw.pointee.uri { free(uri); raw.pointee.uri = nil }
+        if let line = raw.pointee.response_code_line { free(line); raw.pointee.response_code_line = nil }
         chunked = raw.pointee.chunked != 0
         let bev = evhttp_connection_get_bufferevent(conn)
         output = bufferevent_get_output(bev)
