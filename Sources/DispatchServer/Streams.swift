@@ -15,6 +15,10 @@ final class WireEvent: HubEvent {
         payload = StreamPayload(SSE.encode(id: String(seq), event: name, data: json))
     }
 
+    convenience init(stored e: StoredEvent) {
+        self.init(seq: e.seq, name: e.name, terminal: WireEvent.terminalName(e.name), json: e.data)
+    }
+
     static func terminalName(_ name: String) -> Bool {
         ActivityState(rawValue: name)?.isTerminal ?? false
     }
@@ -118,7 +122,7 @@ final class StreamService: HTTPStreamDelegate {
             switch result {
             case .failure: self.close(session.id, reason: "database")
             case .success(let events):
-                self.send(session.id, events.map { WireEvent(seq: $0.seq, name: $0.name, terminal: WireEvent.terminalName($0.name), json: $0.data) })
+                self.send(session.id, events.map(WireEvent.init(stored:)))
                 if events.last?.seq ?? final.seq < final.seq {
                     // More history than one page: serve the rest as a fresh replay from there.
                     self.serveFinished(session, final: final, lastEventID: events.last!.seq)
@@ -205,9 +209,7 @@ final class StreamService: HTTPStreamDelegate {
                     switch result {
                     case .failure: self.perform(self.hub.readFailed(subscriber: s))
                     case .success(let events):
-                        self.perform(self.hub.historyLoaded(subscriber: s, events.map {
-                            WireEvent(seq: $0.seq, name: $0.name, terminal: WireEvent.terminalName($0.name), json: $0.data)
-                        }))
+                        self.perform(self.hub.historyLoaded(subscriber: s, events.map(WireEvent.init(stored:))))
                     }
                 }
             case .send(let s, let events):
@@ -220,9 +222,7 @@ final class StreamService: HTTPStreamDelegate {
                 guard let session = sessions[s] else { continue }
                 var w = JSONWriter()
                 w.beginObject(); w.field("activityId", session.activityID); w.endObject()
-                let e = WireEvent(seq: 0, name: "not_found", terminal: true, json: w.string)
                 sendPayload(s, StreamPayload(SSE.encode(id: nil, event: "not_found", data: w.string)), count: 0)
-                _ = e
                 close(s, reason: "not_found")
             case .drop(let s):
                 close(s, reason: sessions[s]?.http.started == true ? "slow_client" : "database")
@@ -245,9 +245,7 @@ final class StreamService: HTTPStreamDelegate {
                     self?.resync(topic, generation: generation, after: after, attempt: attempt + 1)
                 }
             case .success(let events):
-                self.perform(self.hub.topicHistoryLoaded(topic: topic, generation: generation, events.map {
-                    WireEvent(seq: $0.seq, name: $0.name, terminal: WireEvent.terminalName($0.name), json: $0.data)
-                }))
+                self.perform(self.hub.topicHistoryLoaded(topic: topic, generation: generation, events.map(WireEvent.init(stored:))))
             }
         }
     }
