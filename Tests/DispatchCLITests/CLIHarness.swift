@@ -18,8 +18,8 @@ final class CLIProcess {
         let tag = "cli-\(getpid())-\(UUID().uuidString)"
         outPath = dir + tag + ".out"
         errPath = dir + tag + ".err"
-        FileManager.default.createFile(atPath: outPath, contents: nil)
-        FileManager.default.createFile(atPath: errPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: outPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: errPath, contents: nil)
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
         process.environment = environment

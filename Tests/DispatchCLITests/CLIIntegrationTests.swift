@@ -155,9 +155,9 @@ final class CLIWatchIntegrationTests: SharedServerTestCase {
         let id = uniqueID()
         XCTAssertEqual(try ctx.run(["start", "--id", id, "--name", "ISO", "--machine", "shodan"]).0, 0)
         let watch = try ctx.start(["watch", "--id", id])
-        try eventually(30, "the watch to show the start") { watch.stdoutLines.count >= 1 }
+        eventually(30, "the watch to show the start") { watch.stdoutLines.count >= 1 }
         XCTAssertEqual(try ctx.run(["progress", "--id", id, "--percent", "50", "--status", "halfway"]).0, 0)
-        try eventually(30, "the watch to show the progress") { watch.stdoutLines.count >= 2 }
+        eventually(30, "the watch to show the progress") { watch.stdoutLines.count >= 2 }
         XCTAssertEqual(try ctx.run(["end", "--id", id, "--status", "Completed"]).0, 0)
         XCTAssertEqual(watch.wait(), 0, watch.stderr)
         let lines = watch.stdoutLines
@@ -179,7 +179,7 @@ final class CLIWatchIntegrationTests: SharedServerTestCase {
         let cancelled = uniqueID()
         XCTAssertEqual(try ctx.run(["start", "--id", cancelled, "--name", "job"]).0, 0)
         let watch = try ctx.start(["watch", "--id", cancelled, "--json"])
-        try eventually(30, "the watch to connect") { watch.stdoutLines.count >= 1 }
+        eventually(30, "the watch to connect") { watch.stdoutLines.count >= 1 }
         XCTAssertEqual(try ctx.run(["end", "--id", cancelled, "--state", "cancelled"]).0, 0)
         XCTAssertEqual(watch.wait(), 1, watch.stderr)
         let seqs = try watch.stdoutLines.map { try JSONParser.parse($0)["seq"]?.numberValue }
@@ -201,9 +201,9 @@ final class CLIWatchIntegrationTests: SharedServerTestCase {
         var env = ctx.environment
         env["COLUMNS"] = "100"
         let pty = try CLIProcess("/usr/bin/script", ["-qfec", command, "/dev/null"], environment: env)
-        try eventually(30, "the live line") { pty.stdout.contains("Live ISO") }
+        eventually(30, "the live line") { pty.stdout.contains("Live ISO") }
         XCTAssertEqual(try ctx.run(["progress", "--id", id, "--percent", "40", "--status", "copying"]).0, 0)
-        try eventually(30, "the redraw") { pty.stdout.contains("copying") }
+        eventually(30, "the redraw") { pty.stdout.contains("copying") }
         XCTAssertEqual(try ctx.run(["end", "--id", id]).0, 0)
         XCTAssertEqual(pty.wait(), 0, pty.stdout)
         let screen = pty.stdout
@@ -262,7 +262,7 @@ final class CLIRunIntegrationTests: SharedServerTestCase {
         // The trap also stops the background sleep: an orphan would hold the test's pipes open.
         let script = "trap 'echo got-term; kill $!; exit 143' TERM; echo ready; sleep 60 & wait"
         let run = try ctx.start(["run", "--id", id, "--", "/bin/sh", "-c", script])
-        try eventually(30, "the command to start") { run.stdout.contains("ready") }
+        eventually(30, "the command to start") { run.stdout.contains("ready") }
         try eventually(30, "the activity to exist") { try ctx.snapshot(id)?["state"]?.stringValue == "processing" }
         kill(run.pid, SIGTERM)
         let code = run.wait()
@@ -298,15 +298,15 @@ final class CLIRestartIntegrationTests: XCTestCase {
         let id = "RESTART-WATCH"
         XCTAssertEqual(try ctx.run(["start", "--id", id, "--name", "long job"]).0, 0)
         let watch = try ctx.start(["watch", "--id", id, "--retry-for", "120"])
-        try eventually(30, "the watch to connect") { watch.stdoutLines.count >= 1 }
+        eventually(30, "the watch to connect") { watch.stdoutLines.count >= 1 }
         XCTAssertEqual(try ctx.run(["progress", "--id", id, "--percent", "10"]).0, 0)
-        try eventually(30, "event 2") { watch.stdoutLines.count >= 2 }
+        eventually(30, "event 2") { watch.stdoutLines.count >= 2 }
 
         try restartServer(server)
         // Published while the watch is still reconnecting: it must arrive through Last-Event-ID.
         XCTAssertEqual(try ctx.run(["progress", "--id", id, "--percent", "20"]).0, 0)
         XCTAssertEqual(try ctx.run(["progress", "--id", id, "--percent", "30"]).0, 0)
-        try eventually(60, "events 3 and 4 after the restart") { watch.stdoutLines.count >= 4 }
+        eventually(60, "events 3 and 4 after the restart") { watch.stdoutLines.count >= 4 }
         XCTAssertEqual(try ctx.run(["end", "--id", id]).0, 0)
         XCTAssertEqual(watch.wait(), 0, watch.stderr)
 

@@ -9,7 +9,7 @@ final class JSONTests: XCTestCase {
             ("null", .null), ("true", .bool(true)), ("false", .bool(false)),
             ("0", .number(0)), ("-0", .number(-0.0)), ("1.5", .number(1.5)), ("-1.5e10", .number(-1.5e10)),
             ("1E+2", .number(100)), ("1e-2", .number(0.01)), ("0.0", .number(0)), ("1e308", .number(1e308)),
-            ("5e-324", .number(5e-324)), ("1e-400", .number(0)), ("123456789012345678901234567890", .number(1.2345678901234568e29)),
+            ("5e-324", .number(Double.leastNonzeroMagnitude)), ("1e-400", .number(0)), ("123456789012345678901234567890", .number(1.2345678901234568e29)),
             (" \t\r\n 7 \n", .number(7)),
             (#""""#, .string("")), (#""abc""#, .string("abc")), (#""日本 🚀""#, .string("日本 🚀")),
             (#""\"\\\/\b\f\n\r\t""#, .string("\"\\/\u{8}\u{C}\n\r\t")),
@@ -138,7 +138,7 @@ final class JSONTests: XCTestCase {
 
         let numbers: [(Double, String)] = [
             (0, "0"), (-0.0, "0"), (1, "1"), (-3, "-3"), (0.68, "0.68"), (0.1, "0.1"), (1e-7, "1e-07"),
-            (123_456_789_012_345, "123456789012345"), (1e15, "1000000000000000.0"), (1e16, "1e+16"), (1.5e300, "1.5e+300"), (5e-324, "5e-324"),
+            (123_456_789_012_345, "123456789012345"), (1e15, "1000000000000000.0"), (1e16, "1e+16"), (1.5e300, "1.5e+300"), (Double.leastNonzeroMagnitude, "5e-324"),
         ]
         for (d, want) in numbers {
             XCTAssertEqual(JSONWriter.formatNumber(d), want, "\(d)")

@@ -89,7 +89,7 @@ final class ClusterTests: XCTestCase {
                                     ["dispatchd-\(subscriberSide.pid)-%"])
             XCTAssertGreaterThanOrEqual(killed.count, 3, "round \(round)")
             for _ in 0..<5 { XCTAssertEqual(try publisherSide.update("term").status, 200) }
-            XCTAssertTrue(try waitUntil(15) { (try? HTTPClient(port: subscriberSide.port).get("/readyz").status) == 200 })
+            XCTAssertTrue(waitUntil(15) { (try? HTTPClient(port: subscriberSide.port).get("/readyz").status) == 200 })
         }
         try publisherSide.end("term")
         XCTAssertTrue(try stream.waitForEnd(timeout: 30), subscriberSide.log())
