@@ -305,6 +305,9 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     private mutating func advance(_ name: String, to event: Event, into actions: inout [Action]) {
         guard let topic = topics[name] else { return }
         topics[name]?.latest = event
+        // One array shared by every subscriber's send (copy-on-write): no allocation each.
+        let single = [event]
+        actions.reserveCapacity(actions.count + topic.subscribers.count)
         for s in topic.subscribers {
             guard var state = subscribers[s] else { continue }
             switch state.phase {
@@ -330,7 +333,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
                 guard event.seq == last + 1 else { continue }
                 state.lastSent = event.seq
                 subscribers[s] = state
-                actions.append(.send(s, [event]))
+                actions.append(.send(s, single))
                 if event.isTerminal { finish(s, into: &actions) }
             }
         }
