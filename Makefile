@@ -15,9 +15,10 @@ run: build
 	./.build/release/dispatchd
 
 # Every test: unit, server integration (real PostgreSQL the tests start themselves), CLI, bench smoke.
+# All are XCTest; the empty Swift Testing pass is skipped so the last line is the real summary.
 test: deps
 	$(SWIFT) build --build-tests
-	$(SWIFT) test --skip-build
+	$(SWIFT) test --skip-build --disable-swift-testing
 
 bench: deps
 	./bench/run
