@@ -63,7 +63,7 @@ public final class PGConnection {
     public var onRoundTrip: ((Double) -> Void)?
 
     private enum Expected {
-        case prepare
+        case prepare(String)
         case statement(batch: Batch, index: Int)
         case sync(Batch)
     }
@@ -218,7 +218,7 @@ public final class PGConnection {
                         return sendFailed(batch)
                     }
                     prepared.insert(stmt)
-                    expected.append(.prepare)
+                    expected.append(.prepare(stmt))
                 }
                 ok = withCStrings(q.params) { PQsendQueryPrepared(c, stmt, Int32(q.params.count), $0, nil, nil, 0) } == 1
             } else {
@@ -280,8 +280,11 @@ public final class PGConnection {
                 inFlightBatches -= 1
                 onRoundTrip?(Clock.monotonic() - batch.started)
                 batch.completion(.success(batch.results))
-            case .prepare:
-                if let r { PQclear(r) } else { advance() }
+            case .prepare(let stmt):
+                guard let r else { advance(); continue }
+                // A Parse skipped or refused (an earlier error in the batch) prepared nothing.
+                if PQresultStatus(r) != PGRES_COMMAND_OK { prepared.remove(stmt) }
+                PQclear(r)
             case .statement(let batch, let index):
                 guard let r else { advance(); continue }
                 batch.results[index] = PGConnection.copy(r)

@@ -42,6 +42,8 @@ final class PublishOp {
     let authorize: (StoredActivity) -> DispatchError?
     let completion: (Outcome) -> Void
     var attempts = 0
+    /// Times this op was sent again because another statement rolled its batch back.
+    var replays = 0
     var planned: ActivityEvent?
     var expectedSeq: Int64 = 0
     var endFingerprint: String?
@@ -368,8 +370,10 @@ final class Store {
             name: "publish_change")
     }
 
-    /// Group commit: everything queued goes in one transaction; each publisher is answered
-    /// after that COMMIT. One batch in flight at a time; the next one gathers meanwhile.
+    /// Group commit: everything queued goes in one pipeline batch, which PostgreSQL runs as one
+    /// implicit transaction committed at the batch's sync point (no BEGIN/COMMIT: an error then
+    /// rolls the whole batch back instead of leaving the session in an aborted transaction).
+    /// Each publisher is answered after that commit. One batch in flight at a time.
     private func flushWrites() {
         guard !writing, !writeQueue.isEmpty, writer.isReady else {
             if !writer.isReady && !writeQueue.isEmpty {
@@ -382,12 +386,7 @@ final class Store {
         let ops = Array(writeQueue.prefix(Store.maxBatch))
         writeQueue.removeFirst(ops.count)
         let jsons = ops.map { $0.planned!.snapshot.json() }
-        var queries = zip(ops, jsons).map { statement(for: $0, json: $1) }
-        let wrapped = queries.count > 1
-        if wrapped {
-            queries.insert(PGQuery("BEGIN"), at: 0)
-            queries.append(PGQuery("COMMIT"))
-        }
+        let queries = zip(ops, jsons).map { statement(for: $0, json: $1) }
         writing = true
         metrics.publishBatches += 1
         writer.execute(queries) { [weak self] result in
@@ -396,21 +395,21 @@ final class Store {
             switch result {
             case .failure(let e):
                 for op in ops { self.cache[op.activityID] = nil; self.finish(op, .failed(Store.unavailable(e))) }
-            case .success(var rs):
-                if wrapped { rs.removeFirst(); rs.removeLast() }
-                let committed = !wrapped || rs.allSatisfy { $0.ok }
-                if !committed {
-                    // One statement failed and aborted the transaction: fail it, replay the others.
+            case .success(let rs):
+                if rs.allSatisfy({ $0.ok }) {
+                    for (i, op) in ops.enumerated() { self.settle(op, rs[i], json: jsons[i]) }
+                } else {
+                    // The batch rolled back: fail the statement that erred, replay the others
+                    // (a few times at most, in case the cause is not theirs to fix).
                     for (op, r) in zip(ops, rs) {
-                        if let message = r.errorMessage, r.sqlState != nil, r.sqlState != "25P02" {
+                        op.replays += 1
+                        if let message = r.errorMessage, r.sqlState != nil || op.replays > 3 {
                             self.log.error("publish.failed", [("activity", op.activityID), ("error", message.trimmingNewlines)])
                             self.finish(op, .failed(DispatchError(.internalError, "the change could not be stored")))
                         } else {
                             self.writeQueue.append(op)
                         }
                     }
-                } else {
-                    for (i, op) in ops.enumerated() { self.settle(op, rs[i], json: jsons[i]) }
                 }
             }
             self.flushWrites()

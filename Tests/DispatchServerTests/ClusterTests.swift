@@ -141,3 +141,32 @@ final class SupervisorTests: XCTestCase {
         XCTAssertEqual(try s.client.get("/readyz").status, 200)
     }
 }
+
+final class GroupCommitTests: XCTestCase {
+    /// One statement failing inside a group-committed batch fails only its own publish; the
+    /// others are replayed and the writer's session keeps working (it once stayed inside an
+    /// aborted transaction and every later publish hung).
+    func testAFailingStatementDoesNotPoisonTheBatchOrTheSession() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        let ids = (0..<12).map { "gc-\($0)" }
+        for id in ids + ["boom"] { try s.startActivity(id) }
+        let pg = try TestPostgres.shared()
+        _ = try pg.sql(s.conninfo, """
+            CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN IF NEW.activity_id = 'boom' THEN RAISE EXCEPTION 'refused for the test'; END IF; RETURN NEW; END $$
+            """)
+        _ = try pg.sql(s.conninfo, "CREATE TRIGGER refuse_boom BEFORE INSERT ON activity_events FOR EACH ROW EXECUTE FUNCTION refuse_boom()")
+        // Many publishers at once, so the failing one shares batches with the others.
+        let script = { (id: String) -> [String] in
+            ["/bin/sh", "-c", "for i in $(seq 1 10); do curl -s -o /dev/null -w '%{http_code}\\n' -XPOST -H 'Authorization: Bearer \(s.adminKey)' -H 'Content-Type: application/json' -d '{\"progress\":0.5}' http://127.0.0.1:\(s.port)/v1/activities/\(id)/update; done"]
+        }
+        let pids = (ids + ["boom"]).compactMap { Subprocess.start(script($0)) }
+        for p in pids { XCTAssertEqual(Subprocess.wait(p), 0) }
+        for id in ids { XCTAssertEqual(try s.seq(id), 11, id) }
+        XCTAssertEqual(try s.seq("boom"), 1)
+        XCTAssertEqual(try s.update("boom").status, 500)
+        XCTAssertEqual(try s.update("gc-0").status, 200)
+        XCTAssertGreaterThan(try s.metric("dispatch_publish_batches_total"), 0)
+    }
+}
