@@ -80,6 +80,12 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     public func isSubscribed(_ s: Subscriber) -> Bool { subscribers[s] != nil }
     public func lastSent(_ s: Subscriber) -> Int64? { subscribers[s]?.lastSent }
     public func subscribers(of topic: String) -> Set<Subscriber> { topics[topic]?.subscribers ?? [] }
+
+    /// Whether the subscriber is receiving live events (its first answer is decided).
+    public func isLive(_ s: Subscriber) -> Bool {
+        if case .live? = subscribers[s]?.phase { return true }
+        return false
+    }
     /// Whether a read issued with `generation` still belongs to a live topic (worth retrying).
     public func isCurrent(topic: String, generation: UInt64) -> Bool { topics[topic]?.generation == generation }
 

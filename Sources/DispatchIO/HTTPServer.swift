@@ -261,7 +261,12 @@ public final class HTTPStream {
     private var drainScheduled = false
     public private(set) var isOpen = false
 
-    public init(loop: EventLoop) { self.loop = loop }
+    private let requestTimeout: Double
+
+    public init(loop: EventLoop, requestTimeout: Double = HTTPLimits().requestTimeoutSeconds) {
+        self.loop = loop
+        self.requestTimeout = requestTimeout
+    }
 
     /// Watches the request's connection from now on, before anything is answered: a client
     /// that leaves while its stream waits for the database is noticed too.
@@ -282,6 +287,11 @@ public final class HTTPStream {
     /// Sends the status line and headers, and takes over the connection's timeouts.
     public func begin(headers: [(String, String)], writeTimeout: Double, maxInputBuffer: Int = 4096) {
         guard isOpen, !aborting, !started, let raw = request, let conn = connection else { return }
+        if raw.pointee.major == 1 && raw.pointee.minor == 0 {
+            // HTTP/1.0 has no chunking: the stream is framed by closing the connection, so a
+            // keep-alive request must not make evhttp announce an empty body.
+            evhttp_remove_header(evhttp_request_get_input_headers(raw), "Connection")
+        }
         let out = evhttp_request_get_output_headers(raw)
         for (k, v) in headers { evhttp_add_header(out, k, v) }
         evhttp_send_reply_start(raw, 200, "OK")
@@ -320,6 +330,11 @@ public final class HTTPStream {
 
     private func peerClosed() {
         let wasAborting = aborting
+        // A reply still in progress when the peer leaves is detached from its connection by
+        // evhttp and then never freed by it: free it here, once libevent is done with it.
+        if let r = request, evhttp_request_get_connection(r) == nil {
+            loop.soon { evhttp_request_free(r) }
+        }
         forget()
         if !wasAborting { delegate?.streamPeerClosed(tag) }
         delegate = nil
@@ -369,6 +384,12 @@ public final class HTTPStream {
     public func end() {
         guard isOpen, !aborting, started, let request, let connection else { return }
         evhttp_connection_set_closecb(connection, nil, nil)
+        // The connection may serve further requests: give it back its request deadline and
+        // an unlimited read watermark, which the stream had changed.
+        let bev = evhttp_connection_get_bufferevent(connection)
+        var tv = timeval(seconds: requestTimeout)
+        bufferevent_set_timeouts(bev, &tv, &tv)
+        bufferevent_setwatermark(bev, Int16(EV_READ), 0, 0)
         forget()
         evhttp_send_reply_end(request)
     }

@@ -105,6 +105,18 @@ final class StreamService: HTTPStreamDelegate {
             return
         }
         perform(hub.subscribe(session.id, topic: activityID, lastEventID: lastEventID))
+        beginIfLive(session.id)
+    }
+
+    /// A client whose Last-Event-ID is already the newest event goes live with nothing to
+    /// send: start its response now, so it gets headers and heartbeats while it waits.
+    private func beginIfLive(_ id: Int) {
+        guard let session = sessions[id], !session.http.started, hub.isLive(id) else { return }
+        begin(session)
+    }
+
+    private func beginLiveSubscribers(of topic: String) {
+        for id in hub.subscribers(of: topic) { beginIfLive(id) }
     }
 
     private func serveFinished(_ session: StreamSession, final: WireEvent, lastEventID: Int64?) {
@@ -137,6 +149,8 @@ final class StreamService: HTTPStreamDelegate {
 
     /// A committed event: from this worker's own publish, or NOTIFY from any worker.
     func committed(activityID: String, seq: Int64, name: String, json: String) {
+        // A new start for an id (reused after its old activity was pruned) outdates the cache.
+        if seq == 1 { terminalCache[activityID] = nil }
         let terminal = WireEvent.terminalName(name)
         guard terminal || hub.wants(topic: activityID, seq: seq) else { return }
         let event = WireEvent(seq: seq, name: name, terminal: terminal, json: json)
@@ -152,6 +166,7 @@ final class StreamService: HTTPStreamDelegate {
             return
         }
         let id = String(parts[0]), name = String(parts[2])
+        if seq == 1 { terminalCache[id] = nil }
         let terminal = WireEvent.terminalName(name)
         let observe = store.isStale(id, seq: seq)
         // Most NOTIFYs concern nothing held here (or echo this worker's own commit): skip them cheaply.
@@ -193,11 +208,13 @@ final class StreamService: HTTPStreamDelegate {
                     switch result {
                     case .failure: self.perform(self.hub.readFailed(topic: topic, generation: generation))
                     case .success(nil): self.perform(self.hub.snapshotLoaded(topic: topic, generation: generation, nil))
+                        self.beginLiveSubscribers(of: topic)
                     case .success(let s?):
                         let e = WireEvent(seq: s.activity.seq, name: s.lastEvent, terminal: s.activity.state.isTerminal,
                                           json: String(decoding: s.activity.json(), as: UTF8.self))
                         if e.isTerminal { self.rememberTerminal(topic, e) }
                         self.perform(self.hub.snapshotLoaded(topic: topic, generation: generation, e))
+                        self.beginLiveSubscribers(of: topic)
                     }
                 }
             case .readTopicHistory(let topic, let generation, let after):
@@ -246,6 +263,7 @@ final class StreamService: HTTPStreamDelegate {
                 }
             case .success(let events):
                 self.perform(self.hub.topicHistoryLoaded(topic: topic, generation: generation, events.map(WireEvent.init(stored:))))
+                self.beginLiveSubscribers(of: topic)
             }
         }
     }
@@ -360,6 +378,9 @@ final class StreamService: HTTPStreamDelegate {
         switch reason {
         case "client_closed":
             break
+        case "terminal" where !http.started:
+            // Nothing was ever sent (the client already had the final event).
+            http.respond(status: 204, body: [])
         case "terminal", "not_found":
             http.end()
         case "no_content":

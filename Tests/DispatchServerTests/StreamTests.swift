@@ -311,3 +311,78 @@ final class RetentionTests: XCTestCase {
         XCTAssertEqual(try s.seq("still-live"), 1)
     }
 }
+
+/// Found in review: streams that start with nothing to send, keep-alive after a stream,
+/// HTTP/1.0 streams, and a reused id after retention.
+final class StreamEdgeTests: XCTestCase {
+    func testLastEventIDAtTheNewestEventStillStartsTheStream() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_HEARTBEAT": "0.5"])
+        defer { s.stop() }
+        try s.startActivity("caught-up")
+        try s.update("caught-up")
+        let st = try s.stream("caught-up", lastEventID: 2)
+        XCTAssertTrue(try st.pump(timeout: 5) { $0.heartbeats >= 1 }, "no headers or heartbeat for a caught-up client")
+        XCTAssertEqual(st.status, 200)
+        try s.update("caught-up")
+        try s.end("caught-up")
+        XCTAssertTrue(try st.waitForEnd())
+        assertConsecutive(st.ids, from: 3, through: 4)
+        // A Last-Event-ID from the future still ends when the activity does.
+        try s.startActivity("future")
+        let ahead = try s.stream("future", lastEventID: 999)
+        XCTAssertTrue(try ahead.pump(timeout: 5) { $0.heartbeats >= 1 })
+        try s.end("future")
+        XCTAssertTrue(try ahead.waitForEnd(timeout: 10), "the stream never ended")
+    }
+
+    func testKeepAliveConnectionAfterAStreamGetsItsDeadlineBack() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        try s.startActivity("ka")
+        try s.end("ka")
+        let sock = try TestSocket.connect(port: s.port)
+        try sock.send("GET /v1/activities/ka/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(s.adminKey)\r\n\r\n")
+        var got = ""
+        while !got.contains("0\r\n\r\n"), let chunk = try sock.read(timeout: 5), !chunk.isEmpty { got += String(decoding: chunk, as: UTF8.self) }
+        XCTAssertTrue(got.contains("event: completed"), got)
+        // The same connection serves another request, then is closed when idle.
+        try sock.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        let next = try XCTUnwrap(try sock.read(timeout: 5))
+        XCTAssertTrue(String(decoding: next, as: UTF8.self).hasPrefix("HTTP/1.1 200"))
+        let start = Clock.monotonic()
+        var closed = false
+        while Clock.monotonic() - start < 25 {
+            if let chunk = try sock.read(timeout: 1), chunk.isEmpty { closed = true; break }
+        }
+        XCTAssertTrue(closed, "an idle keep-alive connection after a stream was never closed")
+    }
+
+    func testHTTP10KeepAliveClientGetsTheStream() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        try s.startActivity("old-client")
+        try s.end("old-client")
+        let sock = try TestSocket.connect(port: s.port)
+        try sock.send("GET /v1/activities/old-client/status HTTP/1.0\r\nConnection: keep-alive\r\nAuthorization: Bearer \(s.adminKey)\r\n\r\n")
+        let text = String(decoding: try sock.readAll(timeout: 10), as: UTF8.self)
+        XCTAssertFalse(text.lowercased().contains("content-length: 0"), text)
+        XCTAssertTrue(text.contains("event: completed"), text)
+    }
+
+    func testAReusedIdAfterPruningIsNotAnsweredFromTheOldFinalEvent() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        try s.startActivity("reused")
+        try s.end("reused")
+        let first = try s.stream("reused")
+        XCTAssertTrue(try first.waitForEnd())
+        XCTAssertEqual(first.events.map(\.event), ["completed"])
+        let pg = try TestPostgres.shared()
+        _ = try pg.sql(s.conninfo, "DELETE FROM activity_events WHERE activity_id = 'reused'")
+        _ = try pg.sql(s.conninfo, "DELETE FROM activities WHERE activity_id = 'reused'")
+        try s.startActivity("reused")
+        let second = try s.stream("reused")
+        XCTAssertEqual(try second.waitForEvents(1).first?.event, "processing")
+        XCTAssertEqual(second.ids, [1])
+    }
+}
