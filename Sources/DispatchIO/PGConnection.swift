@@ -136,9 +136,17 @@ public final class PGConnection {
             scheduleReconnect(message)
         default:
             let what = state == PGRES_POLLING_READING ? EV_READ : EV_WRITE
-            connectEvent = event_new(loop.base, PQsocket(c), Int16(what), { _, _, arg in
+            connectEvent = event_new(loop.base, PQsocket(c), Int16(what), { _, events, arg in
                 let me = Unmanaged<PGConnection>.fromOpaque(arg!).takeUnretainedValue()
                 guard let c = me.conn else { return }
+                if Int32(events) & EV_TIMEOUT != 0 {
+                    // A connect step that hears nothing for 10 s: give up and start over.
+                    if let e = me.connectEvent { event_free(e); me.connectEvent = nil }
+                    PQfinish(c)
+                    me.conn = nil
+                    me.scheduleReconnect("connect timed out")
+                    return
+                }
                 me.pollConnect(PQconnectPoll(c))
             }, Unmanaged.passUnretained(self).toOpaque())
             var tv = timeval(seconds: 10)
