@@ -1,3 +1,4 @@
+import DispatchCore
 import Glibc
 
 /// Structured log lines in logfmt (`ts=... level=info msg=stream.open activity=x`), one per event,
@@ -51,7 +52,7 @@ public final class Logger: @unchecked Sendable {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
         let ms = Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
-        return DispatchCoreTimestamp.format(ms)
+        return Timestamp.format(milliseconds: ms)
     }
 
     static func quote(_ s: String) -> String {

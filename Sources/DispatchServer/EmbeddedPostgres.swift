@@ -1,3 +1,4 @@
+import DispatchCore
 import DispatchIO
 import Glibc
 
@@ -28,7 +29,7 @@ public final class EmbeddedPostgres {
             runAs = ["runuser", "-u", "postgres", "--"]
             // The postgres user must be able to reach the cluster; fall back when an ancestor is private.
             if !EmbeddedPostgres.traversable(byOthers: absolute) {
-                root = "/var/lib/dispatch/" + String(SHA256Hex.of(absolute).prefix(16))
+                root = "/var/lib/dispatch/" + String(SHA256.hex(Array(absolute.utf8)).prefix(16))
                 log.warning("embedded_postgres.relocated", [("data_dir", absolute), ("cluster", root),
                                                            ("why", "the postgres user cannot reach the data dir")])
             }
@@ -125,10 +126,6 @@ public final class EmbeddedPostgres {
         }
         return nil
     }
-}
-
-enum SHA256Hex {
-    static func of(_ s: String) -> String { DispatchCoreBridge.sha256Hex(s) }
 }
 
 extension String {

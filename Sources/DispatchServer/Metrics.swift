@@ -43,7 +43,7 @@ public final class Metrics {
         line("dispatch_streams_active", "gauge", "Status streams open now.", [(w, "\(streamsActive)")])
         line("dispatch_events_published_total", "counter", "Changes committed by this worker.", [(w, "\(eventsPublished)")])
         line("dispatch_events_delivered_total", "counter", "Events written to status streams.", [(w, "\(eventsDelivered)")])
-        let reasons = ["client_closed", "terminal", "not_found", "no_content", "slow_client", "write_failed", "shutdown", "database", "rejected"]
+        let reasons = ["client_closed", "terminal", "not_found", "no_content", "slow_client", "write_failed", "shutdown", "database"]
         line("dispatch_stream_closes_total", "counter", "Status streams ended, by reason.",
              reasons.map { ("\(w),reason=\"\($0)\"", "\(streamCloses[$0] ?? 0)") })
         line("dispatch_http_requests_total", "counter", "HTTP answers by status.",

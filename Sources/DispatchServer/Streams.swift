@@ -282,12 +282,7 @@ final class StreamService: HTTPStreamDelegate {
         begin(session)
         if events.count == 1, session.queueHead == session.queue.count, session.http.backlog < session.http.drainMark {
             // The common case (one live event, nothing waiting): straight to the socket.
-            metrics.eventsDelivered += 1
-            switch session.http.write(events[0].payload, maxBacklog: maxBacklog) {
-            case .written, .queued: session.lastWrite = Clock.monotonic()
-            case .backlogExceeded: close(id, reason: "slow_client")
-            case .failed: close(id, reason: "write_failed")
-            }
+            writeNow(session, events[0].payload, count: 1)
             return
         }
         for e in events {
@@ -337,16 +332,22 @@ final class StreamService: HTTPStreamDelegate {
             session.queue.append(payload)
             return true
         }
+        return writeNow(session, payload, count: count)
+    }
+
+    /// Writes (or buffers, up to the slow-client cap) and closes the stream on failure.
+    @discardableResult
+    private func writeNow(_ session: StreamSession, _ payload: StreamPayload, count: Int) -> Bool {
         switch session.http.write(payload, maxBacklog: maxBacklog) {
         case .written, .queued:
             session.lastWrite = Clock.monotonic()
             metrics.eventsDelivered += count
             return true
         case .backlogExceeded:
-            close(id, reason: "slow_client")
+            close(session.id, reason: "slow_client")
             return false
         case .failed:
-            close(id, reason: "write_failed")
+            close(session.id, reason: "write_failed")
             return false
         }
     }

@@ -136,7 +136,6 @@ public final class Worker {
             let ready = isReady
             return reply(req, ready ? 200 : 503, Array((ready ? #"{"status":"ready"}"# : #"{"status":"unavailable","reason":"database"}"#).utf8))
         case (.get, "metrics") where parts.count == 1:
-            metrics.streamsActive = streams.openStreams
             let text = metrics.render(process: Worker.processFigures())
             return reply(req, 200, Array(text.utf8), contentType: "text/plain; version=0.0.4")
         case (_, "v1"):
