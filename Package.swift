@@ -1,8 +1,19 @@
 // swift-tools-version:6.0
 import PackageDescription
 
-// Dependencies point one way: C shims <- DispatchIO <- DispatchServer <- executables.
-// DispatchCore is pure (no C module, no clock, no I/O) and is shared by all of them.
+// The architecture, read top to bottom. Dependencies point one way: down this file.
+//
+//   Pure (no C module, no clock, no I/O; unit-tested without a process):
+//     DispatchCore      the domain: activity, state machine, validation, hub, SSE, JSON, routes
+//     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue
+//     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
+//     DispatchBenchKit  the load generator's parsers and histograms
+//   C, as system libraries only: CLibevent, CLibpq
+//   Shells (thin layers that perform what the pure parts decide):
+//     DispatchSystem    clocks, files, processes (plain libc)
+//     DispatchIO        libevent loop, evhttp server and streams, async libpq driver, logging
+//     DispatchServer    dispatchd: routes' handlers, repositories (SQL), streams, auth, metrics
+//   Executables: dispatchd, dispatch (the CLI), dispatch-bench
 let package = Package(
     name: "Dispatch",
     products: [
@@ -11,23 +22,41 @@ let package = Package(
         .executable(name: "dispatch-bench", targets: ["dispatch-bench"]),
     ],
     targets: [
+        // Pure.
+        .target(name: "DispatchCore", linkerSettings: [.linkedLibrary("m")]),
+        .target(name: "PGCore"),
+        .target(name: "DispatchCLIKit", dependencies: ["DispatchCore"]),
+        .target(name: "DispatchBenchKit"),
+
+        // C.
         .systemLibrary(name: "CLibevent", path: "Sources/CLibevent"),
         .systemLibrary(name: "CLibpq", path: "Sources/CLibpq", pkgConfig: "libpq"),
-        .target(name: "DispatchCore", linkerSettings: [.linkedLibrary("m")]),
-        .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "DispatchCore"]),
-        .target(name: "DispatchServer", dependencies: ["DispatchCore", "DispatchIO", "CLibevent", "CLibpq"]),
+
+        // Shells.
+        .target(name: "DispatchSystem"),
+        .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "PGCore", "DispatchCore", "DispatchSystem"]),
+        .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem"]),
+
+        // Executables.
         .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
         // Not named `dispatch`: its entry point would become `dispatch_main`, libdispatch's name.
-        .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCore"], path: "Sources/dispatch"),
-        .executableTarget(name: "dispatch-bench", dependencies: ["DispatchCore", "DispatchIO", "CLibevent"]),
-        .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore"]),
+        .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCLIKit", "DispatchCore", "DispatchSystem"], path: "Sources/dispatch"),
+        .executableTarget(name: "dispatch-bench", dependencies: ["DispatchBenchKit", "DispatchCore", "DispatchSystem", "CLibevent"]),
+
+        // Tests: one unit-test target per library; the integration targets start real processes
+        // against a real PostgreSQL (DispatchTestSupport).
+        .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem"]),
         .testTarget(name: "DispatchCoreTests", dependencies: ["DispatchCore"]),
-        .testTarget(name: "DispatchServerTests",
-                    dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "dispatchd"]),
+        .testTarget(name: "PGCoreTests", dependencies: ["PGCore"]),
+        .testTarget(name: "DispatchCLIKitTests", dependencies: ["DispatchCLIKit", "DispatchCore"]),
+        .testTarget(name: "DispatchBenchKitTests", dependencies: ["DispatchBenchKit"]),
+        .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore"]),
+        .testTarget(name: "ServerIntegrationTests",
+                    dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "dispatchd"]),
+        .testTarget(name: "CLIIntegrationTests",
+                    dependencies: ["DispatchTestSupport", "DispatchCLIKit", "DispatchCore", "DispatchSystem", "dispatchd", "DispatchCLI"]),
         .testTarget(name: "BenchSmokeTests",
-                    dependencies: ["DispatchTestSupport", "DispatchCore", "dispatchd", "dispatch-bench"]),
-        .testTarget(name: "DispatchCLITests",
-                    dependencies: ["DispatchTestSupport", "DispatchCore", "dispatchd", "DispatchCLI"]),
+                    dependencies: ["DispatchTestSupport", "DispatchCore", "DispatchSystem", "dispatchd", "dispatch-bench"]),
     ],
     swiftLanguageModes: [.v6]
 )

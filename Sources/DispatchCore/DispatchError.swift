@@ -51,7 +51,7 @@ public struct DispatchError: Error, Equatable, Sendable {
     }
 
     /// `{"error":{"code":"...","message":"..."}}`, plus the stored snapshot on a conflict.
-    public func jsonBody(now: Int64) -> [UInt8] {
+    public func jsonBody() -> [UInt8] {
         var w = JSONWriter()
         w.beginObject()
         w.key("error")

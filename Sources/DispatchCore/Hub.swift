@@ -33,8 +33,8 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         case noContent(Subscriber)
         /// Answer the `not_found` event and end.
         case notFound(Subscriber)
-        /// Disconnect (backlog exceeded); the client resumes with `Last-Event-ID`.
-        case drop(Subscriber)
+        /// Disconnect; the client resumes with `Last-Event-ID`.
+        case drop(Subscriber, DropReason)
     }
 
     enum TopicPhase: Equatable {
@@ -157,7 +157,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         case .loading, .resyncing:
             topic.pending.append(event)
             topics[name] = topic
-            if topic.pending.count > maxPendingEvents { return dropTopic(name) }
+            if topic.pending.count > maxPendingEvents { return dropTopic(name, .tooFarBehind) }
             return []
         case .synced:
             guard let latest = topic.latest else { return [] }
@@ -241,13 +241,13 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     /// read of an earlier topic for the same activity concerns nobody here.
     public mutating func readFailed(topic name: String, generation: UInt64) -> [Action] {
         guard topics[name]?.generation == generation else { return [] }
-        return dropTopic(name)
+        return dropTopic(name, .readFailed)
     }
 
     public mutating func readFailed(subscriber s: Subscriber) -> [Action] {
         guard subscribers[s] != nil else { return [] }
         unsubscribe(s)
-        return [.drop(s)]
+        return [.drop(s, .readFailed)]
     }
 
     // MARK: - Internals
@@ -257,10 +257,10 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         return Topic(generation: lastGeneration)
     }
 
-    private mutating func dropTopic(_ name: String) -> [Action] {
+    private mutating func dropTopic(_ name: String, _ reason: DropReason) -> [Action] {
         guard let topic = topics.removeValue(forKey: name) else { return [] }
         var actions: [Action] = []
-        for s in topic.subscribers { subscribers[s] = nil; actions.append(.drop(s)) }
+        for s in topic.subscribers { subscribers[s] = nil; actions.append(.drop(s, reason)) }
         return actions
     }
 
@@ -323,7 +323,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
                 buffer.append(event)
                 if buffer.count > maxPendingEvents {
                     unsubscribe(s)
-                    actions.append(.drop(s))
+                    actions.append(.drop(s, .tooFarBehind))
                     continue
                 }
                 state.phase = .catchingUp(buffer: buffer)

@@ -1,9 +1,11 @@
 import CLibevent
+import DispatchSystem
 import Glibc
 
-/// One libevent loop: timers, deferred work and signals, with Swift closures.
+/// One libevent loop: timers, deferred work and signals, with Swift closures. Everything that
+/// registers an event on it holds the loop, so the base is freed only after the last event.
 public final class EventLoop {
-    public let base: OpaquePointer
+    let base: OpaquePointer
 
     public init() {
         guard let base = event_base_new() else { fatalError("event_base_new failed") }
@@ -49,12 +51,16 @@ final class ClosureBox {
 /// A timer or signal watcher; cancelling is idempotent. A one-shot timer keeps itself alive
 /// until it fires or is cancelled; a repeating one lives as long as its owner holds it.
 public final class Timer {
+    /// Held so the loop's base outlives this event (`event_free` after `event_base_free` is a
+    /// use-after-free).
+    private let loop: EventLoop
     private var event: OpaquePointer?
     private let interval: Double
     private let body: () -> Void
     private var keepAlive: Timer?
 
     init(loop: EventLoop, interval: Double, repeating: Bool, body: @escaping () -> Void) {
+        self.loop = loop
         self.interval = interval
         self.body = body
         let flags = Int16(repeating ? EV_PERSIST : 0)
@@ -69,6 +75,7 @@ public final class Timer {
     }
 
     init(loop: EventLoop, signal: Int32, body: @escaping () -> Void) {
+        self.loop = loop
         self.interval = -1
         self.body = body
         event = event_new(loop.base, signal, Int16(EV_SIGNAL | EV_PERSIST), { _, _, arg in
@@ -96,21 +103,5 @@ extension timeval {
     public init(seconds: Double) {
         let whole = seconds.rounded(.down)
         self.init(tv_sec: Int(whole), tv_usec: Int((seconds - whole) * 1_000_000))
-    }
-}
-
-public enum Clock {
-    /// Wall-clock milliseconds since the epoch (timestamps shown to users).
-    public static func nowMilliseconds() -> Int64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
-    }
-
-    /// Monotonic seconds (timeouts, heartbeats, latency).
-    public static func monotonic() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
     }
 }

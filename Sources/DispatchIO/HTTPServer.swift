@@ -1,4 +1,6 @@
 import CLibevent
+import DispatchCore
+import DispatchSystem
 import Glibc
 
 /// Limits on everything a client controls at the HTTP layer.
@@ -19,7 +21,7 @@ public struct HTTPLimits: Sendable {
 /// and body limits, a read deadline, and an accept loop that backs off when out of descriptors.
 public final class HTTPServer {
     public let loop: EventLoop
-    public let http: OpaquePointer
+    let http: OpaquePointer
     public let limits: HTTPLimits
     private var listeners: [OpaquePointer] = []
     public var handler: (HTTPRequest) -> Void = { $0.respond(status: 404, body: []) }
@@ -63,7 +65,7 @@ public final class HTTPServer {
             withUnsafeBytes(of: in6) { src in withUnsafeMutableBytes(of: &storage) { $0.copyMemory(from: src) } }
             length = socklen_t(MemoryLayout<sockaddr_in6>.size)
         } else {
-            throw PGError("listen address \(host) is not an IP address")
+            throw SystemError("listen address \(host) is not an IP address")
         }
         var flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC)
         if reusePort { flags |= UInt32(LEV_OPT_REUSEABLE_PORT) }
@@ -73,7 +75,7 @@ public final class HTTPServer {
             }
         }
         guard let listener else {
-            throw PGError("cannot listen on \(host):\(port): \(String(cString: strerror(errno)))")
+            throw SystemError("cannot listen on \(host):\(port)", errno: errno)
         }
         evconnlistener_set_error_cb(listener, { lev, _ in
             // Out of descriptors (EMFILE): pause accepting for a second instead of spinning.
@@ -86,7 +88,7 @@ public final class HTTPServer {
         })
         guard evhttp_bind_listener(http, listener) != nil else {
             evconnlistener_free(listener)
-            throw PGError("cannot attach listener on \(host):\(port)")
+            throw SystemError("cannot attach listener on \(host):\(port)")
         }
         listeners.append(listener)
     }
@@ -123,11 +125,8 @@ public final class HTTPRequest {
 
     init(_ raw: UnsafeMutablePointer<evhttp_request>) { self.raw = raw }
 
-    public enum Method: String {
-        case get = "GET", post = "POST", head = "HEAD", put = "PUT", delete = "DELETE", options = "OPTIONS", patch = "PATCH", other = "OTHER"
-    }
-
-    public var method: Method {
+    /// The request's method; nil for one the API does not speak.
+    public var method: HTTPMethod? {
         switch evhttp_request_get_command(raw) {
         case EVHTTP_REQ_GET: return .get
         case EVHTTP_REQ_POST: return .post
@@ -136,7 +135,7 @@ public final class HTTPRequest {
         case EVHTTP_REQ_DELETE: return .delete
         case EVHTTP_REQ_OPTIONS: return .options
         case EVHTTP_REQ_PATCH: return .patch
-        default: return .other
+        default: return nil
         }
     }
 
@@ -218,18 +217,28 @@ public final class HTTPRequest {
     }
 }
 
-/// Bytes written to many streams: framed once as an HTTP/1.1 chunk and once bare (HTTP/1.0).
+/// Bytes written to many streams, framed once as an HTTP/1.1 chunk; an HTTP/1.0 stream (no
+/// chunking) is sent the same bytes without the chunk's size line and trailing CRLF.
 public final class StreamPayload {
-    public let plain: [UInt8]
     public let chunked: [UInt8]
+    let plainStart: Int
 
     public init(_ plain: [UInt8]) {
-        self.plain = plain
         var c = Array(String(plain.count, radix: 16).utf8)
         c.append(contentsOf: [0x0D, 0x0A])
+        plainStart = c.count
         c.append(contentsOf: plain)
         c.append(contentsOf: [0x0D, 0x0A])
         chunked = c
+    }
+
+    /// Bytes on the wire when chunked.
+    public var size: Int { chunked.count }
+
+    func withBytes<R>(chunked isChunked: Bool, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+        chunked.withUnsafeBytes { raw in
+            body(isChunked ? raw : UnsafeRawBufferPointer(rebasing: raw[plainStart..<(raw.count - 2)]))
+        }
     }
 }
 
@@ -267,6 +276,9 @@ public final class HTTPStream {
         self.loop = loop
         self.requestTimeout = requestTimeout
     }
+
+    /// The connection's close callback points at this object: it must be ended first.
+    deinit { precondition(connection == nil, "HTTPStream released while its connection is open") }
 
     /// Watches the request's connection from now on, before anything is answered: a client
     /// that leaves while its stream waits for the database is noticed too.
@@ -366,18 +378,20 @@ public final class HTTPStream {
 
     public func write(_ payload: StreamPayload, maxBacklog: Int) -> WriteResult {
         guard isOpen, !aborting, let output else { return .failed }
-        let bytes = chunked ? payload.chunked : payload.plain
-        if evbuffer_get_length(output) == 0 {
-            let n = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
-            if n == bytes.count { return .written }
-            if n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { return .failed }
-            let sent = max(n, 0)
-            bytes.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress! + sent, $0.count - sent) }
+        let fd = self.fd
+        return payload.withBytes(chunked: chunked) { bytes in
+            if evbuffer_get_length(output) == 0 {
+                let n = send(fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
+                if n == bytes.count { return .written }
+                if n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { return .failed }
+                let sent = max(n, 0)
+                evbuffer_add(output, bytes.baseAddress! + sent, bytes.count - sent)
+                return .queued
+            }
+            if evbuffer_get_length(output) + bytes.count > maxBacklog { return .backlogExceeded }
+            evbuffer_add(output, bytes.baseAddress, bytes.count)
             return .queued
         }
-        if evbuffer_get_length(output) + bytes.count > maxBacklog { return .backlogExceeded }
-        bytes.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
-        return .queued
     }
 
     /// Ends the response cleanly (terminal chunk); the connection may serve further requests.

@@ -1,8 +1,10 @@
 import DispatchCore
+import DispatchSystem
 import Glibc
 
-/// Structured log lines in logfmt (`ts=... level=info msg=stream.open activity=x`), one per event,
-/// written to fd 2 (stderr as a C global is not concurrency-safe in Swift 6).
+/// Structured log lines, one per event, to fd 2 (stderr as a C global is not concurrency-safe in
+/// Swift 6): logfmt (`ts=... level=info msg=stream.open activity=x`) or one JSON object per line.
+/// Messages are constants with dotted names; what varies goes in fields.
 public final class Logger: @unchecked Sendable {
     public enum Level: Int, Comparable, Sendable {
         case debug, info, warning, error
@@ -26,11 +28,17 @@ public final class Logger: @unchecked Sendable {
         }
     }
 
+    public enum Format: String, Sendable {
+        case logfmt, json
+    }
+
     public var level: Level
+    public var format: Format
     public var staticFields: [(String, String)]
 
-    public init(level: Level = .info, fields: [(String, String)] = []) {
+    public init(level: Level = .info, format: Format = .logfmt, fields: [(String, String)] = []) {
         self.level = level
+        self.format = format
         self.staticFields = fields
     }
 
@@ -39,20 +47,36 @@ public final class Logger: @unchecked Sendable {
     public func warning(_ msg: String, _ fields: [(String, Any)] = []) { log(.warning, msg, fields) }
     public func error(_ msg: String, _ fields: [(String, Any)] = []) { log(.error, msg, fields) }
 
+    public func enabled(_ level: Level) -> Bool { level >= self.level }
+
     public func log(_ level: Level, _ msg: String, _ fields: [(String, Any)]) {
         guard level >= self.level else { return }
-        var line = "ts=" + Logger.timestamp() + " level=" + level.name + " msg=" + Logger.quote(msg)
-        for (k, v) in staticFields { line += " " + k + "=" + Logger.quote(v) }
-        for (k, v) in fields { line += " " + k + "=" + Logger.quote("\(v)") }
+        let ts = Timestamp.format(milliseconds: Clock.nowMilliseconds())
+        var line: String
+        switch format {
+        case .logfmt:
+            line = "ts=" + ts + " level=" + level.name + " msg=" + Logger.quote(msg)
+            for (k, v) in staticFields { line += " " + k + "=" + Logger.quote(v) }
+            for (k, v) in fields { line += " " + k + "=" + Logger.quote("\(v)") }
+        case .json:
+            var w = JSONWriter(capacity: 256)
+            w.beginObject()
+            w.field("ts", ts); w.field("level", level.name); w.field("msg", msg)
+            for (k, v) in staticFields { w.field(k, v) }
+            for (k, v) in fields {
+                switch v {
+                case let n as Int: w.field(k, Int64(n))
+                case let n as Int64: w.field(k, n)
+                case let d as Double: w.field(k, d)
+                case let b as Bool: w.field(k, b)
+                default: w.field(k, "\(v)")
+                }
+            }
+            w.endObject()
+            line = w.string
+        }
         line += "\n"
         _ = line.withCString { write(2, $0, strlen($0)) }
-    }
-
-    static func timestamp() -> String {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        let ms = Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
-        return Timestamp.format(milliseconds: ms)
     }
 
     static func quote(_ s: String) -> String {

@@ -1,3 +1,4 @@
+import DispatchSystem
 import DispatchCore
 import DispatchIO
 import Glibc

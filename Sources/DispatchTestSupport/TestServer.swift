@@ -1,3 +1,4 @@
+import DispatchSystem
 import DispatchCore
 import DispatchIO
 import DispatchServer
@@ -64,7 +65,7 @@ public final class TestPostgres: @unchecked Sendable {
 
     /// Runs SQL as the cluster's superuser against `database`'s conninfo.
     public func sql(_ conninfo: String, _ query: String, _ params: [String?] = []) throws -> [[String?]] {
-        try BlockingPG(conninfo).query(query, params).rows
+        try BlockingPG(conninfo).query(query, params).rows.map(\.values)
     }
 }
 

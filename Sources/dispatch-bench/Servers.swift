@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchBenchKit
 #if canImport(Glibc)
 import Glibc
 #endif

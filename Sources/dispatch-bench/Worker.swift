@@ -1,5 +1,6 @@
 import CLibevent
 import DispatchCore
+import DispatchBenchKit
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,3 +1,4 @@
+import DispatchBenchKit
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchCLIKit
 
 /// The Dispatch API as the CLI uses it: authenticated requests with bounded retries.
 struct Client {

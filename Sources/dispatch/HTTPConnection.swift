@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import DispatchCore
+import DispatchCLIKit
 
 /// A failure below HTTP: the name, the connection or the bytes.
 struct TransportError: Error {

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import DispatchCore
+import DispatchCLIKit
 
 /// What the signal handlers share with the main thread. Only async-signal-safe work happens
 /// in the handler: store the signal number, forward it with kill().

@@ -4,6 +4,7 @@ import Glibc
 import Darwin
 #endif
 import DispatchCore
+import DispatchCLIKit
 
 /// The few system services the CLI needs, over plain libc (no Foundation: it costs start-up time).
 enum System {

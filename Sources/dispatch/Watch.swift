@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import DispatchCore
+import DispatchCLIKit
 
 /// `dispatch watch`: follows `GET /v1/activities/{id}/status` until the activity ends,
 /// reconnecting with `Last-Event-ID` across dropped connections and server restarts.

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import DispatchCore
+import DispatchCLIKit
 
 /// `dispatch`: the publishing and watching CLI. Parsing and every decision live in
 /// DispatchCore (CLI+*.swift); this target is the thin IO shell around them.

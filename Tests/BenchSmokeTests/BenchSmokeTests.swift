@@ -1,3 +1,4 @@
+import DispatchSystem
 import DispatchCore
 import DispatchTestSupport
 import Foundation

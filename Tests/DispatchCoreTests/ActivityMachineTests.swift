@@ -268,9 +268,9 @@ final class ActivityMachineTests: XCTestCase {
 
     func testErrorBody() throws {
         let plain = DispatchError(.invalidField, "bad \"x\"")
-        XCTAssertEqual(text(plain.jsonBody(now: 0)), #"{"error":{"code":"invalid_field","message":"bad \"x\""}}"#)
+        XCTAssertEqual(text(plain.jsonBody()), #"{"error":{"code":"invalid_field","message":"bad \"x\""}}"#)
         let conflict = DispatchError(.alreadyFinished, "done", snapshot: Self.activity(.completed))
-        let parsed = try JSONParser.parse(conflict.jsonBody(now: 0))
+        let parsed = try JSONParser.parse(conflict.jsonBody())
         XCTAssertEqual(parsed["error"]?["code"], .string("already_finished"))
         XCTAssertEqual(parsed["activity"].flatMap(Activity.decode), Self.activity(.completed))
     }

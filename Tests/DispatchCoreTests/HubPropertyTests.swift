@@ -171,7 +171,7 @@ struct HubWorld {
         switch (read, answer) {
         case (.snapshot(let t, let g, let life), .failed), (.topicHistory(let t, let g, let life, _), .failed):
             let actions = hub.readFailed(topic: t, generation: g)
-            for case .drop(let s) in actions where lifetimeOf[s] != life {
+            for case .drop(let s, _) in actions where lifetimeOf[s] != life {
                 return fail("a failed read of \(t)'s life \(life) dropped subscription \(s) of life \(String(describing: lifetimeOf[s]))")
             }
             perform(actions)
@@ -265,7 +265,7 @@ struct HubWorld {
                 guard let c = client(for: s, "notFound") else { return }
                 clients[c].outcome = .notFound
                 if !clients[c].delivered.isEmpty { fail("not_found after events were delivered") }
-            case .drop(let s):
+            case .drop(let s, _):
                 guard let c = client(for: s, "drop") else { return }
                 // The client reconnects with Last-Event-ID, like an EventSource.
                 clients[c].reconnects += 1

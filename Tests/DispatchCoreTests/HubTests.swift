@@ -24,7 +24,7 @@ func render(_ actions: [TestHub.Action]) -> [String] {
         case .finish(let s): return "finish \(s)"
         case .noContent(let s): return "noContent \(s)"
         case .notFound(let s): return "notFound \(s)"
-        case .drop(let s): return "drop \(s)"
+        case .drop(let s, let why): return "drop \(s) \(why == .tooFarBehind ? "behind" : "read")"
         }
     }
 }
@@ -250,7 +250,7 @@ final class HubTests: XCTestCase {
         _ = subscribe("b")
         XCTAssertEqual(publish(Ev(1)), [])
         XCTAssertEqual(publish(Ev(2)), [])
-        XCTAssertEqual(render(hub.published(topic: "A", Ev(3))).sorted(), ["drop a", "drop b"])
+        XCTAssertEqual(render(hub.published(topic: "A", Ev(3))).sorted(), ["drop a behind", "drop b behind"])
         XCTAssertEqual(hub.subscriberCount, 0)
         XCTAssertEqual(hub.topicCount, 0)
         // The dropped clients reconnect before the old read answers: a new topic reads its own
@@ -284,7 +284,7 @@ final class HubTests: XCTestCase {
         _ = subscribe("slow", after: 1)
         XCTAssertEqual(publish(Ev(6)), ["send fast 6"])
         XCTAssertEqual(publish(Ev(7)), ["send fast 7"])
-        XCTAssertEqual(sortedRender(hub.published(topic: "A", Ev(8))), ["send fast 8", "drop slow"])
+        XCTAssertEqual(sortedRender(hub.published(topic: "A", Ev(8))), ["send fast 8", "drop slow behind"])
         XCTAssertFalse(hub.isSubscribed("slow"))
         XCTAssertEqual(render(hub.historyLoaded(subscriber: "slow", [Ev(2)])), [])
         XCTAssertEqual(hub.subscriberCount, 1)
@@ -293,12 +293,12 @@ final class HubTests: XCTestCase {
     func testReadFailures() {
         _ = subscribe("a")
         _ = subscribe("b")
-        XCTAssertEqual(render(hub.readFailed(topic: "A")).sorted(), ["drop a", "drop b"])
+        XCTAssertEqual(render(hub.readFailed(topic: "A")).sorted(), ["drop a read", "drop b read"])
         XCTAssertEqual(render(hub.readFailed(topic: "A")), [])
         XCTAssertEqual(hub.topicCount, 0)
         live(["x"], at: 5)
         _ = subscribe("r", after: 1)
-        XCTAssertEqual(render(hub.readFailed(subscriber: "r")), ["drop r"])
+        XCTAssertEqual(render(hub.readFailed(subscriber: "r")), ["drop r read"])
         XCTAssertEqual(render(hub.readFailed(subscriber: "r")), [], "dropped once")
         XCTAssertEqual(hub.subscriberCount, 1)
     }

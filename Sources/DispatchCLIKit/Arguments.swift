@@ -1,0 +1,352 @@
+import DispatchCore
+
+/// Command-line parsing for the `dispatch` CLI: pure values in, pure values out, so every rule
+/// (flag spelling, ranges, defaults from the environment) is unit-tested without a process.
+
+public struct CLIUsageError: Error, Equatable, Sendable {
+    public var message: String
+    /// The command whose `--help` the user should read, if any.
+    public var command: String?
+    public init(_ message: String, command: String? = nil) {
+        self.message = message
+        self.command = command
+    }
+}
+
+/// Options every command accepts, before or after the command name.
+public struct CLIGlobalOptions: Equatable, Sendable {
+    public static let defaultURL = "http://127.0.0.1:8080"
+    public static let defaultRetryFor = 30.0
+
+    public var endpoint: CLIEndpoint
+    public var token: String?
+    public var json: Bool
+    /// Seconds during which transient failures are retried.
+    public var retryFor: Double
+
+    public init(endpoint: CLIEndpoint, token: String?, json: Bool, retryFor: Double) {
+        self.endpoint = endpoint
+        self.token = token
+        self.json = json
+        self.retryFor = retryFor
+    }
+}
+
+public struct CLIStartOptions: Equatable, Sendable {
+    public var activityID: String?
+    public var name: String
+    public var symbol: String?
+    public var machine: String?
+    public var cancelURL: String?
+    public var status: String?
+    public var state: String?
+    /// 0...1 (already converted from `--percent`).
+    public var progress: Double?
+
+    public init(activityID: String? = nil, name: String, symbol: String? = nil, machine: String? = nil,
+                cancelURL: String? = nil, status: String? = nil, state: String? = nil, progress: Double? = nil) {
+        self.activityID = activityID
+        self.name = name
+        self.symbol = symbol
+        self.machine = machine
+        self.cancelURL = cancelURL
+        self.status = status
+        self.state = state
+        self.progress = progress
+    }
+}
+
+public struct CLIUpdateOptions: Equatable, Sendable {
+    public var activityID: String
+    public var progress: Double?
+    public var status: String?
+    public var state: String?
+
+    public init(activityID: String, progress: Double? = nil, status: String? = nil, state: String? = nil) {
+        self.activityID = activityID
+        self.progress = progress
+        self.status = status
+        self.state = state
+    }
+}
+
+public struct CLIEndOptions: Equatable, Sendable {
+    public var activityID: String
+    public var state: String?
+    public var status: String?
+    public var error: String?
+    public var progress: Double?
+
+    public init(activityID: String, state: String? = nil, status: String? = nil, error: String? = nil, progress: Double? = nil) {
+        self.activityID = activityID
+        self.state = state
+        self.status = status
+        self.error = error
+        self.progress = progress
+    }
+}
+
+public struct CLIWatchOptions: Equatable, Sendable {
+    public var activityID: String
+    /// One line per event even on a terminal.
+    public var plain: Bool
+
+    public init(activityID: String, plain: Bool = false) {
+        self.activityID = activityID
+        self.plain = plain
+    }
+}
+
+public struct CLIRunOptions: Equatable, Sendable {
+    public var start: CLIStartOptions
+    public var progressRegex: String?
+    public var command: [String]
+
+    public init(start: CLIStartOptions, progressRegex: String? = nil, command: [String]) {
+        self.start = start
+        self.progressRegex = progressRegex
+        self.command = command
+    }
+}
+
+public enum CLICommand: Equatable, Sendable {
+    case start(CLIStartOptions)
+    case progress(CLIUpdateOptions)
+    case end(CLIEndOptions)
+    case watch(CLIWatchOptions)
+    case run(CLIRunOptions)
+
+    public var name: String {
+        switch self {
+        case .start: return "start"
+        case .progress: return "progress"
+        case .end: return "end"
+        case .watch: return "watch"
+        case .run: return "run"
+        }
+    }
+}
+
+public enum CLIInvocation: Equatable, Sendable {
+    /// Print the help of a command (nil: the overview) to stdout and exit 0.
+    case help(String?)
+    case version
+    case command(CLIGlobalOptions, CLICommand)
+}
+
+public enum CLIArguments {
+    public static let commands = ["start", "progress", "end", "watch", "run"]
+
+    /// Flag name (without `--`) -> whether it takes a value.
+    public static let globalFlags: [String: Bool] = [
+        "url": true, "token": true, "json": false, "retry-for": true, "help": false,
+    ]
+
+    public static let commandFlags: [String: [String: Bool]] = [
+        "start": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
+                  "status": true, "state": true, "percent": true, "progress": true],
+        "progress": ["id": true, "percent": true, "progress": true, "status": true, "state": true],
+        "end": ["id": true, "state": true, "status": true, "error": true, "percent": true, "progress": true],
+        "watch": ["id": true, "plain": false],
+        "run": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
+                "status": true, "progress-regex": true],
+    ]
+
+    public static let startStates = ["queued", "processing"]
+    public static let updateStates = ["processing", "queued", "retrying"]
+    public static let endStates = ["completed", "error", "cancelled"]
+
+    /// Parses `arguments` (without the program name). `environment` answers `DISPATCH_URL`,
+    /// `DISPATCH_TOKEN` and `DISPATCH_MACHINE`; flags win over the environment.
+    public static func parse(_ arguments: [String], environment: (String) -> String?) throws(CLIUsageError) -> CLIInvocation {
+        var values: [String: String] = [:]
+        var switches: Set<String> = []
+        var commandName: String?
+        var trailing: [String] = []
+        var i = 0
+
+        while i < arguments.count {
+            let arg = arguments[i]
+            i += 1
+            if arg == "--" {
+                guard commandName == "run" else { throw CLIUsageError("unexpected '--'", command: commandName) }
+                trailing = Array(arguments[i...])
+                break
+            }
+            if arg == "-h" { switches.insert("help"); continue }
+            if arg == "--version" || arg == "-V" {
+                if commandName == nil { return .version }
+                throw CLIUsageError("unknown option --version", command: commandName)
+            }
+            if arg.hasPrefix("--") {
+                var name = String(arg.dropFirst(2))
+                var inlineValue: String?
+                if let eq = name.firstIndex(of: "=") {
+                    inlineValue = String(name[name.index(after: eq)...])
+                    name = String(name[..<eq])
+                }
+                let takesValue: Bool
+                if let g = globalFlags[name] {
+                    takesValue = g
+                } else if let c = commandName, let f = commandFlags[c]?[name] {
+                    takesValue = f
+                } else if commandName == nil, commandFlags.values.contains(where: { $0[name] != nil }) {
+                    throw CLIUsageError("--\(name) must come after the command name")
+                } else {
+                    throw CLIUsageError("unknown option --\(name)", command: commandName)
+                }
+                if takesValue {
+                    let value: String
+                    if let inlineValue {
+                        value = inlineValue
+                    } else {
+                        guard i < arguments.count else { throw CLIUsageError("--\(name) needs a value", command: commandName) }
+                        value = arguments[i]
+                        i += 1
+                    }
+                    guard values[name] == nil else { throw CLIUsageError("--\(name) given twice", command: commandName) }
+                    values[name] = value
+                } else {
+                    guard inlineValue == nil else { throw CLIUsageError("--\(name) takes no value", command: commandName) }
+                    switches.insert(name)
+                }
+                continue
+            }
+            if arg.hasPrefix("-") && arg.count > 1 {
+                throw CLIUsageError("unknown option \(arg)", command: commandName)
+            }
+            // A bare word: the command name, `help TOPIC`, or the start of `run`'s command.
+            if commandName == nil {
+                if arg == "help" {
+                    if i < arguments.count { return .help(commands.contains(arguments[i]) ? arguments[i] : nil) }
+                    return .help(nil)
+                }
+                guard commands.contains(arg) else { throw CLIUsageError("unknown command '\(arg)'") }
+                commandName = arg
+                continue
+            }
+            if commandName == "run" {
+                trailing = Array(arguments[(i - 1)...])
+                break
+            }
+            throw CLIUsageError("unexpected argument '\(arg)'", command: commandName)
+        }
+
+        if switches.contains("help") { return .help(commandName) }
+        guard let command = commandName else {
+            if arguments.isEmpty { return .help(nil) }
+            throw CLIUsageError("missing command (one of: \(commands.joined(separator: ", ")))")
+        }
+
+        let global = try globalOptions(values: values, switches: switches, environment: environment, command: command)
+        func nonEmpty(_ s: String?) -> String? { (s?.isEmpty ?? true) ? nil : s }
+        func required(_ name: String) throws(CLIUsageError) -> String {
+            guard let v = values[name], !v.isEmpty else { throw CLIUsageError("--\(name) is required", command: command) }
+            return v
+        }
+        func state(_ allowed: [String]) throws(CLIUsageError) -> String? {
+            guard let s = values["state"] else { return nil }
+            guard allowed.contains(s) else {
+                throw CLIUsageError("--state must be one of \(allowed.joined(separator: ", ")) (got '\(s)')", command: command)
+            }
+            return s
+        }
+        let machine = values["machine"] ?? nonEmpty(environment("DISPATCH_MACHINE"))
+
+        switch command {
+        case "start":
+            let opts = CLIStartOptions(
+                activityID: values["id"], name: try required("name"), symbol: values["symbol"],
+                machine: machine, cancelURL: values["cancel-url"], status: values["status"],
+                state: try state(startStates), progress: try progress(values, command: command))
+            return .command(global, .start(opts))
+        case "progress":
+            let opts = CLIUpdateOptions(
+                activityID: try required("id"), progress: try progress(values, command: command),
+                status: values["status"], state: try state(updateStates))
+            return .command(global, .progress(opts))
+        case "end":
+            let opts = CLIEndOptions(
+                activityID: try required("id"), state: try state(endStates), status: values["status"],
+                error: values["error"], progress: try progress(values, command: command))
+            return .command(global, .end(opts))
+        case "watch":
+            return .command(global, .watch(CLIWatchOptions(activityID: try required("id"), plain: switches.contains("plain"))))
+        default:  // "run", the only command left in `commands`
+            guard !trailing.isEmpty else { throw CLIUsageError("run needs a command: dispatch run [options] -- CMD [ARGS...]", command: command) }
+            if let pattern = values["progress-regex"] {
+                _ = try CLIProgressExtractor(pattern: pattern)
+            }
+            let name = values["name"] ?? defaultRunName(trailing)
+            let start = CLIStartOptions(
+                activityID: values["id"], name: name, symbol: values["symbol"], machine: machine,
+                cancelURL: values["cancel-url"], status: values["status"], state: "processing", progress: nil)
+            return .command(global, .run(CLIRunOptions(start: start, progressRegex: values["progress-regex"], command: trailing)))
+        }
+    }
+
+    static func globalOptions(values: [String: String], switches: Set<String>, environment: (String) -> String?,
+                              command: String) throws(CLIUsageError) -> CLIGlobalOptions {
+        let urlText = values["url"] ?? environment("DISPATCH_URL").flatMap { $0.isEmpty ? nil : $0 } ?? CLIGlobalOptions.defaultURL
+        let endpoint: CLIEndpoint
+        do {
+            endpoint = try CLIEndpoint.parse(urlText)
+        } catch {
+            throw CLIUsageError("bad URL '\(urlText)': \(error.message)", command: command)
+        }
+        let token = values["token"] ?? environment("DISPATCH_TOKEN")
+        var retryFor = CLIGlobalOptions.defaultRetryFor
+        if let r = values["retry-for"] {
+            guard let v = parseNumber(r), v >= 0 else {
+                throw CLIUsageError("--retry-for must be a number of seconds >= 0 (got '\(r)')", command: command)
+            }
+            retryFor = v
+        }
+        return CLIGlobalOptions(endpoint: endpoint, token: (token?.isEmpty ?? true) ? nil : token,
+                                json: switches.contains("json"), retryFor: retryFor)
+    }
+
+    /// `--percent 0..100` or `--progress 0..1`, converted to the API's 0...1; both at once is an error.
+    static func progress(_ values: [String: String], command: String) throws(CLIUsageError) -> Double? {
+        switch (values["percent"], values["progress"]) {
+        case (nil, nil):
+            return nil
+        case (.some, .some):
+            throw CLIUsageError("give either --percent or --progress, not both", command: command)
+        case (let p?, nil):
+            guard let v = parseNumber(p), let fraction = CLIProgress.fraction(fromPercent: v) else {
+                throw CLIUsageError("--percent must be a number from 0 to 100 (got '\(p)')", command: command)
+            }
+            return fraction
+        case (nil, let p?):
+            guard let v = parseNumber(p), (0...1).contains(v) else {
+                throw CLIUsageError("--progress must be a number from 0 to 1 (got '\(p)')", command: command)
+            }
+            return v
+        }
+    }
+
+    /// A finite decimal number; no hex, no `nan`/`inf`.
+    static func parseNumber(_ s: String) -> Double? {
+        let trimmed = s.hasSuffix("%") ? String(s.dropLast()) : s
+        guard !trimmed.isEmpty, trimmed.utf8.allSatisfy({ (0x30...0x39).contains($0) || $0 == 0x2E || $0 == 0x2D || $0 == 0x2B || $0 == 0x65 || $0 == 0x45 }),
+              let v = Double(trimmed), v.isFinite else { return nil }
+        return v
+    }
+
+    /// `run`'s activity name when `--name` is absent: the command line, cut to the API's 200 characters.
+    public static func defaultRunName(_ command: [String]) -> String {
+        let joined = CLIText.oneLine(command.joined(separator: " ")).cliTrimmed()
+        let name = joined.isEmpty ? "command" : joined
+        return name.count <= 200 ? name : String(name.prefix(199)) + "…"
+    }
+}
+
+extension String {
+    func cliTrimmed() -> String {
+        var s = Substring(self)
+        while s.first == " " || s.first == "\t" { s = s.dropFirst() }
+        while s.last == " " || s.last == "\t" { s = s.dropLast() }
+        return String(s)
+    }
+}

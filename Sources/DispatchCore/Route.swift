@@ -1,0 +1,110 @@
+/// HTTP methods the API speaks.
+public enum HTTPMethod: String, Sendable, CaseIterable {
+    case get = "GET", post = "POST", head = "HEAD", put = "PUT", delete = "DELETE", options = "OPTIONS", patch = "PATCH"
+}
+
+/// Every endpoint of the server, and the one pure function that maps a request line to it.
+public enum Route: Equatable, Sendable {
+    case healthz
+    case readyz
+    case metrics
+    case startActivity
+    case listActivities
+    case activity(String)
+    case update(String)
+    case end(String)
+    case events(String)
+    case status(String)
+    case keys
+    case key(String)
+
+    /// The methods an endpoint answers (HEAD goes with GET).
+    public var methods: [HTTPMethod] {
+        switch self {
+        case .healthz, .readyz, .metrics, .listActivities, .activity, .events, .status: return [.get]
+        case .startActivity, .update, .end: return [.post]
+        case .keys: return [.get, .post]
+        case .key: return [.delete]
+        }
+    }
+
+    /// A stable name for logs and metrics: the pattern, never the ids in the path.
+    public var pattern: String {
+        switch self {
+        case .healthz: return "/healthz"
+        case .readyz: return "/readyz"
+        case .metrics: return "/metrics"
+        case .startActivity: return "/v1/activities/start"
+        case .listActivities: return "/v1/activities"
+        case .activity: return "/v1/activities/{id}"
+        case .update: return "/v1/activities/{id}/update"
+        case .end: return "/v1/activities/{id}/end"
+        case .events: return "/v1/activities/{id}/events"
+        case .status: return "/v1/activities/{id}/status"
+        case .keys: return "/v1/keys"
+        case .key: return "/v1/keys/{name}"
+        }
+    }
+
+    public enum Match: Equatable, Sendable {
+        case route(Route)
+        /// The path exists but not with this method: answer 405 with `Allow`.
+        case methodNotAllowed(allow: [HTTPMethod])
+        /// An activity id in the path breaks the id rules: answer 400.
+        case invalidActivityID
+        case notFound
+    }
+
+    /// Maps a decoded path and a method to an endpoint.
+    public static func match(method: HTTPMethod?, path: String) -> Match {
+        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
+        guard let route = route(parts) else { return .notFound }
+        let allowed = route.methods
+        guard let method, allowed.contains(method) || (method == .head && allowed.contains(.get)) else {
+            return .methodNotAllowed(allow: allowed)
+        }
+        if let id = route.activityID, !Validation.isValidActivityID(id) { return .invalidActivityID }
+        return .route(route)
+    }
+
+    /// The activity id a route names, if any.
+    public var activityID: String? {
+        switch self {
+        case .activity(let id), .update(let id), .end(let id), .events(let id), .status(let id): return id
+        case .healthz, .readyz, .metrics, .startActivity, .listActivities, .keys, .key: return nil
+        }
+    }
+
+    private static func route(_ parts: [String]) -> Route? {
+        switch parts.count {
+        case 1:
+            switch parts[0] {
+            case "healthz": return .healthz
+            case "readyz": return .readyz
+            case "metrics": return .metrics
+            default: return nil
+            }
+        case 2 where parts[0] == "v1":
+            switch parts[1] {
+            case "activities": return .listActivities
+            case "keys": return .keys
+            default: return nil
+            }
+        case 3 where parts[0] == "v1" && parts[1] == "activities":
+            return parts[2] == "start" ? .startActivity : .activity(parts[2])
+        case 3 where parts[0] == "v1" && parts[1] == "keys":
+            return .key(parts[2])
+        case 4 where parts[0] == "v1" && parts[1] == "activities":
+            let id = parts[2]
+            switch parts[3] {
+            case "update": return .update(id)
+            case "end": return .end(id)
+            case "events": return .events(id)
+            case "status": return .status(id)
+            default: return nil
+            }
+        default:
+            return nil
+        }
+    }
+}

@@ -1,0 +1,64 @@
+import DispatchCore
+import DispatchSystem
+
+/// Prometheus figures for one worker process. Each worker serves its own, labelled `worker`;
+/// sum over the label for the server's total.
+public final class Metrics {
+    public var streamsActive = 0
+    public var eventsPublished = 0
+    public var eventsDelivered = 0
+    public var streamCloses: [StreamCloseReason: Int] = [:]
+    public var httpRequests: [Int: Int] = [:]
+    public var notifyReceived = 0
+    public var resyncs = 0
+    public var dbConnected = false
+    public var dbReconnects = 0
+    public var publishBatches = 0
+    public var casRetries = 0
+    let bucketBounds: [Double] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
+    var bucketCounts: [Int]
+    var querySum = 0.0
+    var queryCount = 0
+    let worker: Int
+
+    public init(worker: Int) {
+        self.worker = worker
+        bucketCounts = Array(repeating: 0, count: bucketBounds.count)
+    }
+
+    public func observeQuery(_ seconds: Double) {
+        for (i, b) in bucketBounds.enumerated() where seconds <= b { bucketCounts[i] += 1 }
+        querySum += seconds
+        queryCount += 1
+    }
+
+    public func render(process: ProcessFigures) -> String {
+        let w = "worker=\"\(worker)\""
+        var s = ""
+        func line(_ name: String, _ type: String, _ help: String, _ samples: [(String, String)]) {
+            s += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
+            for (labels, v) in samples { s += "\(name){\(labels)} \(v)\n" }
+        }
+        line("dispatch_streams_active", "gauge", "Status streams open now.", [(w, "\(streamsActive)")])
+        line("dispatch_events_published_total", "counter", "Changes committed by this worker.", [(w, "\(eventsPublished)")])
+        line("dispatch_events_delivered_total", "counter", "Events written to status streams.", [(w, "\(eventsDelivered)")])
+        line("dispatch_stream_closes_total", "counter", "Status streams ended, by reason.",
+             StreamCloseReason.allCases.map { ("\(w),reason=\"\($0.rawValue)\"", "\(streamCloses[$0] ?? 0)") })
+        line("dispatch_http_requests_total", "counter", "HTTP answers by status.",
+             httpRequests.keys.sorted().map { ("\(w),status=\"\($0)\"", "\(httpRequests[$0]!)") })
+        line("dispatch_notifications_total", "counter", "NOTIFY messages received.", [(w, "\(notifyReceived)")])
+        line("dispatch_topic_resyncs_total", "counter", "Topics re-read from history (gap or lost LISTEN).", [(w, "\(resyncs)")])
+        line("dispatch_publish_batches_total", "counter", "Group-commit transactions.", [(w, "\(publishBatches)")])
+        line("dispatch_publish_conflicts_total", "counter", "Publishes retried after a concurrent change.", [(w, "\(casRetries)")])
+        line("dispatch_db_up", "gauge", "1 when the database connections are up.", [(w, dbConnected ? "1" : "0")])
+        line("dispatch_db_reconnects_total", "counter", "Database connections lost.", [(w, "\(dbReconnects)")])
+        s += "# HELP dispatch_db_query_seconds Database round trips (one pipeline batch each).\n# TYPE dispatch_db_query_seconds histogram\n"
+        for (i, b) in bucketBounds.enumerated() { s += "dispatch_db_query_seconds_bucket{\(w),le=\"\(b)\"} \(bucketCounts[i])\n" }
+        s += "dispatch_db_query_seconds_bucket{\(w),le=\"+Inf\"} \(queryCount)\n"
+        s += "dispatch_db_query_seconds_sum{\(w)} \(querySum)\ndispatch_db_query_seconds_count{\(w)} \(queryCount)\n"
+        line("process_resident_memory_bytes", "gauge", "Resident memory.", [(w, "\(process.residentBytes)")])
+        line("process_open_fds", "gauge", "Open file descriptors.", [(w, "\(process.openFDs)")])
+        line("process_cpu_seconds_total", "counter", "CPU time used.", [(w, "\(process.cpuSeconds)")])
+        return s
+    }
+}

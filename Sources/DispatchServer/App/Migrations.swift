@@ -1,0 +1,64 @@
+import DispatchIO
+import DispatchSystem
+import Glibc
+
+/// Plain SQL files in `Migrations/`, applied in name order, each once, each in a transaction,
+/// recorded in `schema_migrations`. An advisory lock keeps concurrent servers from racing.
+public enum Migrations {
+    public struct File {
+        public let version: String
+        public let sql: String
+    }
+
+    public static func locateDirectory() -> String? {
+        var candidates: [String] = []
+        if let env = getenv("DISPATCH_MIGRATIONS_DIR") { candidates.append(String(cString: env)) }
+        candidates.append("./Migrations")
+        var dir = Subprocess.executablePath().dropLastPathComponent
+        for _ in 0..<5 {
+            candidates.append(dir + "/Migrations")
+            dir = dir.dropLastPathComponent
+        }
+        candidates.append("/usr/share/dispatch/migrations")
+        return candidates.first { access($0 + "/0001_activities.sql", R_OK) == 0 }
+    }
+
+    public static func load(from directory: String) throws -> [File] {
+        guard let d = opendir(directory) else { throw PGError("cannot read migrations in \(directory)") }
+        defer { closedir(d) }
+        var names: [String] = []
+        while let entry = readdir(d) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if name.hasSuffix(".sql") { names.append(name) }
+        }
+        return try names.sorted().map { name in
+            guard let text = Files.read(directory + "/" + name) else { throw PGError("cannot read \(name)") }
+            return File(version: String(name.dropLast(4)), sql: text)
+        }
+    }
+
+    /// Applies what is missing; returns the versions applied now.
+    @discardableResult
+    public static func apply(_ files: [File], conninfo: String, log: Logger) throws -> [String] {
+        let db = try BlockingPG(conninfo)
+        try db.script("SELECT pg_advisory_lock(7345102)")
+        defer { _ = try? db.script("SELECT pg_advisory_unlock(7345102)") }
+        try db.script("CREATE TABLE IF NOT EXISTS schema_migrations (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+        let done = Set(try db.query("SELECT version FROM schema_migrations").rows.compactMap { $0["version"] })
+        var applied: [String] = []
+        for file in files where !done.contains(file.version) {
+            try db.script("BEGIN")
+            do {
+                try db.script(file.sql)
+                try db.query("INSERT INTO schema_migrations (version) VALUES ($1)", [file.version])
+                try db.script("COMMIT")
+            } catch {
+                _ = try? db.script("ROLLBACK")
+                throw PGError("migration \(file.version) failed: \(error)")
+            }
+            log.info("migration.applied", [("version", file.version)])
+            applied.append(file.version)
+        }
+        return applied
+    }
+}

@@ -1,0 +1,161 @@
+import DispatchIO
+
+/// Server configuration from the environment, each setting also a flag (flags win).
+public struct ServerConfig: Equatable, Sendable {
+    public struct Address: Equatable, Sendable {
+        public var host: String
+        public var port: Int
+    }
+
+    public var listen: [Address] = [Address(host: "127.0.0.1", port: 8080)]
+    public var databaseURL: String?
+    public var dataDir = "./.dispatch"
+    public var heartbeatSeconds: Double = 15
+    public var bootstrapKey: String?
+    public var logLevel = "info"
+    public var logFormat = Logger.Format.logfmt
+    public var workers: Int
+    public var streamBacklogBytes = 256 * 1024
+    public var retentionDays: Double = 7
+    public var publishRatePerSecond: Double = 200
+    public var maxStreamsPerKey = 20_000
+
+    public struct Setting: Sendable {
+        public let env: String
+        public let flag: String
+        public let help: String
+    }
+
+    public static let settings: [Setting] = [
+        Setting(env: "DISPATCH_LISTEN", flag: "--listen", help: "address:port to listen on, comma-separated for several (default 127.0.0.1:8080)"),
+        Setting(env: "DATABASE_URL", flag: "--database-url", help: "PostgreSQL URL or conninfo; unset: a private cluster under the data dir"),
+        Setting(env: "DISPATCH_DATA_DIR", flag: "--data-dir", help: "where the embedded PostgreSQL lives (default ./.dispatch)"),
+        Setting(env: "DISPATCH_HEARTBEAT", flag: "--heartbeat", help: "seconds between heartbeats on an idle stream (default 15)"),
+        Setting(env: "DISPATCH_BOOTSTRAP_KEY", flag: "--bootstrap-key", help: "ensure an admin API key with exactly this secret (development, tests)"),
+        Setting(env: "DISPATCH_LOG_LEVEL", flag: "--log-level", help: "debug, info, warning or error (default info)"),
+        Setting(env: "DISPATCH_LOG_FORMAT", flag: "--log-format", help: "logfmt or json (default logfmt)"),
+        Setting(env: "DISPATCH_WORKERS", flag: "--workers", help: "server processes sharing the port (default: number of cores)"),
+        Setting(env: "DISPATCH_STREAM_BACKLOG", flag: "--stream-backlog", help: "bytes queued for one slow stream before it is cut off (default 262144)"),
+        Setting(env: "DISPATCH_RETENTION_DAYS", flag: "--retention-days", help: "days a finished activity and its history are kept (default 7)"),
+        Setting(env: "DISPATCH_PUBLISH_RATE", flag: "--publish-rate", help: "publishes per second per publish key and worker, 0 for no limit (default 200)"),
+        Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
+    ]
+
+    public init(workers: Int) { self.workers = workers }
+
+    /// Reads `environment`, then `arguments` (`--flag value` or `--flag=value`).
+    public static func parse(environment: [String: String], arguments: [String], cores: Int) throws(ConfigError) -> ServerConfig {
+        var values: [String: String] = [:]
+        for s in settings { if let v = environment[s.env] { values[s.env] = v } }
+        var i = 0
+        while i < arguments.count {
+            let arg = arguments[i]
+            let (name, inline) = arg.split(separator: "=", maxSplits: 1).count == 2 && arg.hasPrefix("--")
+                ? (String(arg.split(separator: "=", maxSplits: 1)[0]), String(arg.split(separator: "=", maxSplits: 1)[1]))
+                : (arg, nil)
+            guard let s = settings.first(where: { $0.flag == name }) else { throw ConfigError("unknown option \(arg) (see --help)") }
+            if let inline { values[s.env] = inline; i += 1; continue }
+            guard i + 1 < arguments.count else { throw ConfigError("\(name) needs a value") }
+            values[s.env] = arguments[i + 1]
+            i += 2
+        }
+        var c = ServerConfig(workers: max(1, cores))
+        if let v = values["DISPATCH_LISTEN"] { c.listen = try parseListen(v) }
+        if let v = values["DATABASE_URL"], !v.isEmpty { c.databaseURL = v }
+        if let v = values["DISPATCH_DATA_DIR"] {
+            guard !v.isEmpty else { throw ConfigError("DISPATCH_DATA_DIR must not be empty") }
+            c.dataDir = v
+        }
+        if let v = values["DISPATCH_HEARTBEAT"] {
+            guard let d = Double(v), d.isFinite, d >= 0.05, d <= 3600 else { throw ConfigError("DISPATCH_HEARTBEAT must be seconds from 0.05 to 3600, not \(v)") }
+            c.heartbeatSeconds = d
+        }
+        if let v = values["DISPATCH_BOOTSTRAP_KEY"], !v.isEmpty {
+            guard v.utf8.count >= 16, v.utf8.count <= 256, v.utf8.allSatisfy({ (0x21...0x7E).contains($0) }) else {
+                throw ConfigError("DISPATCH_BOOTSTRAP_KEY must be 16-256 printable characters without spaces")
+            }
+            c.bootstrapKey = v
+        }
+        if let v = values["DISPATCH_LOG_LEVEL"] {
+            guard ["debug", "info", "warning", "error"].contains(v.lowercased()) else { throw ConfigError("DISPATCH_LOG_LEVEL must be debug, info, warning or error") }
+            c.logLevel = v.lowercased()
+        }
+        if let v = values["DISPATCH_LOG_FORMAT"] {
+            guard let f = Logger.Format(rawValue: v.lowercased()) else { throw ConfigError("DISPATCH_LOG_FORMAT must be logfmt or json") }
+            c.logFormat = f
+        }
+        if let v = values["DISPATCH_WORKERS"] {
+            guard let n = Int(v), (1...64).contains(n) else { throw ConfigError("DISPATCH_WORKERS must be from 1 to 64, not \(v)") }
+            c.workers = n
+        }
+        if let v = values["DISPATCH_STREAM_BACKLOG"] {
+            guard let n = Int(v), (4096...(64 << 20)).contains(n) else { throw ConfigError("DISPATCH_STREAM_BACKLOG must be bytes from 4096 to 67108864") }
+            c.streamBacklogBytes = n
+        }
+        if let v = values["DISPATCH_RETENTION_DAYS"] {
+            guard let d = Double(v), d.isFinite, d > 0, d <= 36500 else { throw ConfigError("DISPATCH_RETENTION_DAYS must be a positive number of days") }
+            c.retentionDays = d
+        }
+        if let v = values["DISPATCH_PUBLISH_RATE"] {
+            guard let d = Double(v), d.isFinite, d >= 0 else { throw ConfigError("DISPATCH_PUBLISH_RATE must be a number >= 0") }
+            c.publishRatePerSecond = d
+        }
+        if let v = values["DISPATCH_MAX_STREAMS_PER_KEY"] {
+            guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_STREAMS_PER_KEY must be a positive integer") }
+            c.maxStreamsPerKey = n
+        }
+        return c
+    }
+
+    static func parseListen(_ text: String) throws(ConfigError) -> [Address] {
+        var out: [Address] = []
+        for part in text.split(separator: ",") {
+            let p = part.trimmingCharactersSpace
+            guard let colon = p.lastIndex(of: ":") else { throw ConfigError("DISPATCH_LISTEN entry \(p) must be host:port") }
+            var host = String(p[..<colon])
+            if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+            guard !host.isEmpty, let port = Int(p[p.index(after: colon)...]), (0...65535).contains(port) else {
+                throw ConfigError("DISPATCH_LISTEN entry \(p) must be host:port with a port from 0 to 65535")
+            }
+            out.append(Address(host: host, port: port))
+        }
+        guard !out.isEmpty else { throw ConfigError("DISPATCH_LISTEN is empty") }
+        return out
+    }
+
+    public static func usage() -> String {
+        var s = """
+        dispatchd: the Dispatch job-status streaming server
+
+        Usage:
+          dispatchd [options]                 serve (runs migrations first)
+          dispatchd migrate [options]         apply database migrations and exit
+          dispatchd keys create --name NAME --scope SCOPE[,SCOPE] [--machine M]
+          dispatchd keys list
+          dispatchd keys revoke NAME
+
+        Every option is also an environment variable:
+
+        """
+        for st in settings {
+            s += "  \(st.flag.padding(22)) \(st.env.padding(30)) \(st.help)\n"
+        }
+        s += "\nScopes: publish, read, device, admin. Exit codes: 0 ok, 1 runtime failure, 2 bad configuration.\n"
+        return s
+    }
+}
+
+public struct ConfigError: Error, Equatable, Sendable {
+    public let message: String
+    public init(_ message: String) { self.message = message }
+}
+
+extension StringProtocol {
+    var trimmingCharactersSpace: String {
+        String(drop { $0 == " " }.reversed().drop { $0 == " " }.reversed())
+    }
+
+    func padding(_ width: Int) -> String {
+        count >= width ? String(self) : String(self) + String(repeating: " ", count: width - count)
+    }
+}

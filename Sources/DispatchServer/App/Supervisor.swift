@@ -1,0 +1,86 @@
+import DispatchCore
+import DispatchIO
+import DispatchSystem
+import Glibc
+
+/// Starts `workers` copies of this executable sharing the port, restarts any that crash, and
+/// forwards SIGTERM/SIGINT to all of them, waiting for each to finish.
+final class Supervisor {
+    let config: ServerConfig
+    let conninfo: String
+    let log: Logger
+    let loop = EventLoop()
+    private var children: [pid_t: Int] = [:]
+    private var stopping = false
+    private var restarts: [Int: [Double]] = [:]
+    private var watchers: [Timer] = []
+
+    init(config: ServerConfig, conninfo: String, log: Logger) {
+        self.config = config
+        self.conninfo = conninfo
+        self.log = log
+    }
+
+    func run() -> Int32 {
+        signal(SIGPIPE, SIG_IGN)
+        for i in 0..<config.workers { spawn(i) }
+        watchers.append(loop.onSignal(SIGCHLD) { [unowned self] in self.reap() })
+        watchers.append(loop.onSignal(SIGTERM) { [unowned self] in self.stop(SIGTERM) })
+        watchers.append(loop.onSignal(SIGINT) { [unowned self] in self.stop(SIGTERM) })
+        log.info("supervisor.started", [("workers", config.workers)])
+        loop.run()
+        log.info("supervisor.stopped")
+        return 0
+    }
+
+    private func spawn(_ index: Int) {
+        var env = Subprocess.currentEnvironment()
+        env["DISPATCH_WORKER_INDEX"] = String(index)
+        env["DISPATCH_WORKER_CONNINFO"] = conninfo
+        guard let pid = Subprocess.start([Subprocess.executablePath()] + Array(CommandLine.arguments.dropFirst()), environment: env) else {
+            log.error("supervisor.spawn_failed", [("worker", index)])
+            return
+        }
+        children[pid] = index
+        log.info("supervisor.worker_started", [("worker", index), ("pid", pid)])
+    }
+
+    private func reap() {
+        var status: Int32 = 0
+        while true {
+            let pid = waitpid(-1, &status, WNOHANG)
+            guard pid > 0 else { break }
+            guard let index = children.removeValue(forKey: pid) else { continue }
+            let code = Subprocess.exitCode(status)
+            if stopping {
+                log.info("supervisor.worker_exited", [("worker", index), ("status", code)])
+                continue
+            }
+            log.error("supervisor.worker_crashed", [("worker", index), ("pid", pid), ("status", code)])
+            // A worker that keeps dying right away (port taken, bad config) stops the server.
+            let now = Clock.monotonic()
+            var recent = (restarts[index] ?? []).filter { now - $0 < 10 }
+            recent.append(now)
+            restarts[index] = recent
+            if recent.count > 5 || code == 2 {
+                log.error("supervisor.giving_up", [("worker", index)])
+                stop(SIGTERM)
+                continue
+            }
+            loop.timer(after: 0.2 * Double(recent.count)) { [unowned self] in if !self.stopping { self.spawn(index) } }
+        }
+        if stopping && children.isEmpty { loop.stop() }
+    }
+
+    private func stop(_ sig: Int32) {
+        if !stopping {
+            stopping = true
+            log.info("supervisor.stopping", [("workers", children.count)])
+            for pid in children.keys { kill(pid, sig) }
+            loop.timer(after: 15) { [unowned self] in
+                for pid in self.children.keys { kill(pid, SIGKILL) }
+            }
+        }
+        if children.isEmpty { loop.stop() }
+    }
+}

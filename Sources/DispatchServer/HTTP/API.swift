@@ -1,0 +1,114 @@
+import DispatchCore
+import DispatchIO
+import DispatchSystem
+
+/// The HTTP front of one worker: maps each request to its `Route` (a pure function), checks
+/// credentials, and hands it to the handler for that route (`API+*.swift`). Every answer goes
+/// through `reply` or `fail`, so every error is the contract's JSON with its one status.
+final class API {
+    let config: ServerConfig
+    let log: Logger
+    let metrics: Metrics
+    let db: Database
+    let activities: ActivityRepository
+    let publisher: Publisher
+    let streams: StreamService
+    let auth: Auth
+    /// Readiness of the worker's sessions (the LISTEN session included).
+    var isReady: () -> Bool = { false }
+    var isShuttingDown = false
+    var rng = SystemRandomNumberGenerator()
+
+    init(config: ServerConfig, log: Logger, metrics: Metrics, db: Database, publisher: Publisher, streams: StreamService, auth: Auth) {
+        self.config = config
+        self.log = log
+        self.metrics = metrics
+        self.db = db
+        activities = publisher.activities
+        self.publisher = publisher
+        self.streams = streams
+        self.auth = auth
+    }
+
+    func handle(_ req: HTTPRequest) {
+        guard let path = req.path else {
+            return fail(req, DispatchError(.invalidField, "the path is not valid UTF-8"))
+        }
+        switch Route.match(method: req.method, path: path) {
+        case .notFound:
+            fail(req, DispatchError(.notFound, "no such endpoint: \(path)"))
+        case .methodNotAllowed(let allow):
+            let names = allow.map(\.rawValue).joined(separator: ", ")
+            fail(req, DispatchError(.methodNotAllowed, "use \(names) for this endpoint"), headers: [("Allow", names)])
+        case .invalidActivityID:
+            fail(req, DispatchError(.invalidField, "activity id must be 1-128 characters of A-Z a-z 0-9 . _ : -"))
+        case .route(let route):
+            dispatch(req, route)
+        }
+    }
+
+    private func dispatch(_ req: HTTPRequest, _ route: Route) {
+        switch route {
+        case .healthz: reply(req, 200, Array(#"{"status":"ok"}"#.utf8))
+        case .readyz: readiness(req)
+        case .metrics: metricsPage(req)
+        case .startActivity: publish(req, .start)
+        case .update(let id): publish(req, .update(id))
+        case .end(let id): publish(req, .end(id))
+        case .listActivities: listActivities(req)
+        case .activity(let id): getActivity(req, id)
+        case .events(let id): history(req, id)
+        case .status(let id): statusStream(req, id)
+        case .keys where req.method == .post: createKey(req)
+        case .keys: listKeys(req)
+        case .key(let name): revokeKey(req, name: name)
+        }
+    }
+
+    // MARK: - Answers
+
+    func reply(_ req: HTTPRequest, _ status: Int, _ body: [UInt8], contentType: String = "application/json", headers: [(String, String)] = []) {
+        metrics.httpRequests[status, default: 0] += 1
+        var h = headers
+        h.append(("Content-Type", contentType))
+        req.respond(status: status, headers: h, body: body)
+    }
+
+    func fail(_ req: HTTPRequest, _ error: DispatchError, headers: [(String, String)] = []) {
+        var h = headers
+        if let s = error.retryAfterSeconds { h.append(("Retry-After", String(s))) }
+        if error.code == .unauthorized { h.append(("WWW-Authenticate", "Bearer")) }
+        reply(req, error.httpStatus, error.jsonBody(), headers: h)
+    }
+
+    /// Runs `body` with the request's key when it has `scope`; answers 401/403/503 otherwise.
+    func authenticated(_ req: HTTPRequest, _ scope: Scope, allowQuery: Bool = false, _ body: @escaping (APIKey) -> Void) {
+        auth.authenticate(Auth.secret(from: req, allowQuery: allowQuery), needs: scope) { [weak self] result in
+            switch result {
+            case .success(let key): body(key)
+            case .failure(let e): self?.fail(req, e)
+            }
+        }
+    }
+
+    /// A JSON body must say so: `application/json`, parameters (`; charset=utf-8`) allowed.
+    static func requireJSON(_ req: HTTPRequest) -> DispatchError? {
+        let value = (req.header("Content-Type") ?? "").split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false)[0]
+        let type = value.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed()
+        guard String(type).lowercased() == "application/json" else {
+            return DispatchError(.unsupportedMediaType, "send the body as Content-Type: application/json")
+        }
+        return nil
+    }
+
+    // MARK: - Health
+
+    private func readiness(_ req: HTTPRequest) {
+        let ready = isReady()
+        reply(req, ready ? 200 : 503, Array((ready ? #"{"status":"ready"}"# : #"{"status":"unavailable","reason":"database"}"#).utf8))
+    }
+
+    private func metricsPage(_ req: HTTPRequest) {
+        reply(req, 200, Array(metrics.render(process: ProcessFigures.current()).utf8), contentType: "text/plain; version=0.0.4")
+    }
+}

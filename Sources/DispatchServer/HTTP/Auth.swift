@@ -1,0 +1,120 @@
+import DispatchCore
+import DispatchIO
+import DispatchSystem
+
+/// Bearer keys: looked up by the SHA-256 of the secret and cached for a few seconds, so the hot
+/// path costs no round trip; a revocation clears every worker's cache through NOTIFY, and the
+/// revoking worker's own before it answers. Authentication only reads: `last_used_at` is
+/// written later, in batches, and a database that refuses writes does not stop reads.
+final class Auth {
+    let db: Database
+    let ttl: Double
+    let log: Logger
+    private var cache: [String: (key: APIKey?, fetched: Double)] = [:]
+    private var waiters: [String: [(Result<APIKey?, DispatchError>) -> Void]] = [:]
+    private var buckets: [Int64: TokenBucket] = [:]
+    private var used: Set<Int64> = []
+    private var touchTimer: Timer?
+    let publishRate: Double
+
+    init(db: Database, loop: EventLoop, log: Logger, ttl: Double = 10, publishRate: Double) {
+        self.db = db
+        self.ttl = ttl
+        self.log = log
+        self.publishRate = publishRate
+        touchTimer = loop.timer(after: 30, repeating: true) { [weak self] in self?.flushUsed() }
+    }
+
+    /// Bumped by every invalidation: a lookup that was in flight across one (it may have read
+    /// the key just before its revocation committed) answers its request but is not cached.
+    private var generation = 0
+
+    func invalidateAll() {
+        cache.removeAll()
+        generation += 1
+    }
+
+    static func secret(from req: HTTPRequest, allowQuery: Bool) -> String? {
+        if let h = req.header("Authorization") {
+            let parts = h.split(separator: " ", maxSplits: 1)
+            if parts.count == 2, parts[0].lowercased() == "bearer" { return String(parts[1]) }
+            return nil
+        }
+        if allowQuery { return req.query["access_token"] }
+        return nil
+    }
+
+    func authenticate(_ secret: String?, needs scope: Scope, completion: @escaping (Result<APIKey, DispatchError>) -> Void) {
+        guard let secret, !secret.isEmpty, secret.utf8.count <= 512 else {
+            completion(.failure(DispatchError(.unauthorized, "an API key is required: Authorization: Bearer <key>")))
+            return
+        }
+        let finish: (APIKey?) -> Void = { [weak self] key in
+            guard let key else {
+                return completion(.failure(DispatchError(.unauthorized, "the API key is not valid")))
+            }
+            guard key.allows(scope) else {
+                return completion(.failure(DispatchError(.forbidden, "this key lacks the \(scope.rawValue) scope")))
+            }
+            self?.used.insert(key.id)
+            completion(.success(key))
+        }
+        // Cached by secret (process memory only), so the hot path hashes nothing; the
+        // database only ever sees and stores the SHA-256.
+        if let hit = cache[secret], Clock.monotonic() - hit.fetched < ttl {
+            return finish(hit.key)
+        }
+        if waiters[secret] != nil {
+            waiters[secret]!.append { r in
+                switch r {
+                case .success(let k): finish(k)
+                case .failure(let e): completion(.failure(e))
+                }
+            }
+            return
+        }
+        waiters[secret] = []
+        let startedIn = generation
+        db.read(KeySQL.find(secretHash: SHA256.hex(Array(secret.utf8)))) { [weak self] result in
+            guard let self else { return }
+            let waiting = self.waiters.removeValue(forKey: secret) ?? []
+            switch result {
+            case .failure:
+                // A failed lookup says nothing about the key: 503, not a cached 401.
+                completion(.failure(Database.unavailable))
+                for w in waiting { w(.failure(Database.unavailable)) }
+            case .success(let r):
+                let key = r.first.flatMap(APIKey.init(row:))
+                if self.cache.count > 10_000 { self.cache.removeAll() }
+                if startedIn == self.generation { self.cache[secret] = (key, Clock.monotonic()) }
+                finish(key)
+                for w in waiting { w(.success(key)) }
+            }
+        }
+    }
+
+    /// Writes `last_used_at` for the keys used since the last flush; a failure is only logged.
+    func flushUsed() {
+        guard !used.isEmpty, db.reader.isReady else { return }
+        let ids = Array(used)
+        used.removeAll()
+        db.reader.execute([KeySQL.touch(ids: ids)]) { [log] result in
+            if case .success(let rs) = result, let e = rs[0].errorMessage {
+                log.warning("keys.last_used_failed", [("error", e.trimmingNewlines)])
+            }
+        }
+    }
+
+    /// Per-key publish rate; admin keys are not limited. Returns a refusal with Retry-After.
+    func checkRate(_ key: APIKey) -> DispatchError? {
+        guard publishRate > 0, !key.isAdmin else { return nil }
+        let now = Clock.monotonic()
+        var bucket = buckets[key.id] ?? TokenBucket(rate: publishRate, burst: max(1, publishRate * 2), now: now)
+        let wait = bucket.take(now: now)
+        buckets[key.id] = bucket
+        guard let wait else { return nil }
+        var e = DispatchError(.rateLimited, "publish rate limit of \(publishRate)/s for key \(key.name) exceeded")
+        e.retryAfterSeconds = max(1, Int(wait.rounded(.up)))
+        return e
+    }
+}

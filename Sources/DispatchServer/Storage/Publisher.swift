@@ -1,0 +1,267 @@
+import DispatchCore
+import DispatchIO
+
+/// One publish request on its way to a commit.
+final class PublishOp {
+    enum Kind {
+        case start(StartCommand)
+        case update(UpdateCommand)
+        case end(EndCommand)
+    }
+
+    enum Outcome {
+        case ok(Activity)
+        /// Committed now: the snapshot's JSON is the one already written to the database.
+        case committed(json: [UInt8], created: Bool)
+        /// A repeat of an already applied request: the stored answer, as JSON.
+        case replay(String)
+        case failed(DispatchError)
+    }
+
+    let activityID: String
+    let kind: Kind
+    let idempotencyKey: String?
+    let ownerKeyID: Int64?
+    /// Ownership and scope rules for an existing activity; nil means allowed.
+    let authorize: (StoredActivity) -> DispatchError?
+    let completion: (Outcome) -> Void
+    var attempts = 0
+    /// Times this op was sent again because another statement rolled its batch back.
+    var replays = 0
+    var planned: ActivityEvent?
+    var expectedSeq: Int64 = 0
+    var endFingerprint: String?
+
+    init(activityID: String, kind: Kind, idempotencyKey: String?, ownerKeyID: Int64?,
+         authorize: @escaping (StoredActivity) -> DispatchError?, completion: @escaping (Outcome) -> Void) {
+        self.activityID = activityID
+        self.kind = kind
+        self.idempotencyKey = idempotencyKey
+        self.ownerKeyID = ownerKeyID
+        self.authorize = authorize
+        self.completion = completion
+    }
+
+    var isStart: Bool {
+        if case .start = kind { return true }
+        return false
+    }
+}
+
+/// Publishing for one worker: plans each change against the newest known snapshot and
+/// group-commits what is ready. Publishes for one activity are serialised here; across
+/// processes a compare-and-set on `seq` keeps the history gap-free, and a miss re-reads and
+/// re-plans.
+final class Publisher {
+    static let maxBatch = 512
+
+    let db: Database
+    let activities: ActivityRepository
+    let log: Logger
+    let metrics: Metrics
+    let now: () -> Int64
+    /// Called after each commit with the event, before the publisher is answered.
+    var onCommitted: ((ActivityEvent, [UInt8]) -> Void)?
+
+    /// Live activities this worker has seen lately, kept current by its commits and by NOTIFY.
+    private var cache: [String: StoredActivity] = [:]
+    private var busy: Set<String> = []
+    private var waiting: [String: [PublishOp]] = [:]
+    private var writeQueue: [PublishOp] = []
+    private var writing = false
+
+    init(db: Database, log: Logger, metrics: Metrics, now: @escaping () -> Int64) {
+        self.db = db
+        activities = ActivityRepository(db: db)
+        self.log = log
+        self.metrics = metrics
+        self.now = now
+    }
+
+    /// The writer (re)connected: send what waited.
+    func writerReady() { flushWrites() }
+
+    // MARK: - Cache
+
+    /// Whether the cache holds `id` at an older seq than a change just heard of.
+    func isStale(_ id: String, seq: Int64) -> Bool {
+        guard let entry = cache[id] else { return false }
+        return entry.activity.seq < seq
+    }
+
+    func forget(_ id: String) { cache[id] = nil }
+
+    func observe(_ event: ActivityEvent) {
+        guard var entry = cache[event.snapshot.activityId], entry.activity.seq < event.seq else { return }
+        if event.snapshot.state.isTerminal { cache[event.snapshot.activityId] = nil; return }
+        entry.activity = event.snapshot
+        entry.lastEvent = event.name
+        cache[event.snapshot.activityId] = entry
+    }
+
+    private func remember(_ s: StoredActivity) {
+        if cache.count > 100_000 { cache.removeAll(keepingCapacity: true) }
+        cache[s.activity.activityId] = s
+    }
+
+    // MARK: - Publishing
+
+    func submit(_ op: PublishOp) {
+        if busy.contains(op.activityID) {
+            waiting[op.activityID, default: []].append(op)
+            return
+        }
+        busy.insert(op.activityID)
+        plan(op)
+    }
+
+    private func finish(_ op: PublishOp, _ outcome: PublishOp.Outcome) {
+        op.completion(outcome)
+        if var queue = waiting[op.activityID], !queue.isEmpty {
+            let next = queue.removeFirst()
+            waiting[op.activityID] = queue.isEmpty ? nil : queue
+            plan(next)
+        } else {
+            busy.remove(op.activityID)
+        }
+    }
+
+    /// Decides the change against the newest known snapshot, reading it when not cached.
+    private func plan(_ op: PublishOp) {
+        if case .start(let cmd) = op.kind, op.attempts == 0 {
+            op.planned = ActivityMachine.start(cmd, id: op.activityID, now: now())
+            op.expectedSeq = 0
+            enqueueWrite(op)
+            return
+        }
+        if op.attempts == 0, let current = cache[op.activityID] {
+            decide(op, current)
+            return
+        }
+        activities.readForPublish(op.activityID, idempotencyKey: op.idempotencyKey) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .failure(let e):
+                self.finish(op, .failed(e))
+            case .success(nil):
+                self.finish(op, .failed(DispatchError(.notFound, "no activity \(op.activityID)")))
+            case .success(let (current, replay)?):
+                if let replay { return self.finish(op, .replay(replay)) }
+                if !current.activity.state.isTerminal { self.remember(current) }
+                self.decide(op, current)
+            }
+        }
+    }
+
+    private func decide(_ op: PublishOp, _ current: StoredActivity) {
+        if let denied = op.authorize(current) { return finish(op, .failed(denied)) }
+        let t = now()
+        switch op.kind {
+        case .start(let cmd):
+            switch ActivityMachine.restart(cmd, existing: current.activity, storedFingerprint: current.startFingerprint) {
+            case .success(let a): finish(op, .ok(a))
+            case .failure(let e): finish(op, .failed(e))
+            }
+        case .update(let cmd):
+            switch ActivityMachine.update(cmd, current: current.activity, now: t) {
+            case .success(let event):
+                op.planned = event
+                op.expectedSeq = current.activity.seq
+                enqueueWrite(op)
+            case .failure(let e): finish(op, .failed(e))
+            }
+        case .end(let cmd):
+            switch ActivityMachine.end(cmd, current: current.activity, storedEndFingerprint: current.endFingerprint, now: t) {
+            case .success(.alreadyEnded(let a)): finish(op, .ok(a))
+            case .success(.ended(let event)):
+                op.planned = event
+                op.expectedSeq = current.activity.seq
+                op.endFingerprint = cmd.fingerprint
+                enqueueWrite(op)
+            case .failure(let e): finish(op, .failed(e))
+            }
+        }
+    }
+
+    private func enqueueWrite(_ op: PublishOp) {
+        writeQueue.append(op)
+        flushWrites()
+    }
+
+    private func statement(for op: PublishOp, json: [UInt8]) -> PGQuery {
+        let event = op.planned!
+        if case .start(let cmd) = op.kind {
+            return ActivityRepository.startStatement(event, json: json, ownerKeyID: op.ownerKeyID, fingerprint: cmd.fingerprint,
+                                                     idempotencyKey: op.idempotencyKey)
+        }
+        return ActivityRepository.changeStatement(event, json: json, expectedSeq: op.expectedSeq, endFingerprint: op.endFingerprint,
+                                                  idempotencyKey: op.idempotencyKey)
+    }
+
+    /// Group commit: everything queued goes in one pipeline batch, which PostgreSQL runs as one
+    /// implicit transaction committed at the batch's sync point (no BEGIN/COMMIT: an error then
+    /// rolls the whole batch back instead of leaving the session in an aborted transaction).
+    /// Each publisher is answered after that commit. One batch in flight at a time.
+    private func flushWrites() {
+        guard !writing, !writeQueue.isEmpty else { return }
+        guard db.writer.isReady else {
+            let failed = writeQueue
+            writeQueue.removeAll()
+            for op in failed { finish(op, .failed(Database.unavailable)) }
+            return
+        }
+        let ops = Array(writeQueue.prefix(Publisher.maxBatch))
+        writeQueue.removeFirst(ops.count)
+        let jsons = ops.map { $0.planned!.snapshot.json() }
+        let queries = zip(ops, jsons).map { statement(for: $0, json: $1) }
+        writing = true
+        metrics.publishBatches += 1
+        db.writer.execute(queries) { [weak self] result in
+            guard let self else { return }
+            self.writing = false
+            switch result {
+            case .failure:
+                for op in ops { self.cache[op.activityID] = nil; self.finish(op, .failed(Database.unavailable)) }
+            case .success(let rs) where rs.allSatisfy(\.ok):
+                for (i, op) in ops.enumerated() { self.settle(op, rs[i], json: jsons[i]) }
+            case .success(let rs):
+                // The batch rolled back: fail the statement that erred, replay the others
+                // (a few times at most, in case the cause is not theirs to fix).
+                for (op, r) in zip(ops, rs) {
+                    op.replays += 1
+                    if let message = r.errorMessage, r.sqlState != nil || op.replays > 3 {
+                        self.log.error("publish.failed", [("activity", op.activityID), ("error", message.trimmingNewlines)])
+                        self.finish(op, .failed(DispatchError(.internalError, "the change could not be stored")))
+                    } else {
+                        self.writeQueue.append(op)
+                    }
+                }
+            }
+            self.flushWrites()
+        }
+    }
+
+    private func settle(_ op: PublishOp, _ r: PGResult, json: [UInt8]) {
+        guard r.rows.count == 1, let event = op.planned else {
+            // Someone else changed it first (or this request was already applied): re-read, re-plan.
+            cache[op.activityID] = nil
+            op.attempts += 1
+            metrics.casRetries += 1
+            guard op.attempts <= 20 else {
+                return finish(op, .failed(DispatchError(.conflict, "too many concurrent changes to \(op.activityID); retry")))
+            }
+            return plan(op)
+        }
+        metrics.eventsPublished += 1
+        if case .start(let cmd) = op.kind {
+            if !event.snapshot.state.isTerminal {
+                remember(StoredActivity(activity: event.snapshot, lastEvent: event.name, ownerKeyID: op.ownerKeyID,
+                                        startFingerprint: cmd.fingerprint, endFingerprint: nil))
+            }
+        } else {
+            observe(event)
+        }
+        onCommitted?(event, json)
+        finish(op, .committed(json: json, created: op.isStart))
+    }
+}

@@ -1,0 +1,386 @@
+import DispatchCore
+import DispatchIO
+import DispatchSystem
+
+/// One client's status stream.
+final class StreamSession {
+    let id: Int
+    let activityID: String
+    let keyID: Int64
+    let http: HTTPStream
+    let opened: Double
+    var lastWrite: Double
+    var outbox: StreamOutbox<StreamPayload>
+    /// A replay's next history page, read once the outbox has drained (paced replay).
+    var deferredRead: (() -> Void)?
+
+    init(id: Int, activityID: String, keyID: Int64, http: HTTPStream, now: Double, outbox: StreamOutbox<StreamPayload>) {
+        self.id = id
+        self.activityID = activityID
+        self.keyID = keyID
+        self.http = http
+        opened = now
+        lastWrite = now
+        self.outbox = outbox
+    }
+}
+
+/// The IO shell around `Hub`: opens and serves status streams, performs the hub's reads and
+/// writes, paces replays by what each socket takes, heartbeats idle streams from one timer,
+/// and tears each stream down once.
+final class StreamService: HTTPStreamDelegate {
+    struct Settings {
+        var heartbeatSeconds: Double
+        var maxBacklog: Int
+        var writeTimeout: Double
+        /// Events per history page; pages are also bounded in bytes by the outbox.
+        var historyPage: Int64 = 1000
+    }
+
+    let loop: EventLoop
+    let activities: ActivityRepository
+    let publisher: Publisher
+    let metrics: Metrics
+    let log: Logger
+    let settings: Settings
+    private var hub = Hub<Int, WireEvent>()
+    private var sessions: [Int: StreamSession] = [:]
+    private var streamsPerKey: [Int64: Int] = [:]
+    private var terminalCache: [String: WireEvent] = [:]
+    private var nextID = 1
+    private var heartbeatTimer: Timer?
+    static let retryMilliseconds = 3000
+
+    init(loop: EventLoop, activities: ActivityRepository, publisher: Publisher, metrics: Metrics, log: Logger, settings: Settings) {
+        self.loop = loop
+        self.activities = activities
+        self.publisher = publisher
+        self.metrics = metrics
+        self.log = log
+        self.settings = settings
+        let tick = min(1, settings.heartbeatSeconds / 4)
+        heartbeatTimer = loop.timer(after: tick, repeating: true) { [weak self] in self?.heartbeat(tick: tick) }
+    }
+
+    var openStreams: Int { sessions.count }
+    func streams(forKey key: Int64) -> Int { streamsPerKey[key] ?? 0 }
+
+    static let headers: [(String, String)] = [
+        ("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"),
+    ]
+
+    private func makeOutbox() -> StreamOutbox<StreamPayload> {
+        let low = min(16 * 1024, settings.maxBacklog / 4)
+        return StreamOutbox(maxBacklog: settings.maxBacklog, lowWater: low, pageBudget: min(16 * 1024, settings.maxBacklog / 2))
+    }
+
+    // MARK: - Opening
+
+    func open(_ req: HTTPRequest, activityID: String, lastEventID: Int64?, keyID: Int64) {
+        let http = HTTPStream(loop: loop)
+        http.attach(req)
+        let session = StreamSession(id: nextID, activityID: activityID, keyID: keyID, http: http, now: Clock.monotonic(),
+                                    outbox: makeOutbox())
+        nextID += 1
+        sessions[session.id] = session
+        streamsPerKey[keyID, default: 0] += 1
+        metrics.streamsActive = sessions.count
+        http.tag = session.id
+        http.drainMark = session.outbox.lowWater
+        http.delegate = self
+
+        if let final = terminalCache[activityID] {
+            // A finished activity never changes: answer from memory.
+            serveFinished(session.id, final: final, after: lastEventID)
+            return
+        }
+        perform(hub.subscribe(session.id, topic: activityID, lastEventID: lastEventID))
+        beginIfLive(session.id)
+    }
+
+    /// A client whose Last-Event-ID is already the newest event goes live with nothing to
+    /// send: start its response now, so it gets headers and heartbeats while it waits.
+    private func beginIfLive(_ id: Int) {
+        guard let session = sessions[id], !session.http.started, hub.isLive(id) else { return }
+        begin(session)
+    }
+
+    private func beginLiveSubscribers(of topic: String) {
+        for id in hub.subscribers(of: topic) { beginIfLive(id) }
+    }
+
+    /// A finished activity from the terminal cache: its final event, or the history after
+    /// `after` page by page as the socket takes it.
+    private func serveFinished(_ id: Int, final: WireEvent, after: Int64?) {
+        guard let after else {
+            send(id, [final])
+            finishWhenDrained(id)
+            return
+        }
+        if after >= final.seq { return close(id, reason: .noContent) }
+        readPage(id, after: after) { [weak self] events in
+            guard let self else { return }
+            self.send(id, events)
+            if let last = events.last?.seq, last < final.seq {
+                self.serveFinished(id, final: final, after: last)
+            } else {
+                self.finishWhenDrained(id)
+            }
+        }
+    }
+
+    /// Reads one page of a stream's replay once its outbox has room for it.
+    private func readPage(_ id: Int, after: Int64, _ loaded: @escaping ([WireEvent]) -> Void) {
+        guard let session = sessions[id] else { return }
+        let read = { [weak self] in
+            guard let self, let session = self.sessions[id] else { return }
+            self.activities.history(session.activityID, after: after, limit: self.settings.historyPage,
+                                    maxBytes: session.outbox.pageBudget) { [weak self] result in
+                guard let self, self.sessions[id] != nil else { return }
+                switch result {
+                case .failure: self.close(id, reason: .database)
+                case .success(let events): loaded(events.map(WireEvent.init(stored:)))
+                }
+            }
+        }
+        if session.outbox.wantsMore(socketBacklog: session.http.backlog) {
+            read()
+        } else {
+            session.deferredRead = read
+        }
+    }
+
+    // MARK: - Inputs from the database
+
+    /// A committed event: from this worker's own publish, or NOTIFY from any worker.
+    func committed(activityID: String, seq: Int64, name: String, json: String) {
+        // A new start for an id (reused after its old activity was pruned) outdates the cache.
+        if seq == 1 { terminalCache[activityID] = nil }
+        let terminal = WireEvent.terminalName(name)
+        guard terminal || hub.wants(topic: activityID, seq: seq) else { return }
+        let event = WireEvent(seq: seq, name: name, terminal: terminal, json: json)
+        if event.isTerminal { rememberTerminal(activityID, event) }
+        perform(hub.published(topic: activityID, event))
+    }
+
+    /// NOTIFY payload: `id \n seq \n event \n json` (json empty when it did not fit).
+    func notified(_ payload: String) {
+        let parts = payload.split(separator: "\n", maxSplits: 3, omittingEmptySubsequences: false)
+        guard parts.count == 4, let seq = Int64(parts[1]) else {
+            log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
+            return
+        }
+        let id = String(parts[0]), name = String(parts[2])
+        if seq == 1 { terminalCache[id] = nil }
+        let terminal = WireEvent.terminalName(name)
+        let observe = publisher.isStale(id, seq: seq)
+        // Most NOTIFYs concern nothing held here (or echo this worker's own commit): skip them cheaply.
+        guard observe || terminal || hub.wants(topic: id, seq: seq) else { return }
+        let json = String(parts[3])
+        if !json.isEmpty {
+            if observe, let value = try? JSONParser.parse(json), let a = Activity.decode(value) {
+                publisher.observe(ActivityEvent(name: name, snapshot: a))
+            }
+            committed(activityID: id, seq: seq, name: name, json: json)
+            return
+        }
+        if observe { publisher.forget(id) }
+        guard hub.wants(topic: id, seq: seq) else { return }
+        activities.history(id, after: seq - 1, limit: 1) { [weak self] result in
+            guard let self, case .success(let events) = result, let e = events.first else { return }
+            self.committed(activityID: id, seq: e.seq, name: e.name, json: e.data)
+        }
+    }
+
+    /// The LISTEN session came back: re-read every topic's history from where it was.
+    func listenRestored() {
+        perform(hub.listenRestored())
+    }
+
+    private func rememberTerminal(_ id: String, _ e: WireEvent) {
+        if terminalCache.count >= 50_000 { terminalCache.removeAll(keepingCapacity: true) }
+        terminalCache[id] = e
+    }
+
+    // MARK: - Performing the hub's decisions
+
+    private func perform(_ actions: [Hub<Int, WireEvent>.Action]) {
+        for action in actions {
+            switch action {
+            case .readSnapshot(let topic, let generation):
+                activities.read(topic) { [weak self] result in
+                    guard let self else { return }
+                    switch result {
+                    case .failure:
+                        self.perform(self.hub.readFailed(topic: topic, generation: generation))
+                    case .success(nil):
+                        self.perform(self.hub.snapshotLoaded(topic: topic, generation: generation, nil))
+                        self.beginLiveSubscribers(of: topic)
+                    case .success(let s?):
+                        let e = WireEvent(seq: s.activity.seq, name: s.lastEvent, terminal: s.activity.state.isTerminal,
+                                          json: String(decoding: s.activity.json(), as: UTF8.self))
+                        if e.isTerminal { self.rememberTerminal(topic, e) }
+                        self.perform(self.hub.snapshotLoaded(topic: topic, generation: generation, e))
+                        self.beginLiveSubscribers(of: topic)
+                    }
+                }
+            case .readTopicHistory(let topic, let generation, let after):
+                metrics.resyncs += 1
+                resync(topic, generation: generation, after: after, attempt: 0)
+            case .readHistory(let s, _, let after):
+                readPage(s, after: after) { [weak self] events in
+                    guard let self else { return }
+                    self.perform(self.hub.historyLoaded(subscriber: s, events))
+                }
+            case .send(let s, let events):
+                send(s, events)
+            case .finish(let s):
+                finishWhenDrained(s)
+            case .noContent(let s):
+                close(s, reason: .noContent)
+            case .notFound(let s):
+                guard let session = sessions[s] else { continue }
+                var w = JSONWriter()
+                w.beginObject(); w.field("activityId", session.activityID); w.endObject()
+                offer(s, StreamPayload(SSE.encode(id: nil, event: "not_found", data: w.string)), delivered: 0)
+                close(s, reason: .notFound)
+            case .drop(let s, let why):
+                close(s, reason: why.closeReason)
+            }
+        }
+    }
+
+    /// Reads a topic's missed history. While the database is coming back, retry with backoff
+    /// rather than dropping its streams: they keep their heartbeats and lose nothing.
+    private func resync(_ topic: String, generation: UInt64, after: Int64, attempt: Int) {
+        activities.history(topic, after: after, limit: settings.historyPage) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .failure:
+                guard attempt < 60, self.hub.isCurrent(topic: topic, generation: generation) else {
+                    self.perform(self.hub.readFailed(topic: topic, generation: generation))
+                    return
+                }
+                self.loop.timer(after: min(2, 0.1 * Double(attempt + 1))) { [weak self] in
+                    self?.resync(topic, generation: generation, after: after, attempt: attempt + 1)
+                }
+            case .success(let events):
+                self.perform(self.hub.topicHistoryLoaded(topic: topic, generation: generation, events.map(WireEvent.init(stored:))))
+                self.beginLiveSubscribers(of: topic)
+            }
+        }
+    }
+
+    // MARK: - Writing
+
+    private func begin(_ session: StreamSession) {
+        guard !session.http.started else { return }
+        session.http.begin(headers: StreamService.headers, writeTimeout: settings.writeTimeout)
+        _ = session.http.write(StreamPayload(SSE.retry(milliseconds: StreamService.retryMilliseconds)), maxBacklog: settings.maxBacklog)
+    }
+
+    /// One live event goes straight to the socket when nothing waits (counted against the
+    /// slow-client cap); several (a replay page) queue and are written as the socket drains.
+    private func send(_ id: Int, _ events: [WireEvent]) {
+        guard let session = sessions[id] else { return }
+        if events.count == 1 { return offer(id, events[0].payload, delivered: 1) }
+        begin(session)
+        session.outbox.enqueue(events.map { ($0.payload, $0.payload.size) })
+        metrics.eventsDelivered += events.count
+        pump(id)
+    }
+
+    /// Offers one payload (a live event, a heartbeat, `not_found`) to a stream.
+    private func offer(_ id: Int, _ payload: StreamPayload, delivered: Int) {
+        guard let session = sessions[id] else { return }
+        begin(session)
+        switch session.outbox.offer(payload, size: payload.size, socketBacklog: session.http.backlog, live: true) {
+        case .writeNow(let p):
+            switch session.http.write(p, maxBacklog: settings.maxBacklog) {
+            case .written, .queued:
+                session.lastWrite = Clock.monotonic()
+                metrics.eventsDelivered += delivered
+            case .backlogExceeded:
+                close(id, reason: .slowClient)
+            case .failed:
+                close(id, reason: .writeFailed)
+            }
+        case .queued:
+            metrics.eventsDelivered += delivered
+        case .overCap:
+            close(id, reason: .slowClient)
+        }
+    }
+
+    /// Writes queued payloads while the connection stays under the low-water mark, then reads
+    /// the replay's next page if one waits, or ends a finished stream.
+    private func pump(_ id: Int) {
+        guard let session = sessions[id] else { return }
+        while let payload = session.outbox.next(socketBacklog: session.http.backlog) {
+            switch session.http.write(payload, maxBacklog: Int.max) {
+            case .written, .queued:
+                session.lastWrite = Clock.monotonic()
+            case .backlogExceeded, .failed:
+                return close(id, reason: .writeFailed)
+            }
+        }
+        if session.outbox.isFinished { return close(id, reason: .terminal) }
+        if let read = session.deferredRead, session.outbox.wantsMore(socketBacklog: session.http.backlog) {
+            session.deferredRead = nil
+            read()
+        }
+    }
+
+    private func finishWhenDrained(_ id: Int) {
+        guard let session = sessions[id] else { return }
+        if session.outbox.finishWhenDrained() { close(id, reason: .terminal) }
+    }
+
+    private func heartbeat(tick: Double) {
+        let now = Clock.monotonic()
+        let due = settings.heartbeatSeconds - tick
+        var ids: [Int] = []
+        for (id, s) in sessions where s.http.started && now - s.lastWrite >= due { ids.append(id) }
+        let beat = StreamPayload(SSE.heartbeat)
+        for id in ids { offer(id, beat, delivered: 0) }
+    }
+
+    func streamPeerClosed(_ tag: Int) { close(tag, reason: .clientClosed) }
+    func streamDrained(_ tag: Int) { pump(tag) }
+
+    // MARK: - The one teardown path
+
+    /// Removes a stream from memory and ends its connection; safe to call more than once.
+    func close(_ id: Int, reason: StreamCloseReason) {
+        guard let session = sessions.removeValue(forKey: id) else { return }
+        hub.unsubscribe(id)
+        session.deferredRead = nil
+        let remaining = (streamsPerKey[session.keyID] ?? 1) - 1
+        streamsPerKey[session.keyID] = remaining > 0 ? remaining : nil
+        metrics.streamsActive = sessions.count
+        metrics.streamCloses[reason, default: 0] += 1
+        let http = session.http
+        http.delegate = nil
+        switch reason {
+        case .clientClosed:
+            break
+        case .terminal where !http.started, .noContent:
+            // Nothing was ever sent (the client already had the final event).
+            http.respond(status: 204, body: [])
+        case .terminal, .notFound:
+            http.end()
+        case .database where !http.started:
+            http.respond(status: 503, headers: [("Content-Type", "application/json")], body: Database.unavailable.jsonBody())
+        case .shutdown where http.started:
+            http.end()
+        case .slowClient, .writeFailed, .shutdown, .database, .revoked:
+            http.abort()
+        }
+    }
+
+    /// Ends every stream (server shutdown); clients reconnect with Last-Event-ID elsewhere.
+    func shutdown() {
+        heartbeatTimer?.cancel()
+        for id in Array(sessions.keys) { close(id, reason: .shutdown) }
+    }
+}

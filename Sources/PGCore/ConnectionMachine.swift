@@ -1,0 +1,143 @@
+/// A PostgreSQL connection's life, as a pure state machine (postgres-nio's shape): every input
+/// is a `mutating func` returning the actions the libpq shell performs, in order. The state is
+/// committed before any action runs, so a completion that calls back in sees the new state.
+///
+/// The connection reconnects by itself with capped exponential backoff; queries sent while it
+/// is not ready fail (on a later loop turn: the shell never calls a completion from inside
+/// `execute`).
+public struct PGConnectionMachine<Completion> {
+    public enum State: Equatable, Sendable {
+        /// Not started yet.
+        case idle
+        case connecting
+        case ready
+        /// Waiting to reconnect after a failure.
+        case backingOff
+        /// Closed by its owner; nothing more happens.
+        case closed
+    }
+
+    public enum Action {
+        /// Start a connection attempt (`PQconnectStartParams` and polling).
+        case connect
+        /// Enter pipeline mode, watch the socket, and tell the owner (`onReady`).
+        case becomeReady
+        /// Put these commands on the wire, then flush.
+        case send([PipelineQueue<Completion>.Command])
+        /// Complete a batch with its results.
+        case complete(Completion, [PGResult], elapsed: Double)
+        /// Fail these queries' completions (on a later loop turn when they come from `execute`).
+        case fail([Completion], PGError)
+        /// Free the socket's events and `PQfinish` the connection.
+        case closeConnection
+        /// Tell the owner the connection was lost (`onLost`): LISTENs are gone, NOTIFYs missed.
+        case reportLost(String)
+        /// Call `reconnectDue()` after this many seconds.
+        case scheduleReconnect(after: Double, reason: String)
+    }
+
+    public private(set) var state: State = .idle
+    public private(set) var queue = PipelineQueue<Completion>()
+    private var backoff: Backoff
+
+    public init(backoff: Backoff = Backoff(initial: 0.1, maximum: 5)) {
+        self.backoff = backoff
+    }
+
+    public var isReady: Bool { state == .ready }
+
+    public mutating func start() -> [Action] {
+        guard state == .idle || state == .closed else { return [] }
+        state = .connecting
+        return [.connect]
+    }
+
+    public mutating func connected() -> [Action] {
+        guard state == .connecting else { return [.closeConnection] }
+        state = .ready
+        backoff.reset()
+        return [.becomeReady]
+    }
+
+    public mutating func connectFailed(_ reason: String) -> [Action] {
+        guard state == .connecting else { return [] }
+        state = .backingOff
+        return [.closeConnection, .scheduleReconnect(after: backoff.next(), reason: reason)]
+    }
+
+    public mutating func reconnectDue() -> [Action] {
+        guard state == .backingOff else { return [] }
+        state = .connecting
+        return [.connect]
+    }
+
+    public mutating func execute(_ queries: [PGQuery], completion: Completion, now: Double) -> [Action] {
+        guard state == .ready else {
+            return [.fail([completion], PGError("the database connection is not ready"))]
+        }
+        return [.send(queue.enqueue(queries, completion: completion, now: now))]
+    }
+
+    public mutating func received(_ input: PipelineQueue<Completion>.Input, now: Double) -> [Action] {
+        guard state == .ready else { return [] }
+        var actions: [Action] = []
+        for action in queue.receive(input, now: now) {
+            switch action {
+            case .complete(let c, let results, let elapsed):
+                actions.append(.complete(c, results, elapsed: elapsed))
+            case .protocolViolation(let why):
+                return actions + lost("protocol violation: \(why)")
+            }
+        }
+        return actions
+    }
+
+    /// The socket failed: a read, a write, a flush or a send.
+    public mutating func connectionLost(_ reason: String) -> [Action] {
+        switch state {
+        case .ready: return lost(reason)
+        case .connecting: return connectFailed(reason)
+        case .idle, .backingOff, .closed: return []
+        }
+    }
+
+    public mutating func close() -> [Action] {
+        let wasOpen = state == .ready || state == .connecting
+        state = .closed
+        let failed = queue.fail()
+        var actions: [Action] = wasOpen ? [.closeConnection] : []
+        if !failed.isEmpty { actions.append(.fail(failed, PGError("the database connection was closed"))) }
+        return actions
+    }
+
+    private mutating func lost(_ reason: String) -> [Action] {
+        state = .backingOff
+        let failed = queue.fail()
+        var actions: [Action] = [.closeConnection]
+        if !failed.isEmpty { actions.append(.fail(failed, PGError(reason))) }
+        actions.append(.reportLost(reason))
+        actions.append(.scheduleReconnect(after: backoff.next(), reason: reason))
+        return actions
+    }
+}
+
+/// Exponential backoff with a cap; `reset` after a success.
+public struct Backoff: Sendable, Equatable {
+    public let initial: Double
+    public let maximum: Double
+    public private(set) var current: Double
+
+    public init(initial: Double, maximum: Double) {
+        self.initial = initial
+        self.maximum = maximum
+        current = initial
+    }
+
+    public mutating func next() -> Double {
+        let d = current
+        current = min(current * 2, maximum)
+        return d
+    }
+
+    public mutating func reset() { current = initial }
+}

@@ -1,0 +1,148 @@
+/// The bookkeeping of libpq's pipeline mode, with no libpq in it.
+///
+/// A batch is a list of statements followed by a sync point; PostgreSQL runs it as one implicit
+/// transaction. Batches may overlap in flight and complete in order. For every statement the
+/// server sends one result and libpq then reports the end of that query (`PQgetResult` returns
+/// NULL); an error makes each later statement of the batch report "aborted"; the sync point
+/// reports `PGRES_PIPELINE_SYNC`. The shell turns each `PQgetResult` into an `Input` and
+/// performs the `Action`s this returns; tests feed synthetic inputs.
+///
+/// A finished batch leaves nothing behind: its results are handed over with its completion
+/// and dropped here at once.
+public struct PipelineQueue<Completion> {
+    /// What to put on the wire, in order.
+    public enum Command: Equatable, Sendable {
+        case prepare(name: String, sql: String, parameterCount: Int)
+        case executePrepared(name: String, params: [String?])
+        case execute(sql: String, params: [String?])
+        case sync
+    }
+
+    /// One thing `PQgetResult` returned.
+    public enum Input: Sendable {
+        /// A statement's (or a Parse's) result.
+        case result(PGResult)
+        /// NULL: the current query has no more results.
+        case endOfQuery
+        /// `PGRES_PIPELINE_SYNC`.
+        case sync
+    }
+
+    public enum Action {
+        /// The batch reached its sync point: one result per statement, in order.
+        case complete(Completion, [PGResult], elapsed: Double)
+        /// The server answered something the pipeline did not expect: close the connection.
+        case protocolViolation(String)
+    }
+
+    enum Expected: Equatable {
+        case prepare(name: String)
+        case statement(batch: UInt64, index: Int)
+        case sync(batch: UInt64)
+    }
+
+    struct Batch {
+        let completion: Completion
+        var results: [PGResult]
+        let started: Double
+    }
+
+    /// Whether the current expected item already got its result (waits for the end of query).
+    private var resultSeen = false
+    private var expected: [Expected] = []
+    private var head = 0
+    private var batches: [UInt64: Batch] = [:]
+    private var nextBatch: UInt64 = 1
+    /// Statements this connection has prepared (or has a Parse in flight for).
+    public private(set) var prepared: Set<String> = []
+
+    public init() {}
+
+    public var inFlightBatches: Int { batches.count }
+    /// Whether results are owed: the shell reads with `PQgetResult` only then.
+    public var awaitingResults: Bool { head < expected.count }
+
+    /// Plans a batch: the commands to send, preparing named statements the first time.
+    public mutating func enqueue(_ queries: [PGQuery], completion: Completion, now: Double) -> [Command] {
+        let id = nextBatch
+        nextBatch += 1
+        var commands: [Command] = []
+        commands.reserveCapacity(queries.count + 1)
+        for (i, q) in queries.enumerated() {
+            if let name = q.name {
+                if !prepared.contains(name) {
+                    prepared.insert(name)
+                    commands.append(.prepare(name: name, sql: q.sql, parameterCount: q.params.count))
+                    expected.append(.prepare(name: name))
+                }
+                commands.append(.executePrepared(name: name, params: q.params))
+            } else {
+                commands.append(.execute(sql: q.sql, params: q.params))
+            }
+            expected.append(.statement(batch: id, index: i))
+        }
+        commands.append(.sync)
+        expected.append(.sync(batch: id))
+        batches[id] = Batch(completion: completion, results: Array(repeating: .aborted, count: queries.count), started: now)
+        return commands
+    }
+
+    public mutating func receive(_ input: Input, now: Double) -> [Action] {
+        guard head < expected.count else {
+            return [.protocolViolation("a result arrived with nothing in flight")]
+        }
+        switch (expected[head], input) {
+        case (.prepare(let name), .result(let r)):
+            guard !resultSeen else { return [.protocolViolation("a second result for one Parse")] }
+            resultSeen = true
+            // A Parse refused, or skipped after an earlier error, prepared nothing.
+            if !r.ok { prepared.remove(name) }
+            return []
+        case (.statement(let batch, let index), .result(let r)):
+            guard !resultSeen else { return [.protocolViolation("a second result for one statement")] }
+            resultSeen = true
+            batches[batch]?.results[index] = r
+            return []
+        case (.prepare, .endOfQuery), (.statement, .endOfQuery):
+            advance()
+            return []
+        case (.sync(let id), .sync):
+            advance()
+            guard let batch = batches.removeValue(forKey: id) else { return [] }
+            return [.complete(batch.completion, batch.results, elapsed: now - batch.started)]
+        case (.sync, .endOfQuery):
+            // libpq may report a stray end of query before the sync; nothing to account for.
+            return []
+        case (.sync, .result):
+            return [.protocolViolation("a result arrived where the sync point was expected")]
+        case (.prepare, .sync), (.statement, .sync):
+            return [.protocolViolation("the sync point arrived before every statement answered")]
+        }
+    }
+
+    /// The connection is gone: every batch in flight fails, in order; nothing stays prepared.
+    public mutating func fail() -> [Completion] {
+        var failed: [Completion] = []
+        for item in expected[head...] {
+            if case .sync(let id) = item, let batch = batches.removeValue(forKey: id) { failed.append(batch.completion) }
+        }
+        expected.removeAll()
+        head = 0
+        resultSeen = false
+        prepared.removeAll()
+        batches.removeAll()
+        return failed
+    }
+
+    private mutating func advance() {
+        head += 1
+        resultSeen = false
+        if head == expected.count {
+            expected.removeAll(keepingCapacity: true)
+            head = 0
+        } else if head >= 256 && head * 2 >= expected.count {
+            expected.removeFirst(head)
+            head = 0
+        }
+    }
+}

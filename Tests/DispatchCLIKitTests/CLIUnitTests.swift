@@ -1,0 +1,436 @@
+import XCTest
+import DispatchCore
+import DispatchCLIKit
+
+/// The CLI's pure pieces, without a process or a socket.
+final class CLIArgumentTests: XCTestCase {
+    private func parse(_ args: [String], env: [String: String] = [:]) throws -> CLIInvocation {
+        try CLIArguments.parse(args, environment: { env[$0] })
+    }
+
+    private func command(_ args: [String], env: [String: String] = [:]) throws -> (CLIGlobalOptions, CLICommand) {
+        guard case .command(let g, let c) = try parse(args, env: env) else {
+            XCTFail("not a command: \(args)")
+            throw CLIUsageError("not a command")
+        }
+        return (g, c)
+    }
+
+    private func usageError(_ args: [String], env: [String: String] = [:], file: StaticString = #filePath, line: UInt = #line) -> CLIUsageError? {
+        do {
+            let result = try parse(args, env: env)
+            XCTFail("expected a usage error for \(args), got \(result)", file: file, line: line)
+            return nil
+        } catch let e as CLIUsageError {
+            return e
+        } catch {
+            XCTFail("unexpected error \(error)", file: file, line: line)
+            return nil
+        }
+    }
+
+    func testStartWithEveryFlag() throws {
+        let (g, c) = try command(["start", "--name", "Debian 13 Trixie ISO", "--symbol", "arrow.down.circle.fill",
+                                  "--machine", "shodan", "--id", "TEST-1", "--cancel-url", "https://x.example/c",
+                                  "--status", "Queued", "--state", "processing", "--percent", "68"])
+        XCTAssertEqual(g.endpoint, CLIEndpoint(host: "127.0.0.1", port: 8080))
+        XCTAssertNil(g.token)
+        XCTAssertFalse(g.json)
+        XCTAssertEqual(g.retryFor, 30)
+        XCTAssertEqual(c, .start(CLIStartOptions(activityID: "TEST-1", name: "Debian 13 Trixie ISO", symbol: "arrow.down.circle.fill",
+                                                 machine: "shodan", cancelURL: "https://x.example/c", status: "Queued",
+                                                 state: "processing", progress: 0.68)))
+    }
+
+    func testGlobalFlagsBeforeOrAfterTheCommandAndEqualsForm() throws {
+        let (a, _) = try command(["--url", "http://h:1", "--json", "progress", "--id=x", "--token=t", "--retry-for", "2.5"])
+        XCTAssertEqual(a.endpoint, CLIEndpoint(host: "h", port: 1))
+        XCTAssertEqual(a.token, "t")
+        XCTAssertTrue(a.json)
+        XCTAssertEqual(a.retryFor, 2.5)
+    }
+
+    func testEnvironmentGivesDefaultsAndFlagsWin() throws {
+        let env = ["DISPATCH_URL": "http://10.0.0.1:9000/base/", "DISPATCH_TOKEN": "envkey", "DISPATCH_MACHINE": "xerxes"]
+        let (g, c) = try command(["start", "--name", "n"], env: env)
+        XCTAssertEqual(g.endpoint, CLIEndpoint(host: "10.0.0.1", port: 9000, basePath: "/base"))
+        XCTAssertEqual(g.token, "envkey")
+        guard case .start(let s) = c else { return XCTFail() }
+        XCTAssertEqual(s.machine, "xerxes")
+        let (g2, c2) = try command(["start", "--name", "n", "--token", "flag", "--machine", "m", "--url", "http://a"], env: env)
+        XCTAssertEqual(g2.token, "flag")
+        XCTAssertEqual(g2.endpoint, CLIEndpoint(host: "a", port: 80))
+        guard case .start(let s2) = c2 else { return XCTFail() }
+        XCTAssertEqual(s2.machine, "m")
+        let (g3, _) = try command(["progress", "--id", "x"], env: ["DISPATCH_TOKEN": ""])
+        XCTAssertNil(g3.token, "an empty token is no token")
+    }
+
+    func testProgressAndEndOptions() throws {
+        XCTAssertEqual(try command(["progress", "--id", "a", "--progress", "0.5", "--status", "s", "--state", "retrying"]).1,
+                       .progress(CLIUpdateOptions(activityID: "a", progress: 0.5, status: "s", state: "retrying")))
+        XCTAssertEqual(try command(["end", "--id", "a", "--state", "error", "--error", "disk full", "--percent", "100"]).1,
+                       .end(CLIEndOptions(activityID: "a", state: "error", status: nil, error: "disk full", progress: 1)))
+        XCTAssertEqual(try command(["end", "--id", "a"]).1, .end(CLIEndOptions(activityID: "a")))
+        XCTAssertEqual(try command(["watch", "--id", "a", "--plain"]).1, .watch(CLIWatchOptions(activityID: "a", plain: true)))
+    }
+
+    func testRunSplitsItsOwnFlagsFromTheCommand() throws {
+        let (_, c) = try command(["run", "--name", "nightly backup", "--progress-regex", "([0-9]+)%", "--", "./backup.sh", "--verbose", "--", "x"])
+        guard case .run(let r) = c else { return XCTFail() }
+        XCTAssertEqual(r.command, ["./backup.sh", "--verbose", "--", "x"])
+        XCTAssertEqual(r.start.name, "nightly backup")
+        XCTAssertEqual(r.start.state, "processing")
+        XCTAssertEqual(r.progressRegex, "([0-9]+)%")
+        // Without `--`, the first bare word starts the command and the rest is its own.
+        let (_, c2) = try command(["run", "--json", "sleep", "--help", "1"])
+        guard case .run(let r2) = c2 else { return XCTFail() }
+        XCTAssertEqual(r2.command, ["sleep", "--help", "1"])
+        XCTAssertEqual(r2.start.name, "sleep --help 1")
+    }
+
+    func testDefaultRunNameIsBounded() {
+        XCTAssertEqual(CLIArguments.defaultRunName(["a", "b\nc"]), "a b c")
+        XCTAssertEqual(CLIArguments.defaultRunName([String(repeating: "x", count: 500)]).count, 200)
+    }
+
+    func testUsageErrors() {
+        XCTAssertEqual(usageError(["start"])?.message, "--name is required")
+        XCTAssertEqual(usageError(["start"])?.command, "start")
+        XCTAssertNotNil(usageError(["progress", "--percent", "5"]))          // no --id
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--percent", "101"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--percent", "-1"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--percent", "nan"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--percent", "0x10"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--progress", "1.5"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--percent", "5", "--progress", "0.05"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--state", "completed"]))
+        XCTAssertNotNil(usageError(["end", "--id", "a", "--state", "processing"]))
+        XCTAssertNotNil(usageError(["start", "--name", "n", "--state", "retrying"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--error", "x"]))  // not a progress flag
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--id", "b"]))
+        XCTAssertNotNil(usageError(["progress", "--id"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "extra"]))
+        XCTAssertNotNil(usageError(["frobnicate"]))
+        XCTAssertNotNil(usageError(["--id", "a", "progress"]))
+        XCTAssertNotNil(usageError(["run", "--name", "x"]))                  // no command
+        XCTAssertNotNil(usageError(["run", "--progress-regex", "([0-9]+", "--", "true"]))
+        XCTAssertNotNil(usageError(["run", "--progress-regex", "[0-9]+", "--", "true"]))  // no capture group
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--url", "https://secure.example"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--retry-for", "-3"]))
+        XCTAssertNotNil(usageError(["watch", "--id", "a", "--plain=yes"]))
+        XCTAssertNotNil(usageError(["progress", "-x"]))
+    }
+
+    func testHelpAndVersion() throws {
+        XCTAssertEqual(try parse([]), .help(nil))
+        XCTAssertEqual(try parse(["--help"]), .help(nil))
+        XCTAssertEqual(try parse(["-h"]), .help(nil))
+        XCTAssertEqual(try parse(["help", "watch"]), .help("watch"))
+        XCTAssertEqual(try parse(["run", "--help"]), .help("run"))
+        XCTAssertEqual(try parse(["progress", "--id", "x", "-h"]), .help("progress"))
+        XCTAssertEqual(try parse(["--version"]), .version)
+    }
+
+    /// Every flag a command accepts is documented in that command's help.
+    func testEveryFlagIsDocumented() {
+        for (command, flags) in CLIArguments.commandFlags {
+            let help = CLIHelp.text(for: command)
+            for flag in flags.keys {
+                XCTAssertTrue(help.contains("--\(flag)"), "--\(flag) missing from `dispatch \(command) --help`")
+            }
+            for flag in CLIArguments.globalFlags.keys {
+                XCTAssertTrue(help.contains("--\(flag)"), "--\(flag) missing from `dispatch \(command) --help`")
+            }
+        }
+        for code in CLIExitCode.allCases {
+            XCTAssertTrue(CLIHelp.overview.contains("  \(code.rawValue)  "), "exit code \(code) not documented")
+        }
+    }
+}
+
+final class CLIEndpointAndHTTPTests: XCTestCase {
+    func testEndpointParsing() throws {
+        XCTAssertEqual(try CLIEndpoint.parse("http://127.0.0.1:8080"), CLIEndpoint(host: "127.0.0.1", port: 8080))
+        XCTAssertEqual(try CLIEndpoint.parse("HTTP://Example.org/"), CLIEndpoint(host: "Example.org", port: 80))
+        XCTAssertEqual(try CLIEndpoint.parse("http://[::1]:9/x/y"), CLIEndpoint(host: "::1", port: 9, basePath: "/x/y"))
+        XCTAssertEqual(try CLIEndpoint.parse("http://[::1]:9").hostHeader, "[::1]:9")
+        for bad in ["https://a", "ftp://a", "a:80", "http://", "http://a:0", "http://a:70000", "http://a:x",
+                    "http://u:p@a", "http://a/?q", "http://[::1"] {
+            XCTAssertThrowsError(try CLIEndpoint.parse(bad), bad)
+        }
+    }
+
+    func testRequestEncodingAndHeaderInjection() {
+        let bytes = CLIHTTP.encodeRequest(method: "POST", path: "/v1/activities/start",
+                                          endpoint: CLIEndpoint(host: "h", port: 81, basePath: "/p"),
+                                          headers: [("Authorization", "Bearer a\r\nX-Evil: 1")], body: Array("{}".utf8))
+        XCTAssertEqual(String(decoding: bytes, as: UTF8.self),
+                       "POST /p/v1/activities/start HTTP/1.1\r\nHost: h:81\r\nAuthorization: Bearer aX-Evil: 1\r\n"
+                       + "Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        XCTAssertEqual(CLIHTTP.encodeSegment("TEST-1.a_b:c~"), "TEST-1.a_b:c~")
+        XCTAssertEqual(CLIHTTP.encodeSegment("a/b c?é"), "a%2Fb%20c%3F%C3%A9")
+    }
+
+    /// Feeds `text` to a parser in pieces of `step` bytes and returns the head and body.
+    private func parse(_ text: String, step: Int, closeAtEnd: Bool = false) throws -> (CLIHTTPResponseHead?, String, Bool) {
+        var p = CLIHTTPResponseParser()
+        var head: CLIHTTPResponseHead?
+        var body: [UInt8] = []
+        var ended = false
+        let bytes = Array(text.utf8)
+        var i = 0
+        func take(_ events: [CLIHTTPResponseEvent]) {
+            for e in events {
+                switch e {
+                case .head(let h): head = h
+                case .body(let b): body += b
+                case .end: ended = true
+                }
+            }
+        }
+        while i < bytes.count {
+            take(try p.feed(bytes[i..<min(i + step, bytes.count)]))
+            i += step
+        }
+        if closeAtEnd { take(try p.finish()) }
+        return (head, String(decoding: body, as: UTF8.self), ended)
+    }
+
+    func testResponseParserFramings() throws {
+        let fixed = "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"a\":\"bcd\"}"
+        let chunked = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\n"
+        for step in [1, 2, 7, 1000] {
+            let (h1, b1, e1) = try parse(fixed, step: step)
+            XCTAssertEqual(h1?.status, 201)
+            XCTAssertEqual(h1?.header("CONTENT-TYPE"), "application/json")
+            XCTAssertEqual(b1, "{\"a\":\"bcd\"}")
+            XCTAssertTrue(e1)
+            let (h2, b2, e2) = try parse(chunked, step: step)
+            XCTAssertEqual(h2?.status, 200)
+            XCTAssertEqual(b2, "hello world")
+            XCTAssertTrue(e2)
+        }
+        let (h3, b3, e3) = try parse("HTTP/1.0 200 OK\r\n\r\nuntil close", step: 3, closeAtEnd: true)
+        XCTAssertEqual(h3?.status, 200)
+        XCTAssertEqual(b3, "until close")
+        XCTAssertTrue(e3)
+        let (h4, b4, e4) = try parse("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", step: 5)
+        XCTAssertEqual(h4?.status, 204)
+        XCTAssertEqual(b4, "")
+        XCTAssertTrue(e4)
+    }
+
+    func testResponseParserErrors() {
+        var p = CLIHTTPResponseParser()
+        XCTAssertThrowsError(try p.feed(Array("SSH-2.0-OpenSSH\r\n\r\n".utf8))) { XCTAssertFalse(($0 as! CLIHTTPParseError).truncated) }
+        var q = CLIHTTPResponseParser()
+        XCTAssertNoThrow(try q.feed(Array("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc".utf8)))
+        XCTAssertThrowsError(try q.finish()) { XCTAssertTrue(($0 as! CLIHTTPParseError).truncated) }
+        var r = CLIHTTPResponseParser()
+        XCTAssertThrowsError(try r.feed(Array("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n".utf8)))
+        var s = CLIHTTPResponseParser()
+        XCTAssertThrowsError(try s.feed(Array("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n".utf8)))
+    }
+
+    func testStatusToExitCode() {
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 200), .success)
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 201), .success)
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 400), .fail(.rejected))
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 413), .fail(.rejected))
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 415), .fail(.rejected))
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 401), .fail(.auth))
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 403), .fail(.auth))
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 404), .fail(.notFound))
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 409), .fail(.conflict))
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 429), .retry)
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 500), .retry)
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 503), .retry)
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 302), .fail(.unavailable))
+        XCTAssertEqual([0, 1, 2, 3, 4, 5, 6, 7], CLIExitCode.allCases.map(\.rawValue))
+    }
+
+    func testServerErrorDescription() {
+        let body = Array(#"{"error":{"code":"not_found","message":"no activity \u001b[2Jx"}}"#.utf8)
+        XCTAssertEqual(CLIServerError.parse(body), CLIServerError(code: "not_found", message: "no activity \u{1B}[2Jx"))
+        XCTAssertEqual(CLIServerError.describe(status: 404, body: body), "no activity  [2Jx (not_found, HTTP 404)")
+        XCTAssertEqual(CLIServerError.describe(status: 502, body: Array("<html>".utf8)), "bad gateway (HTTP 502)")
+    }
+}
+
+final class CLIPublishTests: XCTestCase {
+    func testRequestBodiesCarryOnlyGivenFields() {
+        XCTAssertEqual(String(decoding: CLIRequestBody.start(CLIStartOptions(name: "n \"q\"")), as: UTF8.self), #"{"taskName":"n \"q\""}"#)
+        XCTAssertEqual(String(decoding: CLIRequestBody.start(CLIStartOptions(activityID: "i", name: "n", symbol: "s", machine: "m",
+                                                                             cancelURL: "http://c", status: "st", state: "queued", progress: 0.68)), as: UTF8.self),
+                       #"{"activityId":"i","taskName":"n","systemImage":"s","machine":"m","cancelURL":"http://c","initialProgress":0.68,"status":"st","state":"queued"}"#)
+        XCTAssertEqual(String(decoding: CLIRequestBody.update(CLIUpdateOptions(activityID: "a")), as: UTF8.self), "{}")
+        XCTAssertEqual(String(decoding: CLIRequestBody.update(CLIUpdateOptions(activityID: "a", progress: 1, status: "s", state: "retrying")), as: UTF8.self),
+                       #"{"progress":1,"status":"s","state":"retrying"}"#)
+        XCTAssertEqual(String(decoding: CLIRequestBody.end(CLIEndOptions(activityID: "a", state: "error", status: "x", error: "disk full", progress: 0.5)), as: UTF8.self),
+                       #"{"progress":0.5,"status":"x","state":"error","error":"disk full"}"#)
+    }
+
+    func testPercentConversion() {
+        XCTAssertEqual(CLIProgress.fraction(fromPercent: 68), 0.68)
+        XCTAssertEqual(CLIProgress.fraction(fromPercent: 0), 0)
+        XCTAssertEqual(CLIProgress.fraction(fromPercent: 100), 1)
+        XCTAssertNil(CLIProgress.fraction(fromPercent: 100.01))
+        XCTAssertNil(CLIProgress.fraction(fromPercent: .nan))
+        XCTAssertEqual(JSONWriter.formatNumber(CLIProgress.fraction(fromPercent: 29)!), "0.29")
+    }
+
+    func testRetryPolicyBacksOffWithinTheBudget() {
+        let p = CLIRetryPolicy(budget: 3)
+        XCTAssertEqual(p.delay(failures: 1, elapsed: 0), 0.1)
+        XCTAssertEqual(p.delay(failures: 2, elapsed: 0.1), 0.2)
+        XCTAssertEqual(p.delay(failures: 3, elapsed: 0.3), 0.4)
+        XCTAssertEqual(p.delay(failures: 10, elapsed: 0.5), 2.0)     // capped
+        XCTAssertEqual(p.delay(failures: 10, elapsed: 2.5), 0.5)     // last try at the deadline
+        XCTAssertNil(p.delay(failures: 11, elapsed: 3.0))
+        XCTAssertNil(CLIRetryPolicy(budget: 0).delay(failures: 1, elapsed: 0))
+        XCTAssertEqual(p.delay(failures: 1, elapsed: 0, retryAfter: 1), 1)
+        XCTAssertEqual(CLIRetryPolicy(budget: 100).delay(failures: 1, elapsed: 0, retryAfter: 3600), 10)  // bounded
+        XCTAssertEqual(CLIRetryPolicy.parseRetryAfter(" 5 "), 5)
+        XCTAssertNil(CLIRetryPolicy.parseRetryAfter("Wed, 21 Oct 2015 07:28:00 GMT"))
+    }
+
+    func testIdempotencyKeyFormat() {
+        XCTAssertEqual(CLIIdempotencyKey.make(0, 0x0123456789abcdef), "00000000000000000123456789abcdef")
+        XCTAssertEqual(CLIIdempotencyKey.make(.max, 1).count, 32)
+    }
+}
+
+final class CLIRenderingTests: XCTestCase {
+    let snapshot = #"{"activityId":"TEST-RTORRENT-01","taskName":"Debian 13 Trixie ISO","systemImage":"arrow.down.circle.fill","machine":"shodan","cancelURL":null,"state":"processing","progress":0.68,"status":"Downloading at 18.4 MB/s (68%)","attempt":1,"seq":5,"cancelRequested":false,"createdAt":"2026-11-29T22:53:26.123Z","updatedAt":"2026-11-29T22:55:01.004Z","endedAt":null}"#
+
+    func testSnapshotView() throws {
+        let v = try XCTUnwrap(CLIActivityView(jsonText: snapshot))
+        XCTAssertEqual(v.activityID, "TEST-RTORRENT-01")
+        XCTAssertEqual(v.progress, 0.68)
+        XCTAssertEqual(v.seq, 5)
+        XCTAssertFalse(v.isTerminal)
+        XCTAssertEqual(v.createdAt ?? 0, 1_795_992_806.123, accuracy: 0.0001)
+        XCTAssertEqual(v.elapsed(now: 1_795_992_806.123 + 62) ?? 0, 62, accuracy: 0.001)
+        XCTAssertNil(CLIActivityView(jsonText: "{}"))
+        XCTAssertNil(CLIActivityView(jsonText: "not json"))
+    }
+
+    func testTimestamps() {
+        XCTAssertEqual(CLIProgress.parseTimestamp("1970-01-01T00:00:00Z"), 0)
+        XCTAssertEqual(CLIProgress.parseTimestamp("2000-03-01T00:00:00.5Z"), 951_868_800.5)
+        XCTAssertEqual(CLIProgress.parseTimestamp("2026-11-29T23:53:26+01:00"), CLIProgress.parseTimestamp("2026-11-29T22:53:26Z"))
+        XCTAssertNil(CLIProgress.parseTimestamp("2026-11-29 nope"))
+        XCTAssertNil(CLIProgress.parseTimestamp("2026-13-29T22:53:26Z"))
+        XCTAssertNil(CLIProgress.parseTimestamp("2026-11-29T22:53:26"))
+    }
+
+    func testPercentBarAndDuration() {
+        XCTAssertEqual(CLIProgress.percentText(0.68), "68%")
+        XCTAssertEqual(CLIProgress.percentText(0.29), "29%")
+        XCTAssertEqual(CLIProgress.percentText(0.685), "68.5%")
+        XCTAssertEqual(CLIProgress.percentText(nil), "-")
+        XCTAssertEqual(CLIProgress.bar(0.5, cells: 10), "[█████░░░░░]")
+        XCTAssertEqual(CLIProgress.bar(1, cells: 4), "[████]")
+        XCTAssertEqual(CLIProgress.bar(nil, cells: 3), "[···]")
+        XCTAssertEqual(CLIProgress.duration(42.9), "42s")
+        XCTAssertEqual(CLIProgress.duration(185), "3m05s")
+        XCTAssertEqual(CLIProgress.duration(3720), "1h02m")
+        XCTAssertEqual(CLIProgress.duration(-5), "0s")
+    }
+
+    func testPlainLine() throws {
+        var v = try XCTUnwrap(CLIActivityView(jsonText: snapshot))
+        XCTAssertEqual(CLIProgress.plainLine(event: "processing", view: v),
+                       "#5 processing 68% [shodan] Downloading at 18.4 MB/s (68%)")
+        v.state = "error"; v.error = "disk\nfull"; v.machine = nil; v.status = nil; v.progress = nil
+        XCTAssertEqual(CLIProgress.plainLine(event: "error", view: v), "#5 error - — error: disk full")
+        XCTAssertEqual(CLIProgress.plainLine(event: "not_found", view: CLIActivityView(activityID: "x")), "not_found x")
+    }
+
+    func testLiveLineFitsTheWidthAndKeepsTheBar() throws {
+        let v = try XCTUnwrap(CLIActivityView(jsonText: snapshot))
+        let now = v.createdAt! + 62
+        let wide = CLIProgress.liveLine(view: v, width: 120, now: now, frame: 0)
+        XCTAssertEqual(wide, "⠋ Debian 13 Trixie ISO [█████████████░░░░░░░] 68%  Downloading at 18.4 MB/s (68%) · shodan · 1m02s")
+        for width in [20, 40, 60, 79, 80, 100] {
+            let line = CLIProgress.liveLine(view: v, width: width, now: now, frame: 3)
+            XCTAssertLessThanOrEqual(line.count, width, "width \(width): \(line)")
+            if width >= 40 { XCTAssertTrue(line.contains("68%"), "width \(width): \(line)") }
+        }
+        var done = v
+        done.state = "completed"
+        XCTAssertTrue(CLIProgress.liveLine(view: done, width: 100, now: now, frame: 0).hasPrefix("✔ "))
+    }
+
+    func testProgressExtractor() throws {
+        let x = try CLIProgressExtractor(pattern: "([0-9]+(?:[.,][0-9]+)?)%")
+        XCTAssertEqual(x.progress(in: "Downloading 68% done"), 0.68)
+        XCTAssertEqual(x.progress(in: "10% ... 20,5%"), 0.205)
+        XCTAssertNil(x.progress(in: "no numbers"))
+        XCTAssertNil(x.progress(in: "150%"))
+        let custom = try CLIProgressExtractor(pattern: #"progress=(\d+)"#)
+        XCTAssertEqual(custom.progress(in: "step progress=7 of 100"), 0.07)
+        XCTAssertThrowsError(try CLIProgressExtractor(pattern: "(a)(b)"))
+        XCTAssertThrowsError(try CLIProgressExtractor(pattern: "("))
+    }
+
+    func testLineSplitter() {
+        var s = CLILineSplitter(maxLineBytes: 8)
+        XCTAssertEqual(s.feed(Array("a\r\nb\rc".utf8)), ["a", "b"])
+        XCTAssertEqual(s.feed(Array("d\n\n".utf8)), ["cd"])
+        XCTAssertEqual(s.feed(Array("0123456789".utf8)), ["01234567"])
+        XCTAssertEqual(s.finish(), "89")
+        XCTAssertNil(s.finish())
+    }
+}
+
+final class CLIWatchStateTests: XCTestCase {
+    private func event(_ seq: Int, _ name: String, state: String? = nil) -> SSEEvent {
+        SSEEvent(id: String(seq), event: name, data: #"{"activityId":"A","state":"\#(state ?? name)","seq":\#(seq)}"#)
+    }
+
+    func testStreamThroughCompletion() {
+        var w = CLIWatchState(activityID: "A")
+        XCTAssertNil(w.lastEventID)
+        XCTAssertEqual(w.answered(status: 200), .readStream)
+        XCTAssertEqual(w.received(event(1, "queued")).count, 1)
+        XCTAssertEqual(w.lastEventID, "1")
+        XCTAssertEqual(w.received(event(2, "processing")).count, 1)
+        let last = w.received(event(3, "completed"))
+        XCTAssertEqual(last.last, .finish(.success))
+    }
+
+    func testReconnectDropsWhatWasAlreadyShown() {
+        var w = CLIWatchState(activityID: "A")
+        _ = w.received(event(1, "queued"))
+        _ = w.received(event(2, "processing"))
+        w.retryAdvised(milliseconds: 1500)
+        XCTAssertEqual(w.streamEnded(), .reconnect(afterMilliseconds: 1500))
+        XCTAssertEqual(w.received(event(2, "processing")), [])  // a server that repeats itself
+        XCTAssertEqual(w.received(event(3, "processing")).count, 1)
+        XCTAssertEqual(w.lastEventID, "3")
+    }
+
+    func testEndStatesAndErrors() {
+        var w = CLIWatchState(activityID: "A")
+        XCTAssertEqual(w.received(event(4, "error")).last, .finish(.jobFailed))
+        var c = CLIWatchState(activityID: "A")
+        XCTAssertEqual(c.received(event(4, "cancelled")).last, .finish(.jobFailed))
+        var n = CLIWatchState(activityID: "A")
+        XCTAssertEqual(n.received(SSEEvent(id: nil, event: "not_found", data: #"{"activityId":"A"}"#)).last, .finish(.notFound))
+        var h = CLIWatchState(activityID: "A")
+        XCTAssertEqual(h.answered(status: 204), .fetchSnapshot)
+        XCTAssertEqual(h.answered(status: 401), .finish(.auth))
+        XCTAssertEqual(h.answered(status: 404), .finish(.notFound))
+        XCTAssertEqual(h.answered(status: 503), .retryConnect)
+        // After a 204 the final snapshot decides; an event already shown is not shown again.
+        var s = CLIWatchState(activityID: "A")
+        _ = s.received(event(3, "processing"))
+        let done = CLIActivityView(activityID: "A", state: "completed", seq: 4)
+        XCTAssertEqual(s.snapshotFetched(done), [.display(event: "completed", view: done), .finish(.success)])
+        var t = CLIWatchState(activityID: "A")
+        _ = t.received(event(4, "processing"))
+        XCTAssertEqual(t.snapshotFetched(CLIActivityView(activityID: "A", state: "error", seq: 4)), [.finish(.jobFailed)])
+    }
+}

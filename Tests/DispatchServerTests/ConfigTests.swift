@@ -1,0 +1,124 @@
+import XCTest
+@testable import DispatchServer
+
+/// Server configuration from the environment and flags.
+final class ConfigTests: XCTestCase {
+    typealias Address = ServerConfig.Address
+
+    func parse(_ env: [String: String] = [:], _ args: [String] = [], cores: Int = 4) -> Result<ServerConfig, ConfigError> {
+        do throws(ConfigError) {
+            return .success(try ServerConfig.parse(environment: env, arguments: args, cores: cores))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    func config(_ env: [String: String] = [:], _ args: [String] = [], cores: Int = 4,
+                file: StaticString = #filePath, line: UInt = #line) -> ServerConfig? {
+        switch parse(env, args, cores: cores) {
+        case .success(let c): return c
+        case .failure(let e): XCTFail("refused: \(e.message)", file: file, line: line); return nil
+        }
+    }
+
+    func testDefaults() {
+        guard let c = config(["HOME": "/root", "PATH": "/bin"]) else { return }
+        XCTAssertEqual(c.listen, [Address(host: "127.0.0.1", port: 8080)])
+        XCTAssertNil(c.databaseURL)
+        XCTAssertEqual(c.dataDir, "./.dispatch")
+        XCTAssertEqual(c.heartbeatSeconds, 15)
+        XCTAssertNil(c.bootstrapKey)
+        XCTAssertEqual(c.logLevel, "info")
+        XCTAssertEqual(c.workers, 4)
+        XCTAssertEqual(c.streamBacklogBytes, 256 * 1024)
+        XCTAssertEqual(c.retentionDays, 7)
+        XCTAssertEqual(c.publishRatePerSecond, 200)
+        XCTAssertEqual(c.maxStreamsPerKey, 20_000)
+        XCTAssertEqual(config(cores: 0)?.workers, 1, "at least one worker")
+        XCTAssertEqual(config(cores: 2)?.workers, 2)
+    }
+
+    /// Each setting by environment, by `--flag value` and by `--flag=value`.
+    func testEverySetting() {
+        let key = "0123456789abcdef-key"
+        let table: [(String, String, String, (ServerConfig) -> Bool)] = [
+            ("DISPATCH_LISTEN", "--listen", "0.0.0.0:9000", { $0.listen == [Address(host: "0.0.0.0", port: 9000)] }),
+            ("DATABASE_URL", "--database-url", "postgres://u@h/db?sslmode=require", { $0.databaseURL == "postgres://u@h/db?sslmode=require" }),
+            ("DISPATCH_DATA_DIR", "--data-dir", "/var/lib/dispatch", { $0.dataDir == "/var/lib/dispatch" }),
+            ("DISPATCH_HEARTBEAT", "--heartbeat", "0.5", { $0.heartbeatSeconds == 0.5 }),
+            ("DISPATCH_BOOTSTRAP_KEY", "--bootstrap-key", key, { $0.bootstrapKey == key }),
+            ("DISPATCH_LOG_LEVEL", "--log-level", "DEBUG", { $0.logLevel == "debug" }),
+            ("DISPATCH_LOG_FORMAT", "--log-format", "JSON", { $0.logFormat == .json }),
+            ("DISPATCH_WORKERS", "--workers", "3", { $0.workers == 3 }),
+            ("DISPATCH_STREAM_BACKLOG", "--stream-backlog", "4096", { $0.streamBacklogBytes == 4096 }),
+            ("DISPATCH_RETENTION_DAYS", "--retention-days", "0.5", { $0.retentionDays == 0.5 }),
+            ("DISPATCH_PUBLISH_RATE", "--publish-rate", "0", { $0.publishRatePerSecond == 0 }),
+            ("DISPATCH_MAX_STREAMS_PER_KEY", "--max-streams-per-key", "5", { $0.maxStreamsPerKey == 5 }),
+        ]
+        XCTAssertEqual(table.count, ServerConfig.settings.count)
+        for (env, flag, value, check) in table {
+            XCTAssertTrue(ServerConfig.settings.contains { $0.env == env && $0.flag == flag }, env)
+            for c in [config([env: value]), config([:], [flag, value]), config([:], ["\(flag)=\(value)"])] {
+                XCTAssertTrue(c.map(check) ?? false, "\(env)=\(value)")
+            }
+        }
+    }
+
+    func testFlagsWinOverEnvironment() {
+        let env = ["DISPATCH_WORKERS": "2", "DISPATCH_HEARTBEAT": "30", "DISPATCH_LOG_LEVEL": "error"]
+        guard let c = config(env, ["--workers", "5", "--heartbeat=1"]) else { return }
+        XCTAssertEqual(c.workers, 5)
+        XCTAssertEqual(c.heartbeatSeconds, 1)
+        XCTAssertEqual(c.logLevel, "error", "environment applies where no flag is given")
+        XCTAssertEqual(config([:], ["--workers", "2", "--workers", "7"])?.workers, 7, "the last flag wins")
+        XCTAssertNil(config(["DATABASE_URL": ""])?.databaseURL, "empty means unset")
+    }
+
+    func testListen() {
+        let table: [(String, [Address]?)] = [
+            ("127.0.0.1:8080", [Address(host: "127.0.0.1", port: 8080)]),
+            ("[::1]:8080", [Address(host: "::1", port: 8080)]),
+            ("[::]:0", [Address(host: "::", port: 0)]),
+            ("localhost:65535", [Address(host: "localhost", port: 65535)]),
+            ("127.0.0.1:8080,[::1]:8081", [Address(host: "127.0.0.1", port: 8080), Address(host: "::1", port: 8081)]),
+            (" 0.0.0.0:80 , [fe80::1]:443 ", [Address(host: "0.0.0.0", port: 80), Address(host: "fe80::1", port: 443)]),
+            ("127.0.0.1:8080,", [Address(host: "127.0.0.1", port: 8080)]),
+            ("", nil), (",", nil), ("8080", nil), (":8080", nil), ("[]:8080", nil), ("host:", nil), ("host:http", nil),
+            ("host:65536", nil), ("host:-1", nil), ("[::1]", nil), ("[::1]:", nil), ("a:1,b", nil),
+        ]
+        for (value, want) in table {
+            switch parse(["DISPATCH_LISTEN": value]) {
+            case .success(let c): XCTAssertEqual(c.listen, want, value)
+            case .failure(let e):
+                XCTAssertNil(want, "\(value): \(e.message)")
+                XCTAssertTrue(e.message.contains("DISPATCH_LISTEN"), e.message)
+            }
+        }
+    }
+
+    func testBadValues() {
+        let table: [([String: String], [String])] = [
+            (["DISPATCH_HEARTBEAT": "0"], []), (["DISPATCH_HEARTBEAT": "abc"], []), (["DISPATCH_HEARTBEAT": "nan"], []),
+            (["DISPATCH_HEARTBEAT": "inf"], []), (["DISPATCH_HEARTBEAT": "3601"], []),
+            (["DISPATCH_WORKERS": "0"], []), (["DISPATCH_WORKERS": "65"], []), (["DISPATCH_WORKERS": "two"], []),
+            (["DISPATCH_STREAM_BACKLOG": "4095"], []), (["DISPATCH_STREAM_BACKLOG": "67108865"], []),
+            (["DISPATCH_RETENTION_DAYS": "0"], []), (["DISPATCH_RETENTION_DAYS": "-1"], []),
+            (["DISPATCH_PUBLISH_RATE": "-1"], []), (["DISPATCH_PUBLISH_RATE": "inf"], []),
+            (["DISPATCH_MAX_STREAMS_PER_KEY": "0"], []), (["DISPATCH_LOG_LEVEL": "verbose"], []), (["DISPATCH_LOG_FORMAT": "xml"], []),
+            (["DISPATCH_BOOTSTRAP_KEY": "short"], []), (["DISPATCH_BOOTSTRAP_KEY": "has a space in it ok"], []),
+            (["DISPATCH_DATA_DIR": ""], []),
+            ([:], ["--bogus"]), ([:], ["--workers"]), ([:], ["serve"]), ([:], ["--workers", "0"]),
+            ([:], ["-workers", "2"]), ([:], ["--heartbeat=abc"]),
+        ]
+        for (env, args) in table {
+            if case .success = parse(env, args) { XCTFail("accepted \(env) \(args)") }
+        }
+    }
+
+    func testUsageListsEverySetting() {
+        let usage = ServerConfig.usage()
+        for s in ServerConfig.settings {
+            XCTAssertTrue(usage.contains(s.flag) && usage.contains(s.env), s.env)
+        }
+    }
+}

@@ -1,0 +1,62 @@
+import DispatchSystem
+import DispatchCore
+import DispatchIO
+import DispatchTestSupport
+import Glibc
+import XCTest
+
+extension TestServer {
+    /// Starts an activity and returns its id.
+    @discardableResult
+    func startActivity(_ id: String, state: String = "processing", extra: String = "") throws -> HTTPClient.Response {
+        let r = try client.post("/v1/activities/start", #"{"activityId":"\#(id)","taskName":"Job \#(id)","state":"\#(state)"\#(extra)}"#)
+        XCTAssertEqual(r.status, 201, r.text)
+        return r
+    }
+
+    @discardableResult
+    func update(_ id: String, _ json: String = #"{"progress":0.5}"#) throws -> HTTPClient.Response {
+        try client.post("/v1/activities/\(id)/update", json)
+    }
+
+    @discardableResult
+    func end(_ id: String, _ json: String = "{}") throws -> HTTPClient.Response {
+        try client.post("/v1/activities/\(id)/end", json)
+    }
+
+    func stream(_ id: String, lastEventID: Int64? = nil, smallBuffer: Bool = false) throws -> SSEClient {
+        try SSEClient(port: port, path: "/v1/activities/\(id)/status", token: adminKey, lastEventID: lastEventID, smallBuffer: smallBuffer)
+    }
+
+    /// A figure from /metrics, summed over its samples whose labels contain `labels`.
+    func metric(_ name: String, labels: String = "") throws -> Double {
+        let text = try HTTPClient(port: port).get("/metrics").text
+        var sum = 0.0
+        for line in text.split(separator: "\n") where line.hasPrefix(name + "{") && (labels.isEmpty || line.contains(labels)) {
+            if let v = line.split(separator: " ").last.flatMap({ Double($0) }) { sum += v }
+        }
+        return sum
+    }
+
+    func seq(_ id: String) throws -> Int64? {
+        if case .number(let n)? = try client.get("/v1/activities/\(id)").json?["seq"] { return Int64(n) }
+        return nil
+    }
+}
+
+func waitUntil(_ timeout: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
+    let deadline = Clock.monotonic() + timeout
+    while Clock.monotonic() < deadline {
+        if try condition() { return true }
+        usleep(50_000)
+    }
+    return try condition()
+}
+
+/// Ids a client saw must be consecutive after its first one.
+func assertConsecutive(_ ids: [Int64], from first: Int64? = nil, through last: Int64? = nil, file: StaticString = #filePath, line: UInt = #line) {
+    guard let start = ids.first else { XCTFail("no events", file: file, line: line); return }
+    if let first { XCTAssertEqual(start, first, "first id", file: file, line: line) }
+    XCTAssertEqual(ids, Array(start..<(start + Int64(ids.count))), "ids not consecutive: \(ids)", file: file, line: line)
+    if let last { XCTAssertEqual(ids.last, last, "last id", file: file, line: line) }
+}
