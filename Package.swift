@@ -13,6 +13,7 @@ let package = Package(
     targets: [
         .systemLibrary(name: "CLibevent", path: "Sources/CLibevent"),
         .systemLibrary(name: "CLibpq", path: "Sources/CLibpq", pkgConfig: "libpq"),
+        .systemLibrary(name: "CCrypto", path: "Sources/CCrypto", pkgConfig: "libcrypto"),
         .target(name: "DispatchCore", linkerSettings: [.linkedLibrary("m")]),
         .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "DispatchCore"]),
         .target(name: "DispatchServer", dependencies: ["DispatchCore", "DispatchIO", "CLibevent", "CLibpq"]),
