@@ -16,6 +16,7 @@ let package = Package(
         .systemLibrary(name: "CCrypto", path: "Sources/CCrypto", pkgConfig: "libcrypto"),
         .target(name: "DispatchCore", linkerSettings: [.linkedLibrary("m")]),
         .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "DispatchCore"]),
+        .target(name: "DispatchCrypto", dependencies: ["CCrypto"]),
         .target(name: "DispatchServer", dependencies: ["DispatchCore", "DispatchIO", "CLibevent", "CLibpq"]),
         .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
         // Not named `dispatch`: its entry point would become `dispatch_main`, libdispatch's name.
@@ -23,6 +24,7 @@ let package = Package(
         .executableTarget(name: "dispatch-bench", dependencies: ["DispatchCore", "DispatchIO", "CLibevent"]),
         .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore"]),
         .testTarget(name: "DispatchCoreTests", dependencies: ["DispatchCore"]),
+        .testTarget(name: "DispatchCryptoTests", dependencies: ["DispatchCrypto"]),
         .testTarget(name: "DispatchServerTests",
                     dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "dispatchd"]),
         .testTarget(name: "BenchSmokeTests",
