@@ -8,9 +8,10 @@ import PackageDescription
 //     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue
 //     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
 //     DispatchBenchKit  the load generator's parsers and histograms
-//   C, as system libraries only: CLibevent, CLibpq
+//   C, as system libraries only: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto)
 //   Shells (thin layers that perform what the pure parts decide):
 //     DispatchSystem    clocks, files, processes (plain libc)
+//     DispatchCrypto    SHA-256, HMAC, AES-GCM, ES256, random bytes (libcrypto)
 //     DispatchIO        libevent loop, evhttp server and streams, async libpq driver, logging
 //     DispatchServer    dispatchd: routes' handlers, repositories (SQL), streams, auth, metrics
 //   Executables: dispatchd, dispatch (the CLI), dispatch-bench
@@ -31,11 +32,13 @@ let package = Package(
         // C.
         .systemLibrary(name: "CLibevent", path: "Sources/CLibevent"),
         .systemLibrary(name: "CLibpq", path: "Sources/CLibpq", pkgConfig: "libpq"),
+        .systemLibrary(name: "CCrypto", path: "Sources/CCrypto", pkgConfig: "libcrypto"),
 
         // Shells.
         .target(name: "DispatchSystem"),
+        .target(name: "DispatchCrypto", dependencies: ["CCrypto"]),
         .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "PGCore", "DispatchCore", "DispatchSystem"]),
-        .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem"]),
+        .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem", "DispatchCrypto"]),
 
         // Executables.
         .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
@@ -50,9 +53,10 @@ let package = Package(
         .testTarget(name: "PGCoreTests", dependencies: ["PGCore"]),
         .testTarget(name: "DispatchCLIKitTests", dependencies: ["DispatchCLIKit", "DispatchCore"]),
         .testTarget(name: "DispatchBenchKitTests", dependencies: ["DispatchBenchKit"]),
+        .testTarget(name: "DispatchCryptoTests", dependencies: ["DispatchCrypto"]),
         .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore"]),
         .testTarget(name: "ServerIntegrationTests",
-                    dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "dispatchd"]),
+                    dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "dispatchd"]),
         .testTarget(name: "CLIIntegrationTests",
                     dependencies: ["DispatchTestSupport", "DispatchCLIKit", "DispatchCore", "DispatchSystem", "dispatchd", "DispatchCLI"]),
         .testTarget(name: "BenchSmokeTests",

@@ -1,5 +1,6 @@
 import DispatchSystem
 import DispatchCore
+import DispatchCrypto
 import DispatchIO
 import DispatchServer
 import DispatchTestSupport

@@ -61,7 +61,7 @@ DEFAULT_REASONS = {
 }
 
 
-def cache_long_huffman_strings(decode=hpack.hpack.decode_huffman, cache={}):
+def cache_long_huffman_strings():
     """Make hpack remember what it decoded for long Huffman strings.
 
     nghttp2 (libcurl, curl) never adds `authorization` to the HPACK table, so
@@ -69,6 +69,8 @@ def cache_long_huffman_strings(decode=hpack.hpack.decode_huffman, cache={}):
     pure-Python decoder spends more time on it than everything else a request
     costs.  The JWT is the same for many requests: a cache makes it a lookup.
     """
+    decode, cache = hpack.hpack.decode_huffman, {}
+
     def cached(data):
         if len(data) < 64:
             return decode(data)
@@ -137,9 +139,13 @@ def parse_payload(body):
     if len(body) > MAX_PAYLOAD:
         raise Rejected(413, "PayloadTooLarge", f"{len(body)} bytes")
     try:
-        return json.loads(body)
+        return json.loads(body, parse_constant=reject_constant)
     except ValueError as error:
         raise Rejected(400, "BadPayload", f"not JSON: {error}") from None
+
+
+def reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
 
 
 def require(condition, detail):
@@ -265,7 +271,8 @@ class Fake:
     def handle(self, conn, stream_id, raw_headers, body):
         """Check and record one complete request, then answer it."""
         now = time.time()
-        record = new_record(conn.id, stream_id, dict(raw_headers), now)
+        headers = {name.lower(): value for name, value in raw_headers}
+        record = new_record(conn.id, stream_id, headers, now)
         self.requests.append(record)
         try:
             item = self.admit(record, len(raw_headers), body, now)
@@ -520,6 +527,8 @@ def check_answer_item(item):
         raise ValueError(f"unknown action {item['action']!r}")
     if "status" in item and not is_int(item["status"]):
         raise ValueError(f"status {item['status']!r} is not an int")
+    if "seconds" in item and not is_number(item["seconds"]):
+        raise ValueError(f"seconds {item['seconds']!r} is not a number")
 
 
 def check_script(spec):
@@ -678,7 +687,8 @@ async def serve(args):
         lambda: APNsConnection(fake, args.max_concurrent_streams),
         args.host, args.port, ssl=tls_context(args.cert, args.key))
     control = ControlServer(args.control_port, fake, loop)
-    threading.Thread(target=control.serve_forever, name="control", daemon=True).start()
+    threading.Thread(target=control.serve_forever, kwargs={"poll_interval": 0.1},
+                     name="control", daemon=True).start()
 
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

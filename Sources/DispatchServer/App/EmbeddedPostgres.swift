@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchCrypto
 import DispatchIO
 import DispatchSystem
 import Glibc

@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchCrypto
 import DispatchIO
 
 /// `/v1/keys`: admin only.

@@ -1,0 +1,37 @@
+/// Hexadecimal text for bytes: lowercase out, either case in.
+public enum Hex {
+    private static let digits = Array("0123456789abcdef".utf8)
+
+    /// Two lowercase hex digits per byte.
+    public static func encode(_ bytes: some Collection<UInt8>) -> String {
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count * 2)
+        for byte in bytes {
+            out.append(digits[Int(byte >> 4)])
+            out.append(digits[Int(byte & 0x0F)])
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// The bytes spelled by `text`, or nil if its length is odd or it holds anything but hex digits.
+    public static func decode(_ text: String) -> [UInt8]? {
+        let chars = Array(text.utf8)
+        guard chars.count % 2 == 0 else { return nil }
+        var out: [UInt8] = []
+        out.reserveCapacity(chars.count / 2)
+        for i in stride(from: 0, to: chars.count, by: 2) {
+            guard let high = value(chars[i]), let low = value(chars[i + 1]) else { return nil }
+            out.append(high << 4 | low)
+        }
+        return out
+    }
+
+    private static func value(_ char: UInt8) -> UInt8? {
+        switch char {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): char - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): char - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): char - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+}

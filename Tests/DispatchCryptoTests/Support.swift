@@ -1,0 +1,1 @@
+func bytes(_ s: String) -> [UInt8] { Array(s.utf8) }
