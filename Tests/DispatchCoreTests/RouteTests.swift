@@ -1,0 +1,47 @@
+@testable import DispatchCore
+import XCTest
+
+/// The pure route matcher, one line per request.
+final class RouteTests: XCTestCase {
+    func testRoutes() {
+        let table: [(HTTPMethod?, String, Route.Match)] = [
+            (.get, "/healthz", .route(.healthz)),
+            (.get, "/readyz", .route(.readyz)),
+            (.get, "/metrics", .route(.metrics)),
+            (.head, "/healthz", .route(.healthz)),
+            (.post, "/healthz", .methodNotAllowed(allow: [.get])),
+            (.post, "/v1/activities/start", .route(.startActivity)),
+            (.get, "/v1/activities/start", .methodNotAllowed(allow: [.post])),
+            (.get, "/v1/activities", .route(.listActivities)),
+            (.get, "/v1/activities/TEST-RTORRENT-01", .route(.activity("TEST-RTORRENT-01"))),
+            (.post, "/v1/activities/a.b:c_d-e/update", .route(.update("a.b:c_d-e"))),
+            (.post, "/v1/activities/x/end", .route(.end("x"))),
+            (.get, "/v1/activities/x/events", .route(.events("x"))),
+            (.get, "/v1/activities/x/status", .route(.status("x"))),
+            (.head, "/v1/activities/x/status", .route(.status("x"))),
+            (.get, "/v1/activities/x/update", .methodNotAllowed(allow: [.post])),
+            (.put, "/v1/activities/x", .methodNotAllowed(allow: [.get])),
+            (.get, "/v1/keys", .route(.keys)),
+            (.post, "/v1/keys", .route(.keys)),
+            (.put, "/v1/keys", .methodNotAllowed(allow: [.get, .post])),
+            (.delete, "/v1/keys/ci", .route(.key("ci"))),
+            (.post, "/v1/activities/bad id/update", .invalidActivityID),
+            (.get, "/v1/activities//status", .invalidActivityID),
+            (.get, "/v1/activities/\(String(repeating: "a", count: 129))", .invalidActivityID),
+            (.get, "/v1/activities/x/nope", .notFound),
+            (.get, "/nope", .notFound),
+            (.get, "/", .notFound),
+            (.get, "/v2/activities", .notFound),
+            (.get, "/v1/activities/x/status/more", .notFound),
+            (nil, "/v1/activities", .methodNotAllowed(allow: [.get])),
+        ]
+        for (method, path, want) in table {
+            XCTAssertEqual(Route.match(method: method, path: path), want, "\(method?.rawValue ?? "?") \(path)")
+        }
+    }
+
+    func testPatternsNeverContainIDs() {
+        XCTAssertEqual(Route.status("secret-job").pattern, "/v1/activities/{id}/status")
+        XCTAssertEqual(Route.key("ci").pattern, "/v1/keys/{name}")
+    }
+}
