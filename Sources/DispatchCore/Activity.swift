@@ -1,12 +1,18 @@
+/// An activity's state. Live: queued, processing, retrying, idle (alive but waiting: paused,
+/// throttled, waiting for a resource). Terminal: completed, error, cancelled, rejected (refused
+/// before it ran). The names are also the event names of the changes that reach them.
 public enum ActivityState: String, Sendable, CaseIterable {
-    case queued, processing, retrying, completed, error, cancelled
+    case queued, processing, retrying, idle, completed, error, cancelled, rejected
 
     public var isTerminal: Bool {
         switch self {
-        case .queued, .processing, .retrying: return false
-        case .completed, .error, .cancelled: return true
+        case .queued, .processing, .retrying, .idle: return false
+        case .completed, .error, .cancelled, .rejected: return true
         }
     }
+
+    public static let live = allCases.filter { !$0.isTerminal }
+    public static let terminal = allCases.filter(\.isTerminal)
 }
 
 /// The snapshot of one tracked job: what every stream and read shows.

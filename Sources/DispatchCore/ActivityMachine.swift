@@ -121,16 +121,26 @@ public enum ActivityMachine {
         return .failure(DispatchError(.conflict, "activity \(existing.activityId) already exists with different fields", snapshot: existing))
     }
 
-    /// Which state a live activity may move to through an update.
+    /// Which state a live activity may move to through an update (the contract's diagram):
+    /// queued -> processing, processing <-> retrying, retrying -> queued, processing <-> idle;
+    /// staying put is a progress/status update. Terminal states are reached only by `end`.
     public static func canMove(from: ActivityState, to: ActivityState) -> Bool {
         switch (from, to) {
         case (.queued, .queued), (.queued, .processing): return true
-        case (.processing, .processing), (.processing, .retrying): return true
+        case (.processing, .processing), (.processing, .retrying), (.processing, .idle): return true
         case (.retrying, .retrying), (.retrying, .processing), (.retrying, .queued): return true
-        case (.queued, .retrying), (.processing, .queued): return false
-        case (_, .completed), (_, .error), (_, .cancelled): return false
-        case (.completed, _), (.error, _), (.cancelled, _): return false
+        case (.idle, .idle), (.idle, .processing): return true
+        case (.queued, .retrying), (.queued, .idle), (.processing, .queued), (.retrying, .idle),
+             (.idle, .queued), (.idle, .retrying): return false
+        case (_, .completed), (_, .error), (_, .cancelled), (_, .rejected): return false
+        case (.completed, _), (.error, _), (.cancelled, _), (.rejected, _): return false
         }
+    }
+
+    /// Which terminal state an end may reach from a live state: `rejected` means refused
+    /// before it ran, so only a queued activity can be rejected.
+    public static func canEnd(from: ActivityState, as state: ActivityState) -> Bool {
+        state != .rejected || from == .queued
     }
 
     public static func update(_ cmd: UpdateCommand, current: Activity, now: Int64) -> Result<ActivityEvent, DispatchError> {
@@ -162,6 +172,11 @@ public enum ActivityMachine {
         if current.state.isTerminal {
             if storedEndFingerprint == cmd.fingerprint { return .success(.alreadyEnded(current)) }
             return .failure(DispatchError(.alreadyFinished, "activity \(current.activityId) has already finished", snapshot: current))
+        }
+        guard canEnd(from: current.state, as: cmd.state) else {
+            return .failure(DispatchError(.invalidTransition,
+                                          "only a queued activity can end as rejected; this one is \(current.state.rawValue)",
+                                          snapshot: current))
         }
         var next = current
         next.state = cmd.state

@@ -134,13 +134,13 @@ public enum Validation {
     public static func update(_ body: [UInt8]) throws(DispatchError) -> UpdateCommand {
         let f = try object(body, allowed: ["progress", "status", "state"])
         return UpdateCommand(progress: try progress(f, "progress"), status: try status(f),
-                             state: try state(f, allowed: [.processing, .queued, .retrying], default: .processing))
+                             state: try state(f, allowed: [.processing, .queued, .retrying, .idle], default: .processing))
     }
 
     public static func end(_ body: [UInt8]) throws(DispatchError) -> EndCommand {
         let f = try object(body, allowed: ["progress", "status", "state", "error"])
         var cmd = EndCommand(progress: try progress(f, "progress"), status: try status(f),
-                             state: try state(f, allowed: [.completed, .error, .cancelled], default: .completed))
+                             state: try state(f, allowed: [.completed, .error, .cancelled, .rejected], default: .completed))
         if case .set(let e) = try status(f, key: "error", max: 500) { cmd.error = e }
         return cmd
     }

@@ -19,29 +19,44 @@ final class ActivityMachineTests: XCTestCase {
 
     /// Every live state to every state through `update`. Moves follow the contract's diagram:
     /// queued -> processing, processing <-> retrying, retrying -> queued (re-queued for another
-    /// attempt), staying put is a progress/status update; terminal states are reached only by `end`.
+    /// attempt), processing <-> idle (waiting), staying put is a progress/status update; terminal
+    /// states are reached only by `end`.
     func testUpdateTransitionTable() {
         let table: [(ActivityState, ActivityState, Expect)] = [
             (.queued, .queued, .moved(attempt: 1)),
             (.queued, .processing, .moved(attempt: 1)),
             (.queued, .retrying, .refused("invalid_transition")),
+            (.queued, .idle, .refused("invalid_transition")),
             (.queued, .completed, .refused("invalid_transition")),
             (.queued, .error, .refused("invalid_transition")),
             (.queued, .cancelled, .refused("invalid_transition")),
+            (.queued, .rejected, .refused("invalid_transition")),
             (.processing, .queued, .refused("invalid_transition")),
             (.processing, .processing, .moved(attempt: 1)),
             (.processing, .retrying, .moved(attempt: 2)),
+            (.processing, .idle, .moved(attempt: 1)),
             (.processing, .completed, .refused("invalid_transition")),
             (.processing, .error, .refused("invalid_transition")),
             (.processing, .cancelled, .refused("invalid_transition")),
+            (.processing, .rejected, .refused("invalid_transition")),
             (.retrying, .queued, .moved(attempt: 1)),
             (.retrying, .processing, .moved(attempt: 1)),
             (.retrying, .retrying, .moved(attempt: 1)),
+            (.retrying, .idle, .refused("invalid_transition")),
             (.retrying, .completed, .refused("invalid_transition")),
             (.retrying, .error, .refused("invalid_transition")),
             (.retrying, .cancelled, .refused("invalid_transition")),
+            (.retrying, .rejected, .refused("invalid_transition")),
+            (.idle, .queued, .refused("invalid_transition")),
+            (.idle, .processing, .moved(attempt: 1)),
+            (.idle, .retrying, .refused("invalid_transition")),
+            (.idle, .idle, .moved(attempt: 1)),
+            (.idle, .completed, .refused("invalid_transition")),
+            (.idle, .error, .refused("invalid_transition")),
+            (.idle, .cancelled, .refused("invalid_transition")),
+            (.idle, .rejected, .refused("invalid_transition")),
         ]
-        XCTAssertEqual(table.count, 3 * ActivityState.allCases.count, "every live state to every state")
+        XCTAssertEqual(table.count, ActivityState.live.count * ActivityState.allCases.count, "every live state to every state")
         for (from, to, expect) in table {
             let current = Self.activity(from)
             let result = ActivityMachine.update(UpdateCommand(state: to), current: current, now: Self.t0 + 20)
@@ -205,6 +220,10 @@ final class ActivityMachineTests: XCTestCase {
             (.processing, EndCommand(status: .set(nil), state: .error), 0.25, nil),
             (.queued, EndCommand(state: .cancelled), 0.25, "working"),
             (.retrying, EndCommand(progress: .set(0.9), state: .cancelled), 0.9, "working"),
+            (.idle, EndCommand(), 1, "working"),
+            (.idle, EndCommand(state: .error, error: "stalled"), 0.25, "working"),
+            (.idle, EndCommand(state: .cancelled), 0.25, "working"),
+            (.queued, EndCommand(status: .set("Quota exceeded"), state: .rejected), 0.25, "Quota exceeded"),
         ]
         for (from, cmd, progress, status) in table {
             let current = Self.activity(from)
@@ -220,6 +239,41 @@ final class ActivityMachineTests: XCTestCase {
             XCTAssertEqual(e.snapshot.endedAt, Self.t0 + 99)
             XCTAssertEqual(e.snapshot.updatedAt, Self.t0 + 99)
         }
+    }
+
+    /// `rejected` means refused before it ran: only an end from `queued` reaches it.
+    func testOnlyAQueuedActivityCanBeRejected() {
+        for from in ActivityState.live {
+            let current = Self.activity(from)
+            let result = ActivityMachine.end(EndCommand(state: .rejected), current: current, storedEndFingerprint: nil, now: Self.t0 + 99)
+            switch (from, result) {
+            case (.queued, .success(.ended(let e))):
+                XCTAssertEqual(e.name, "rejected")
+                XCTAssertEqual(e.snapshot.state, .rejected)
+                XCTAssertEqual(e.snapshot.endedAt, Self.t0 + 99)
+            case (.queued, _):
+                XCTFail("queued -> rejected refused: \(result)")
+            case (_, .failure(let e)):
+                XCTAssertEqual(e.code, .invalidTransition, "\(from)")
+                XCTAssertEqual(e.httpStatus, 409)
+                XCTAssertEqual(e.snapshot, current, "nothing changes")
+            case (_, .success):
+                XCTFail("\(from) -> rejected accepted")
+            }
+        }
+    }
+
+    /// The exact same end repeated is idempotent for the new terminal state too.
+    func testRepeatingTheSameRejectedEndIsIdempotent() {
+        let cmd = EndCommand(status: .set("queue full"), state: .rejected)
+        guard case .success(.ended(let e)) = ActivityMachine.end(cmd, current: Self.activity(.queued), storedEndFingerprint: nil, now: Self.t0)
+        else { return XCTFail() }
+        guard case .success(.alreadyEnded(let again)) = ActivityMachine.end(cmd, current: e.snapshot, storedEndFingerprint: cmd.fingerprint, now: Self.t0 + 5)
+        else { return XCTFail("a repeat of the same end must be 200") }
+        XCTAssertEqual(again, e.snapshot)
+        guard case .failure(let other) = ActivityMachine.end(EndCommand(state: .error), current: e.snapshot, storedEndFingerprint: cmd.fingerprint, now: 0)
+        else { return XCTFail() }
+        XCTAssertEqual(other.code, .alreadyFinished)
     }
 
     func testEndOfAFinishedActivity() {

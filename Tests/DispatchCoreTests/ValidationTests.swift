@@ -205,6 +205,9 @@ final class ValidationTests: XCTestCase {
             (.update, "completed", "invalid_field"), (.update, "error", "invalid_field"), (.update, "cancelled", "invalid_field"),
             (.end, "completed", nil), (.end, "error", nil), (.end, "cancelled", nil),
             (.end, "queued", "invalid_field"), (.end, "processing", "invalid_field"), (.end, "retrying", "invalid_field"),
+            (.start, "idle", "invalid_field"), (.start, "rejected", "invalid_field"),
+            (.update, "idle", nil), (.update, "rejected", "invalid_field"),
+            (.end, "rejected", nil), (.end, "idle", "invalid_field"),
             (.start, "Queued", "invalid_field"), (.update, "PROCESSING", "invalid_field"), (.end, "done", "invalid_field"),
             (.update, "", "invalid_field"), (.end, "cancel_requested", "invalid_field"),
         ]

@@ -296,6 +296,59 @@ final class StreamTests: XCTestCase {
         // Newest first, ties broken by id: the pages together are every activity, in order, once.
         XCTAssertEqual(page1 + page2 + page3, ["list-4", "list-3", "list-2", "list-1", "list-0"])
     }
+
+    /// `idle` (alive but waiting) and `rejected` (refused before it ran) on the wire: the
+    /// moves the contract allows, the ones it refuses (nothing written), streams, history and
+    /// the list filters.
+    func testIdleAndRejected() throws {
+        let s = server!
+        try s.startActivity("paused", state: "processing")
+        let stream = try s.stream("paused")
+        XCTAssertEqual(try s.update("paused", #"{"state":"idle","status":"waiting for a GPU"}"#).json?["state"], .string("idle"))
+        AuthKitless.assert(try s.update("paused", #"{"state":"retrying"}"#), 409, "invalid_transition")
+        AuthKitless.assert(try s.update("paused", #"{"state":"queued"}"#), 409, "invalid_transition")
+        AuthKitless.assert(try s.end("paused", #"{"state":"rejected"}"#), 409, "invalid_transition")
+        XCTAssertEqual(try s.seq("paused"), 2, "refused moves write nothing")
+        XCTAssertEqual(try s.update("paused", #"{"state":"idle","progress":0.3}"#).status, 200)
+        XCTAssertEqual(try s.update("paused", #"{"state":"processing"}"#).status, 200)
+        XCTAssertEqual(try s.update("paused", #"{"state":"idle"}"#).status, 200)
+
+        try s.startActivity("refused", state: "queued")
+        func ids(_ query: String) throws -> Set<String> {
+            guard case .array(let items)? = try s.client.get("/v1/activities?\(query)").json?["activities"] else { return [] }
+            return Set(items.compactMap { if case .string(let id)? = $0["activityId"] { return id } else { return nil } })
+        }
+        XCTAssertEqual(try ids("state=active"), ["paused", "refused"], "idle is active")
+        let rejected = try s.end("refused", #"{"state":"rejected","status":"quota exceeded"}"#)
+        XCTAssertEqual(rejected.status, 200, rejected.text)
+        XCTAssertEqual(rejected.json?["state"], .string("rejected"))
+        XCTAssertNotEqual(rejected.json?["endedAt"], .null)
+        XCTAssertEqual(try s.end("refused", #"{"state":"rejected","status":"quota exceeded"}"#).status, 200, "the same end again")
+        AuthKitless.assert(try s.end("refused", #"{"state":"error"}"#), 409, "already_finished")
+        XCTAssertEqual(try ids("state=finished"), ["refused"], "rejected is finished")
+        XCTAssertEqual(try ids("state=active"), ["paused"])
+
+        // A finished-job stream of a rejected activity: its final event, then the end.
+        let final = try s.stream("refused")
+        XCTAssertTrue(try final.waitForEnd())
+        XCTAssertEqual(final.events.map(\.event), ["rejected"])
+
+        try s.end("paused", #"{"state":"error","error":"stalled"}"#)
+        XCTAssertTrue(try stream.waitForEnd())
+        XCTAssertEqual(stream.events.map(\.event), ["processing", "idle", "idle", "processing", "idle", "error"])
+        assertConsecutive(stream.ids, from: 1, through: 6)
+        let history = try s.client.get("/v1/activities/paused/events")
+        guard case .array(let events)? = history.json?["events"] else { return XCTFail(history.text) }
+        XCTAssertEqual(events.map { $0["event"] }, ["processing", "idle", "idle", "processing", "idle", "error"].map { .string($0) })
+    }
+}
+
+/// Error answers in tests that do not need the auth helpers.
+enum AuthKitless {
+    static func assert(_ r: HTTPClient.Response, _ status: Int, _ code: String, file: StaticString = #filePath, line: UInt = #line) {
+        XCTAssertEqual(r.status, status, r.text, file: file, line: line)
+        XCTAssertEqual(r.errorCode, code, r.text, file: file, line: line)
+    }
 }
 
 final class RetentionTests: XCTestCase {
