@@ -28,6 +28,8 @@ public struct Activity: Equatable, Sendable {
     public var attempt: Int64
     public var seq: Int64
     public var cancelRequested: Bool
+    /// The start asked for a Live Activity on registered iPhones (push-to-start).
+    public var liveActivity: Bool
     public var createdAt: Int64
     public var updatedAt: Int64
     public var endedAt: Int64?
@@ -35,7 +37,7 @@ public struct Activity: Equatable, Sendable {
 
     public init(activityId: String, taskName: String, systemImage: String? = nil, machine: String? = nil,
                 cancelURL: String? = nil, state: ActivityState, progress: Double? = nil, status: String? = nil,
-                attempt: Int64 = 1, seq: Int64 = 1, cancelRequested: Bool = false, createdAt: Int64,
+                attempt: Int64 = 1, seq: Int64 = 1, cancelRequested: Bool = false, liveActivity: Bool = false, createdAt: Int64,
                 updatedAt: Int64, endedAt: Int64? = nil, error: String? = nil) {
         self.activityId = activityId
         self.taskName = taskName
@@ -48,6 +50,7 @@ public struct Activity: Equatable, Sendable {
         self.attempt = attempt
         self.seq = seq
         self.cancelRequested = cancelRequested
+        self.liveActivity = liveActivity
         self.createdAt = createdAt
         self.updatedAt = updatedAt
         self.endedAt = endedAt
@@ -69,6 +72,7 @@ public struct Activity: Equatable, Sendable {
         w.field("attempt", attempt)
         w.field("seq", seq)
         w.field("cancelRequested", cancelRequested)
+        w.field("liveActivity", liveActivity)
         w.field("createdAt", Timestamp.format(milliseconds: createdAt))
         w.field("updatedAt", Timestamp.format(milliseconds: updatedAt))
         w.field("endedAt", endedAt.map { Timestamp.format(milliseconds: $0) })
@@ -97,7 +101,7 @@ public struct Activity: Equatable, Sendable {
               case .string(let stateText)? = value["state"], let state = ActivityState(rawValue: stateText),
               case .number(let attemptNumber)? = value["attempt"], let attempt = Int64(exactly: attemptNumber),
               case .number(let seqNumber)? = value["seq"], let seq = Int64(exactly: seqNumber),
-              case .bool(let cancel)? = value["cancelRequested"],
+              case .bool(let cancel)? = value["cancelRequested"], case .bool(let live)? = value["liveActivity"],
               case .string(let created)? = value["createdAt"], let createdAt = Timestamp.parse(created),
               case .string(let updated)? = value["updatedAt"], let updatedAt = Timestamp.parse(updated),
               let image = str("systemImage"), let machine = str("machine"), let url = str("cancelURL"),
@@ -112,13 +116,16 @@ public struct Activity: Equatable, Sendable {
         }
         return Activity(activityId: id, taskName: name, systemImage: image, machine: machine, cancelURL: url,
                         state: state, progress: progress, status: status, attempt: attempt, seq: seq,
-                        cancelRequested: cancel, createdAt: createdAt, updatedAt: updatedAt, endedAt: endedAt,
+                        cancelRequested: cancel, liveActivity: live, createdAt: createdAt, updatedAt: updatedAt, endedAt: endedAt,
                         error: error)
     }
 }
 
 /// One accepted change: the event's name and the snapshot after it.
 public struct ActivityEvent: Equatable, Sendable {
+    /// The event a remote cancel request emits (the state does not change).
+    public static let cancelRequested = "cancel_requested"
+
     public var seq: Int64 { snapshot.seq }
     public let name: String
     public let snapshot: Activity
@@ -126,5 +133,13 @@ public struct ActivityEvent: Equatable, Sendable {
     public init(name: String, snapshot: Activity) {
         self.name = name
         self.snapshot = snapshot
+    }
+
+    /// APNs priority of the push that mirrors this change: 10 spends the phone's small budget
+    /// and is for what a person must see (a new state, the end, a cancel request); 5 for
+    /// progress and status.
+    public func pushPriority(previous: ActivityState?) -> Int {
+        if name == ActivityEvent.cancelRequested || snapshot.state.isTerminal || previous != snapshot.state { return 10 }
+        return 5
     }
 }

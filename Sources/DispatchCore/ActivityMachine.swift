@@ -8,10 +8,14 @@ public struct StartCommand: Equatable, Sendable {
     public var initialProgress: Double?
     public var status: String?
     public var state: ActivityState
+    /// Push-to-start a Live Activity on every registered iPhone.
+    public var liveActivity: Bool
+    /// Seconds without a change before the server ends it as stale; nil: the server's default.
+    public var staleAfter: Int?
 
     public init(activityId: String? = nil, taskName: String, systemImage: String? = nil, machine: String? = nil,
                 cancelURL: String? = nil, initialProgress: Double? = nil, status: String? = nil,
-                state: ActivityState = .queued) {
+                state: ActivityState = .queued, liveActivity: Bool = false, staleAfter: Int? = nil) {
         self.activityId = activityId
         self.taskName = taskName
         self.systemImage = systemImage
@@ -20,15 +24,20 @@ public struct StartCommand: Equatable, Sendable {
         self.initialProgress = initialProgress
         self.status = status
         self.state = state
+        self.liveActivity = liveActivity
+        self.staleAfter = staleAfter
     }
 
     /// A canonical text of what the start asked for, stored to recognise an identical repeat.
+    /// Fields added later are written only when given, so stored fingerprints stay valid.
     public var fingerprint: String {
         var w = JSONWriter()
         w.beginArray()
         w.string(taskName); w.field2(systemImage); w.field2(machine); w.field2(cancelURL)
         if let initialProgress { w.number(initialProgress) } else { w.null() }
         w.field2(status); w.string(state.rawValue)
+        if liveActivity || staleAfter != nil { w.bool(liveActivity) }
+        if let staleAfter { w.int(Int64(staleAfter)) }
         w.endArray()
         return w.string
     }
@@ -108,7 +117,7 @@ public enum ActivityMachine {
         let snapshot = Activity(activityId: id, taskName: cmd.taskName, systemImage: cmd.systemImage,
                                 machine: cmd.machine, cancelURL: cmd.cancelURL, state: cmd.state,
                                 progress: cmd.initialProgress, status: cmd.status, attempt: 1, seq: 1,
-                                createdAt: now, updatedAt: now)
+                                liveActivity: cmd.liveActivity, createdAt: now, updatedAt: now)
         return ActivityEvent(name: cmd.state.rawValue, snapshot: snapshot)
     }
 
@@ -160,6 +169,26 @@ public enum ActivityMachine {
         next.seq = current.seq + 1
         next.updatedAt = max(now, current.updatedAt)
         return .success(ActivityEvent(name: cmd.state.rawValue, snapshot: next))
+    }
+
+    public enum CancelOutcome: Equatable, Sendable {
+        /// The first request: a `cancel_requested` event (state unchanged).
+        case requested(ActivityEvent)
+        /// Asked before: answer 202 with what is stored, write nothing.
+        case alreadyRequested(Activity)
+    }
+
+    /// A remote cancel request: only the publisher ends the job; this tells it (and watchers).
+    public static func cancel(current: Activity, now: Int64) -> Result<CancelOutcome, DispatchError> {
+        if current.state.isTerminal {
+            return .failure(DispatchError(.alreadyFinished, "activity \(current.activityId) has already finished", snapshot: current))
+        }
+        if current.cancelRequested { return .success(.alreadyRequested(current)) }
+        var next = current
+        next.cancelRequested = true
+        next.seq = current.seq + 1
+        next.updatedAt = max(now, current.updatedAt)
+        return .success(.requested(ActivityEvent(name: ActivityEvent.cancelRequested, snapshot: next)))
     }
 
     public enum EndOutcome: Equatable, Sendable {

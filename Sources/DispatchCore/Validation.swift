@@ -100,7 +100,7 @@ public enum Validation {
 
     public static func start(_ body: [UInt8]) throws(DispatchError) -> StartCommand {
         let f = try object(body, allowed: ["activityId", "taskName", "systemImage", "machine", "cancelURL",
-                                           "initialProgress", "status", "state"])
+                                           "initialProgress", "status", "state", "liveActivity", "staleAfter"])
         var cmd = StartCommand(taskName: "")
         if let v = try optionalString(f, "activityId"), let id = v { cmd.activityId = try activityID(id) }
         guard let nameValue = try optionalString(f, "taskName"), let rawName = nameValue else {
@@ -128,6 +128,18 @@ public enum Validation {
         if case .set(let p) = try progress(f, "initialProgress") { cmd.initialProgress = p }
         if case .set(let s) = try status(f) { cmd.status = s }
         cmd.state = try state(f, allowed: [.queued, .processing], default: .queued)
+        switch f["liveActivity"] {
+        case nil, .null?: break
+        case .bool(let b)?: cmd.liveActivity = b
+        case let other?: throw DispatchError(.invalidField, "liveActivity must be true or false, not \(other.typeName)")
+        }
+        switch f["staleAfter"] {
+        case nil, .null?: break
+        case .number(let d)? where d.rounded() == d && staleAfterRange.contains(Int(exactly: d) ?? 0):
+            cmd.staleAfter = Int(d)
+        case _?:
+            throw DispatchError(.invalidField, "staleAfter must be whole seconds from \(staleAfterRange.lowerBound) to \(staleAfterRange.upperBound)")
+        }
         return cmd
     }
 
@@ -143,6 +155,17 @@ public enum Validation {
                              state: try state(f, allowed: [.completed, .error, .cancelled, .rejected], default: .completed))
         if case .set(let e) = try status(f, key: "error", max: 500) { cmd.error = e }
         return cmd
+    }
+
+    /// `staleAfter` on a start: ten seconds to a week.
+    public static let staleAfterRange = 10...604_800
+
+    /// `POST /v1/activities/{id}/cancel`: an optional one-line reason.
+    public static func cancel(_ body: [UInt8]) throws(DispatchError) -> String? {
+        if body.isEmpty { return nil }
+        let f = try object(body, allowed: ["reason"])
+        guard case .set(let reason) = try status(f, key: "reason", max: 200) else { return nil }
+        return reason
     }
 
     static func trimmed(_ s: String) -> String {

@@ -19,6 +19,8 @@ public struct ServerConfig: Equatable, Sendable {
     public var retentionDays: Double = 7
     public var publishRatePerSecond: Double = 200
     public var maxStreamsPerKey = 20_000
+    /// `staleAfter` of starts that give none (seconds; 0: never).
+    public var staleAfterSeconds = 86_400
 
     public struct Setting: Sendable {
         public let env: String
@@ -38,6 +40,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_STREAM_BACKLOG", flag: "--stream-backlog", help: "bytes queued for one slow stream before it is cut off (default 262144)"),
         Setting(env: "DISPATCH_RETENTION_DAYS", flag: "--retention-days", help: "days a finished activity and its history are kept (default 7)"),
         Setting(env: "DISPATCH_PUBLISH_RATE", flag: "--publish-rate", help: "publishes per second per publish key and worker, 0 for no limit (default 200)"),
+        Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
     ]
 
@@ -99,6 +102,12 @@ public struct ServerConfig: Equatable, Sendable {
         if let v = values["DISPATCH_PUBLISH_RATE"] {
             guard let d = Double(v), d.isFinite, d >= 0 else { throw ConfigError("DISPATCH_PUBLISH_RATE must be a number >= 0") }
             c.publishRatePerSecond = d
+        }
+        if let v = values["DISPATCH_STALE_AFTER"] {
+            guard let n = Int(v), n == 0 || (10...604_800).contains(n) else {
+                throw ConfigError("DISPATCH_STALE_AFTER must be 0 (never) or seconds from 10 to 604800, not \(v)")
+            }
+            c.staleAfterSeconds = n
         }
         if let v = values["DISPATCH_MAX_STREAMS_PER_KEY"] {
             guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_STREAMS_PER_KEY must be a positive integer") }

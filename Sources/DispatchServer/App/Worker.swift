@@ -34,7 +34,7 @@ public final class Worker {
         http = HTTPServer(loop: loop, limits: limits)
         db = Database(loop: loop, conninfo: conninfo, log: log, metrics: metrics)
         listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log)
-        publisher = Publisher(db: db, log: log, metrics: metrics, now: Clock.nowMilliseconds)
+        publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
         streams = StreamService(loop: loop, activities: publisher.activities, publisher: publisher, metrics: metrics, log: log,
                                 settings: .init(heartbeatSeconds: config.heartbeatSeconds, maxBacklog: config.streamBacklogBytes,
                                                 writeTimeout: limits.streamWriteTimeoutSeconds))
@@ -50,7 +50,7 @@ public final class Worker {
         }
         http.handler = { [unowned self] req in self.api.handle(req) }
         api.isReady = { [unowned self] in self.isReady }
-        publisher.onCommitted = { [unowned self] event, json in
+        publisher.onCommitted = { [unowned self] event, json, _ in
             self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name,
                                    json: String(decoding: json, as: UTF8.self))
         }
@@ -102,7 +102,10 @@ public final class Worker {
         listener.onNotify = { [unowned self] channel, payload in
             self.metrics.notifyReceived += 1
             if channel == Channel.keys { self.auth.invalidateAll(); return }
-            self.streams.notified(payload)
+            guard let notice = ChangeNotice(payload: payload) else {
+                return self.log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
+            }
+            self.streams.notified(notice)
         }
     }
 

@@ -8,13 +8,22 @@ struct StoredActivity {
     var ownerKeyID: Int64?
     var startFingerprint: String
     var endFingerprint: String?
+    /// Seconds without a change before the server ends it as stale; 0: never.
+    var staleAfter: Int
 
-    init(activity: Activity, lastEvent: String, ownerKeyID: Int64?, startFingerprint: String, endFingerprint: String?) {
+    init(activity: Activity, lastEvent: String, ownerKeyID: Int64?, startFingerprint: String, endFingerprint: String?, staleAfter: Int) {
         self.activity = activity
         self.lastEvent = lastEvent
         self.ownerKeyID = ownerKeyID
         self.startFingerprint = startFingerprint
         self.endFingerprint = endFingerprint
+        self.staleAfter = staleAfter
+    }
+
+    /// When this activity goes stale after a change at `now` (ms since epoch); nil: never.
+    func staleAt(after snapshot: Activity) -> Int64? {
+        guard staleAfter > 0, !snapshot.state.isTerminal else { return nil }
+        return snapshot.updatedAt + Int64(staleAfter) * 1000
     }
 
     /// Decodes a row of `ActivityRepository.columns`; nil when the row breaks the schema's rules.
@@ -26,11 +35,12 @@ struct StoredActivity {
         activity = Activity(activityId: id, taskName: name, systemImage: r["system_image"], machine: r["machine"],
                             cancelURL: r["cancel_url"], state: state, progress: r.double("progress"), status: r["status"],
                             attempt: attempt, seq: seq, cancelRequested: r.bool("cancel_requested") ?? false,
-                            createdAt: created, updatedAt: updated, endedAt: r.int64("ended_ms"), error: r["error"])
+                            liveActivity: r.bool("live_activity") ?? false, createdAt: created, updatedAt: updated, endedAt: r.int64("ended_ms"), error: r["error"])
         self.lastEvent = lastEvent
         ownerKeyID = r.int64("owner_key_id")
         startFingerprint = startFP
         endFingerprint = r["end_fingerprint"]
+        staleAfter = r.int("stale_after_s") ?? 0
     }
 }
 
@@ -60,7 +70,8 @@ struct ActivityRepository {
 
     static let columns = """
         activity_id, task_name, system_image, machine, cancel_url, state, progress, status, attempt, seq, \
-        cancel_requested, created_ms, updated_ms, ended_ms, error, last_event, owner_key_id, start_fingerprint, end_fingerprint
+        cancel_requested, created_ms, updated_ms, ended_ms, error, last_event, owner_key_id, start_fingerprint, end_fingerprint, \
+        live_activity, stale_after_s
         """
 
     func read(_ id: String, _ completion: @escaping (Result<StoredActivity?, DispatchError>) -> Void) {
@@ -139,55 +150,147 @@ struct ActivityRepository {
 
     // MARK: - Writes (statements for the group commit)
 
-    static let maxNotifyPayload = 7900
+    /// One applied change as the finalize step of its batch needs it.
+    struct Applied {
+        let activityID: String
+        let seq: Int64
+        /// `id \n seq \n event \n json`; the batch's position goes in front of it.
+        let payload: String
+        let pushPriority: Int
+    }
 
-    /// NOTIFY payload: `id \n seq \n event \n json`, the json left out when it would not fit.
+    static let maxNotifyPayload = 7850
+
+    /// A PostgreSQL text[] literal: every element quoted, `"` and `\` escaped.
+    static func array(_ values: [String]) -> String {
+        var out = "{"
+        for (i, v) in values.enumerated() {
+            if i > 0 { out += "," }
+            out += "\""
+            for ch in v.unicodeScalars {
+                if ch == "\"" || ch == "\\" { out += "\\" }
+                out.unicodeScalars.append(ch)
+            }
+            out += "\""
+        }
+        return out + "}"
+    }
+
+    /// NOTIFY payload after the position: `id \n seq \n event \n json`, the json left out when
+    /// the whole would not fit PostgreSQL's 8000-byte limit (listeners then read history).
     static func notifyPayload(_ event: ActivityEvent, json: [UInt8]) -> String {
         let head = "\(event.snapshot.activityId)\n\(event.seq)\n\(event.name)\n"
         if head.utf8.count + json.count <= maxNotifyPayload { return head + String(decoding: json, as: UTF8.self) }
         return head
     }
 
-    /// Creates the activity, its first history row and the NOTIFY, in one statement; no row
-    /// comes back when the id exists.
-    static func startStatement(_ e: ActivityEvent, json: [UInt8], ownerKeyID: Int64?, fingerprint: String, idempotencyKey: String?) -> PGQuery {
+    /// Creates the activity and its first history row in one statement; no row comes back
+    /// when the id exists.
+    static func startStatement(_ e: ActivityEvent, json: [UInt8], ownerKeyID: Int64?, fingerprint: String, staleAfter: Int,
+                               idempotencyKey: String?) -> PGQuery {
         let a = e.snapshot
+        let staleAt: Int64? = staleAfter > 0 && !a.state.isTerminal ? a.updatedAt + Int64(staleAfter) * 1000 : nil
         return PGQuery("""
             WITH ins AS (
               INSERT INTO activities (activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
-                                      attempt, seq, last_event, created_ms, updated_ms, owner_key_id, start_fingerprint)
-              VALUES ($1, $2, $3, $4, $5, $6, $7::float8, $8, 1, 1, $6, $9::bigint, $9::bigint, $10::bigint, $11)
+                                      attempt, seq, last_event, created_ms, updated_ms, owner_key_id, start_fingerprint,
+                                      live_activity, stale_after_s, stale_at_ms)
+              VALUES ($1, $2, $3, $4, $5, $6, $7::float8, $8, 1, 1, $6, $9::bigint, $9::bigint, $10::bigint, $11,
+                      $14::boolean, $15::integer, $16::bigint)
               ON CONFLICT (activity_id) DO NOTHING RETURNING activity_id
-            ), ev AS (
-              INSERT INTO activity_events (activity_id, seq, event, data, idempotency_key, created_ms)
-              SELECT activity_id, 1, $6, $12, $13, $9::bigint FROM ins RETURNING activity_id
             )
-            SELECT pg_notify('\(Channel.events)', $14) FROM ev
+            INSERT INTO activity_events (activity_id, seq, event, data, idempotency_key, created_ms)
+            SELECT activity_id, 1, $6, $12, $13, $9::bigint FROM ins RETURNING activity_id
             """, [a.activityId, a.taskName, a.systemImage, a.machine, a.cancelURL, a.state.rawValue, a.progress.map { "\($0)" },
                   a.status, String(a.createdAt), ownerKeyID.map { String($0) }, fingerprint,
-                  String(decoding: json, as: UTF8.self), idempotencyKey, notifyPayload(e, json: json)],
+                  String(decoding: json, as: UTF8.self), idempotencyKey, a.liveActivity ? "true" : "false", String(staleAfter),
+                  staleAt.map { String($0) }],
             name: "publish_start")
     }
 
+    /// A signed webhook to queue with a change (a cancel request to an activity with a cancelURL).
+    struct Webhook {
+        let deliveryID: String
+        let body: String
+    }
+
     /// Applies a change if the row is still at `expectedSeq` (compare-and-set across processes)
-    /// and this Idempotency-Key was not applied yet; no row comes back otherwise.
-    static func changeStatement(_ e: ActivityEvent, json: [UInt8], expectedSeq: Int64, endFingerprint: String?, idempotencyKey: String?) -> PGQuery {
+    /// and this Idempotency-Key was not applied yet; no row comes back otherwise. A webhook
+    /// given is queued in the same statement when the activity has a cancelURL.
+    static func changeStatement(_ e: ActivityEvent, json: [UInt8], expectedSeq: Int64, endFingerprint: String?, staleAt: Int64?,
+                                cancelReason: String?, webhook: Webhook?, idempotencyKey: String?) -> PGQuery {
         let a = e.snapshot
         return PGQuery("""
             WITH upd AS (
               UPDATE activities SET state = $3, progress = $4::float8, status = $5, attempt = $6::bigint, seq = $7::bigint,
-                     last_event = $8, updated_ms = $9::bigint, ended_ms = $10::bigint, error = $11, end_fingerprint = $12
+                     last_event = $8, updated_ms = $9::bigint, ended_ms = $10::bigint, error = $11, end_fingerprint = $12,
+                     cancel_requested = $15::boolean, cancel_reason = coalesce($16, cancel_reason), stale_at_ms = $17::bigint
               WHERE activity_id = $1 AND seq = $2::bigint
                 AND NOT EXISTS (SELECT 1 FROM activity_events WHERE activity_id = $1 AND idempotency_key = $13)
-              RETURNING activity_id
-            ), ev AS (
-              INSERT INTO activity_events (activity_id, seq, event, data, idempotency_key, created_ms)
-              SELECT activity_id, $7::bigint, $8, $14, $13, $9::bigint FROM upd RETURNING activity_id
+              RETURNING activity_id, cancel_url
+            ), hook AS (
+              INSERT INTO webhook_outbox (delivery_id, activity_id, url, body)
+              SELECT $18, activity_id, cancel_url, $19 FROM upd WHERE $18::text IS NOT NULL AND cancel_url IS NOT NULL
             )
-            SELECT pg_notify('\(Channel.events)', $15) FROM ev
+            INSERT INTO activity_events (activity_id, seq, event, data, idempotency_key, created_ms)
+            SELECT activity_id, $7::bigint, $8, $14, $13, $9::bigint FROM upd RETURNING activity_id
             """, [a.activityId, String(expectedSeq), a.state.rawValue, a.progress.map { "\($0)" }, a.status, String(a.attempt),
                   String(a.seq), e.name, String(a.updatedAt), a.endedAt.map { String($0) }, a.error, endFingerprint,
-                  idempotencyKey, String(decoding: json, as: UTF8.self), notifyPayload(e, json: json)],
+                  idempotencyKey, String(decoding: json, as: UTF8.self), a.cancelRequested ? "true" : "false", cancelReason,
+                  staleAt.map { String($0) }, webhook?.deliveryID, webhook?.body],
             name: "publish_change")
+    }
+
+    /// Feed order: the finalize step of a batch takes this lock after its changes, so positions
+    /// are drawn in commit order (see Migrations/0003_feed_positions.sql).
+    static let positionLock = PGQuery("SELECT pg_advisory_xact_lock(7345103)", name: "position_lock")
+
+    /// The last statement of a publish batch, under `positionLock`: gives this transaction's new
+    /// events their feed positions, sends one NOTIFY per change in position order, and (with
+    /// APNs configured) marks the push outbox of every device with a token for each activity.
+    /// It reads with a snapshot taken after the changes held their row locks, so a token
+    /// registered concurrently is either seen here or registered after this commit (the
+    /// registration locks the activity row, and then marks its own push).
+    static func finalizeStatement(_ applied: [Applied], pushes: Bool, now: Int64) -> PGQuery {
+        func numbers(_ values: [Int64]) -> String {
+            "{" + values.map(String.init).joined(separator: ",") + "}"
+        }
+        let marks = pushes ? """
+            , marks AS (
+              INSERT INTO push_outbox AS o (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
+              SELECT p.activity_id, t.device_id, 'update', p.seq, p.priority, $5::bigint
+              FROM placed p JOIN activity_tokens t ON t.activity_id = p.activity_id
+              ON CONFLICT (activity_id, device_id, kind) DO UPDATE SET
+                wanted_seq = GREATEST(o.wanted_seq, EXCLUDED.wanted_seq),
+                priority = CASE WHEN o.wanted_seq > o.sent_seq THEN GREATEST(o.priority, EXCLUDED.priority) ELSE EXCLUDED.priority END,
+                pending_since_ms = CASE WHEN o.wanted_seq > o.sent_seq THEN o.pending_since_ms ELSE EXCLUDED.pending_since_ms END,
+                due_at = CASE WHEN o.wanted_seq > o.sent_seq THEN o.due_at ELSE now() END,
+                failed = false
+              RETURNING 1
+            ), starts AS (
+              INSERT INTO push_outbox (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
+              SELECT p.activity_id, d.id, 'start', 1, 10, $5::bigint
+              FROM placed p JOIN activities a ON a.activity_id = p.activity_id AND a.live_activity
+              CROSS JOIN devices d
+              WHERE p.seq = 1 AND d.push_to_start_sealed IS NOT NULL
+              ON CONFLICT (activity_id, device_id, kind) DO NOTHING
+              RETURNING 1
+            )
+            """ : ""
+        let counted = pushes ? ", (SELECT count(*) FROM marks) + (SELECT count(*) FROM starts) AS pushes" : ", 0 AS pushes"
+        return PGQuery("""
+            WITH c AS (
+              SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::smallint[]) AS c(activity_id, seq, payload, priority)
+            ), placed AS (
+              UPDATE activity_events e SET position = nextval('feed_positions')
+              FROM c WHERE e.activity_id = c.activity_id AND e.seq = c.seq AND e.position IS NULL
+              RETURNING e.activity_id, e.seq, e.position, c.payload, c.priority
+            )\(marks)
+            SELECT pg_notify('\(Channel.events)', ordered.position || E'\\n' || ordered.payload) AS notified,
+                   ordered.activity_id, ordered.seq, ordered.position\(counted)
+            FROM (SELECT * FROM placed ORDER BY position) ordered
+            """, [array(applied.map(\.activityID)), numbers(applied.map(\.seq)), array(applied.map(\.payload)),
+                  numbers(applied.map { Int64($0.pushPriority) })] + (pushes ? [String(now)] : []),
+            name: pushes ? "publish_finalize_push" : "publish_finalize")
     }
 }

@@ -44,8 +44,33 @@ final class Database {
 
 /// NOTIFY channels: constants, never built from input.
 enum Channel {
-    /// Every committed change: `id \n seq \n event \n snapshot-json` (json empty when too long).
+    /// Every committed change: `position \n id \n seq \n event \n snapshot-json` (json empty
+    /// when too long).
     static let events = "dispatch_events"
     /// A key was revoked: payload is its name.
     static let keys = "dispatch_keys"
+}
+
+/// One committed change as NOTIFY carries it to every server process.
+struct ChangeNotice {
+    let position: Int64
+    let activityID: String
+    let seq: Int64
+    let event: String
+    /// The snapshot after the change; empty when it did not fit the payload (read history).
+    let json: String
+
+    init(position: Int64, activityID: String, seq: Int64, event: String, json: String) {
+        self.position = position
+        self.activityID = activityID
+        self.seq = seq
+        self.event = event
+        self.json = json
+    }
+
+    init?(payload: String) {
+        let parts = payload.split(separator: "\n", maxSplits: 4, omittingEmptySubsequences: false)
+        guard parts.count == 5, let position = Int64(parts[0]), let seq = Int64(parts[2]) else { return nil }
+        self.init(position: position, activityID: String(parts[1]), seq: seq, event: String(parts[3]), json: String(parts[4]))
+    }
 }

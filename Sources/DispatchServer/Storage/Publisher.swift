@@ -7,9 +7,13 @@ final class PublishOp {
         case start(StartCommand)
         case update(UpdateCommand)
         case end(EndCommand)
+        /// A remote cancel request, with its optional reason.
+        case cancel(reason: String?)
     }
 
     enum Outcome {
+        /// Nothing to write: the stored snapshot answers (an identical start, a repeated end,
+        /// a repeated cancel request).
         case ok(Activity)
         /// Committed now: the snapshot's JSON is the one already written to the database.
         case committed(json: [UInt8], created: Bool)
@@ -31,6 +35,9 @@ final class PublishOp {
     var planned: ActivityEvent?
     var expectedSeq: Int64 = 0
     var endFingerprint: String?
+    var previousState: ActivityState?
+    var staleAt: Int64?
+    var webhook: ActivityRepository.Webhook?
 
     init(activityID: String, kind: Kind, idempotencyKey: String?, ownerKeyID: Int64?,
          authorize: @escaping (StoredActivity) -> DispatchError?, completion: @escaping (Outcome) -> Void) {
@@ -60,8 +67,12 @@ final class Publisher {
     let log: Logger
     let metrics: Metrics
     let now: () -> Int64
-    /// Called after each commit with the event, before the publisher is answered.
-    var onCommitted: ((ActivityEvent, [UInt8]) -> Void)?
+    /// `staleAfter` for starts that do not give one (seconds; 0: never).
+    let defaultStaleAfter: Int
+    /// Mark the push outbox in each batch (APNs is configured).
+    var pushes = false
+    /// Called after each commit with the event and its feed position, before the publisher is answered.
+    var onCommitted: ((ActivityEvent, [UInt8], Int64) -> Void)?
 
     /// Live activities this worker has seen lately, kept current by its commits and by NOTIFY.
     private var cache: [String: StoredActivity] = [:]
@@ -69,12 +80,14 @@ final class Publisher {
     private var waiting: [String: [PublishOp]] = [:]
     private var writeQueue: [PublishOp] = []
     private var writing = false
+    private var rng = SystemRandomNumberGenerator()
 
-    init(db: Database, log: Logger, metrics: Metrics, now: @escaping () -> Int64) {
+    init(db: Database, log: Logger, metrics: Metrics, defaultStaleAfter: Int, now: @escaping () -> Int64) {
         self.db = db
         activities = ActivityRepository(db: db)
         self.log = log
         self.metrics = metrics
+        self.defaultStaleAfter = defaultStaleAfter
         self.now = now
     }
 
@@ -156,31 +169,42 @@ final class Publisher {
     private func decide(_ op: PublishOp, _ current: StoredActivity) {
         if let denied = op.authorize(current) { return finish(op, .failed(denied)) }
         let t = now()
+        let planned: ActivityEvent
         switch op.kind {
         case .start(let cmd):
             switch ActivityMachine.restart(cmd, existing: current.activity, storedFingerprint: current.startFingerprint) {
-            case .success(let a): finish(op, .ok(a))
-            case .failure(let e): finish(op, .failed(e))
+            case .success(let a): return finish(op, .ok(a))
+            case .failure(let e): return finish(op, .failed(e))
             }
         case .update(let cmd):
             switch ActivityMachine.update(cmd, current: current.activity, now: t) {
-            case .success(let event):
-                op.planned = event
-                op.expectedSeq = current.activity.seq
-                enqueueWrite(op)
-            case .failure(let e): finish(op, .failed(e))
+            case .success(let event): planned = event
+            case .failure(let e): return finish(op, .failed(e))
             }
         case .end(let cmd):
             switch ActivityMachine.end(cmd, current: current.activity, storedEndFingerprint: current.endFingerprint, now: t) {
-            case .success(.alreadyEnded(let a)): finish(op, .ok(a))
+            case .success(.alreadyEnded(let a)): return finish(op, .ok(a))
             case .success(.ended(let event)):
-                op.planned = event
-                op.expectedSeq = current.activity.seq
+                planned = event
                 op.endFingerprint = cmd.fingerprint
-                enqueueWrite(op)
-            case .failure(let e): finish(op, .failed(e))
+            case .failure(let e): return finish(op, .failed(e))
+            }
+        case .cancel(let reason):
+            switch ActivityMachine.cancel(current: current.activity, now: t) {
+            case .success(.alreadyRequested(let a)): return finish(op, .ok(a))
+            case .success(.requested(let event)):
+                planned = event
+                op.webhook = ActivityRepository.Webhook(
+                    deliveryID: RandomID.uuid(using: &rng),
+                    body: CancelWebhook.body(activityID: op.activityID, reason: reason, requestedAt: t, seq: event.seq))
+            case .failure(let e): return finish(op, .failed(e))
             }
         }
+        op.planned = planned
+        op.expectedSeq = current.activity.seq
+        op.previousState = current.activity.state
+        op.staleAt = current.staleAt(after: planned.snapshot)
+        enqueueWrite(op)
     }
 
     private func enqueueWrite(_ op: PublishOp) {
@@ -192,9 +216,12 @@ final class Publisher {
         let event = op.planned!
         if case .start(let cmd) = op.kind {
             return ActivityRepository.startStatement(event, json: json, ownerKeyID: op.ownerKeyID, fingerprint: cmd.fingerprint,
-                                                     idempotencyKey: op.idempotencyKey)
+                                                     staleAfter: cmd.staleAfter ?? defaultStaleAfter, idempotencyKey: op.idempotencyKey)
         }
+        var reason: String?
+        if case .cancel(let r) = op.kind { reason = r }
         return ActivityRepository.changeStatement(event, json: json, expectedSeq: op.expectedSeq, endFingerprint: op.endFingerprint,
+                                                  staleAt: op.staleAt, cancelReason: reason, webhook: op.webhook,
                                                   idempotencyKey: op.idempotencyKey)
     }
 
@@ -213,7 +240,13 @@ final class Publisher {
         let ops = Array(writeQueue.prefix(Publisher.maxBatch))
         writeQueue.removeFirst(ops.count)
         let jsons = ops.map { $0.planned!.snapshot.json() }
+        let applied = zip(ops, jsons).map { op, json in
+            ActivityRepository.Applied(activityID: op.activityID, seq: op.planned!.seq,
+                                       payload: ActivityRepository.notifyPayload(op.planned!, json: json),
+                                       pushPriority: op.planned!.pushPriority(previous: op.previousState))
+        }
         let queries = zip(ops, jsons).map { statement(for: $0, json: $1) }
+            + [ActivityRepository.positionLock, ActivityRepository.finalizeStatement(applied, pushes: pushes, now: now())]
         writing = true
         metrics.publishBatches += 1
         db.writer.execute(queries) { [weak self] result in
@@ -223,26 +256,33 @@ final class Publisher {
             case .failure:
                 for op in ops { self.cache[op.activityID] = nil; self.finish(op, .failed(Database.unavailable)) }
             case .success(let rs) where rs.allSatisfy(\.ok):
-                for (i, op) in ops.enumerated() { self.settle(op, rs[i], json: jsons[i]) }
+                var positions: [String: Int64] = [:]
+                for row in rs[rs.count - 1].rows {
+                    if let id = row["activity_id"], let position = row.int64("position") { positions[id] = position }
+                }
+                for (i, op) in ops.enumerated() { self.settle(op, rs[i], json: jsons[i], position: positions[op.activityID]) }
             case .success(let rs):
-                // The batch rolled back: fail the statement that erred, replay the others
-                // (a few times at most, in case the cause is not theirs to fix).
+                // The batch rolled back: fail a change that erred, replay the others (a few
+                // times at most, in case the cause is not theirs to fix).
                 for (op, r) in zip(ops, rs) {
                     op.replays += 1
-                    if let message = r.errorMessage, r.sqlState != nil || op.replays > 3 {
-                        self.log.error("publish.failed", [("activity", op.activityID), ("error", message.trimmingNewlines)])
+                    if r.sqlState != nil || op.replays > 3 {
+                        self.log.error("publish.failed", [("activity", op.activityID), ("error", (r.errorMessage ?? "batch rolled back").trimmingNewlines)])
                         self.finish(op, .failed(DispatchError(.internalError, "the change could not be stored")))
                     } else {
                         self.writeQueue.append(op)
                     }
+                }
+                if let e = rs.dropFirst(ops.count).first(where: { !$0.ok })?.errorMessage {
+                    self.log.error("publish.finalize_failed", [("error", e.trimmingNewlines)])
                 }
             }
             self.flushWrites()
         }
     }
 
-    private func settle(_ op: PublishOp, _ r: PGResult, json: [UInt8]) {
-        guard r.rows.count == 1, let event = op.planned else {
+    private func settle(_ op: PublishOp, _ r: PGResult, json: [UInt8], position: Int64?) {
+        guard r.rows.count == 1, let event = op.planned, let position else {
             // Someone else changed it first (or this request was already applied): re-read, re-plan.
             cache[op.activityID] = nil
             op.attempts += 1
@@ -256,12 +296,13 @@ final class Publisher {
         if case .start(let cmd) = op.kind {
             if !event.snapshot.state.isTerminal {
                 remember(StoredActivity(activity: event.snapshot, lastEvent: event.name, ownerKeyID: op.ownerKeyID,
-                                        startFingerprint: cmd.fingerprint, endFingerprint: nil))
+                                        startFingerprint: cmd.fingerprint, endFingerprint: nil,
+                                        staleAfter: cmd.staleAfter ?? defaultStaleAfter))
             }
         } else {
             observe(event)
         }
-        onCommitted?(event, json)
+        onCommitted?(event, json, position)
         finish(op, .committed(json: json, created: op.isStart))
     }
 }

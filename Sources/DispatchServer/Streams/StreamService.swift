@@ -163,20 +163,15 @@ final class StreamService: HTTPStreamDelegate {
         perform(hub.published(topic: activityID, event))
     }
 
-    /// NOTIFY payload: `id \n seq \n event \n json` (json empty when it did not fit).
-    func notified(_ payload: String) {
-        let parts = payload.split(separator: "\n", maxSplits: 3, omittingEmptySubsequences: false)
-        guard parts.count == 4, let seq = Int64(parts[1]) else {
-            log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
-            return
-        }
-        let id = String(parts[0]), name = String(parts[2])
+    /// A change heard through NOTIFY (`ChangeNotice`).
+    func notified(_ notice: ChangeNotice) {
+        let id = notice.activityID, seq = notice.seq, name = notice.event
         if seq == 1 { terminalCache[id] = nil }
         let terminal = WireEvent.terminalName(name)
         let observe = publisher.isStale(id, seq: seq)
         // Most NOTIFYs concern nothing held here (or echo this worker's own commit): skip them cheaply.
         guard observe || terminal || hub.wants(topic: id, seq: seq) else { return }
-        let json = String(parts[3])
+        let json = notice.json
         if !json.isEmpty {
             if observe, let value = try? JSONParser.parse(json), let a = Activity.decode(value) {
                 publisher.observe(ActivityEvent(name: name, snapshot: a))
