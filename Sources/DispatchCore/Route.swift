@@ -15,16 +15,25 @@ public enum Route: Equatable, Sendable {
     case end(String)
     case events(String)
     case status(String)
+    case cancel(String)
+    case touch(String)
     case keys
     case key(String)
+    /// The feed: every change to every activity the key may read (contract §8).
+    case feed
+    case registerTokens
+    case forgetDevice(String)
+    /// The Activities view and its files (`/`, `/app.js`, ...).
+    case page(String)
+    case openAPI
 
     /// The methods an endpoint answers (HEAD goes with GET).
     public var methods: [HTTPMethod] {
         switch self {
-        case .healthz, .readyz, .metrics, .listActivities, .activity, .events, .status: return [.get]
-        case .startActivity, .update, .end: return [.post]
+        case .healthz, .readyz, .metrics, .listActivities, .activity, .events, .status, .feed, .page, .openAPI: return [.get]
+        case .startActivity, .update, .end, .cancel, .touch, .registerTokens: return [.post]
         case .keys: return [.get, .post]
-        case .key: return [.delete]
+        case .key, .forgetDevice: return [.delete]
         }
     }
 
@@ -41,8 +50,15 @@ public enum Route: Equatable, Sendable {
         case .end: return "/v1/activities/{id}/end"
         case .events: return "/v1/activities/{id}/events"
         case .status: return "/v1/activities/{id}/status"
+        case .cancel: return "/v1/activities/{id}/cancel"
+        case .touch: return "/v1/activities/{id}/touch"
         case .keys: return "/v1/keys"
         case .key: return "/v1/keys/{name}"
+        case .feed: return "/v1/stream"
+        case .registerTokens: return "/v1/activity-tokens"
+        case .forgetDevice: return "/v1/activity-tokens/{deviceToken}"
+        case .page: return "/"
+        case .openAPI: return "/openapi.json"
         }
     }
 
@@ -70,10 +86,16 @@ public enum Route: Equatable, Sendable {
     /// The activity id a route names, if any.
     public var activityID: String? {
         switch self {
-        case .activity(let id), .update(let id), .end(let id), .events(let id), .status(let id): return id
-        case .healthz, .readyz, .metrics, .startActivity, .listActivities, .keys, .key: return nil
+        case .activity(let id), .update(let id), .end(let id), .events(let id), .status(let id), .cancel(let id), .touch(let id):
+            return id
+        case .healthz, .readyz, .metrics, .startActivity, .listActivities, .keys, .key, .feed, .registerTokens, .forgetDevice,
+             .page, .openAPI:
+            return nil
         }
     }
+
+    /// The files of the Activities view served at the top level (besides `/`).
+    public static let pageFiles: Set<String> = ["app.js", "style.css", "favicon.svg"]
 
     private static func route(_ parts: [String]) -> Route? {
         switch parts.count {
@@ -82,14 +104,21 @@ public enum Route: Equatable, Sendable {
             case "healthz": return .healthz
             case "readyz": return .readyz
             case "metrics": return .metrics
+            case "openapi.json": return .openAPI
+            case "", "index.html": return .page("index.html")
+            case let name where pageFiles.contains(name): return .page(name)
             default: return nil
             }
         case 2 where parts[0] == "v1":
             switch parts[1] {
             case "activities": return .listActivities
             case "keys": return .keys
+            case "stream": return .feed
+            case "activity-tokens": return .registerTokens
             default: return nil
             }
+        case 3 where parts[0] == "v1" && parts[1] == "activity-tokens":
+            return .forgetDevice(parts[2])
         case 3 where parts[0] == "v1" && parts[1] == "activities":
             return parts[2] == "start" ? .startActivity : .activity(parts[2])
         case 3 where parts[0] == "v1" && parts[1] == "keys":
@@ -101,6 +130,8 @@ public enum Route: Equatable, Sendable {
             case "end": return .end(id)
             case "events": return .events(id)
             case "status": return .status(id)
+            case "cancel": return .cancel(id)
+            case "touch": return .touch(id)
             default: return nil
             }
         default:

@@ -59,9 +59,16 @@ final class API {
         case .activity(let id): getActivity(req, id)
         case .events(let id): history(req, id)
         case .status(let id): statusStream(req, id)
+        case .cancel(let id): cancel(req, id)
+        case .touch(let id): touch(req, id)
         case .keys where req.method == .post: createKey(req)
         case .keys: listKeys(req)
         case .key(let name): revokeKey(req, name: name)
+        case .feed: feed(req)
+        case .registerTokens: registerTokens(req)
+        case .forgetDevice(let token): forgetDevice(req, token)
+        case .page(let name): page(req, name)
+        case .openAPI: openAPI(req)
         }
     }
 
