@@ -13,8 +13,9 @@ let package = Package(
     targets: [
         .systemLibrary(name: "CLibevent", path: "Sources/CLibevent"),
         .systemLibrary(name: "CLibpq", path: "Sources/CLibpq", pkgConfig: "libpq"),
+        .systemLibrary(name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl"),
         .target(name: "DispatchCore", linkerSettings: [.linkedLibrary("m")]),
-        .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "DispatchCore"]),
+        .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "CCurl", "DispatchCore"]),
         .target(name: "DispatchServer", dependencies: ["DispatchCore", "DispatchIO", "CLibevent", "CLibpq"]),
         .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
         // Not named `dispatch`: its entry point would become `dispatch_main`, libdispatch's name.
