@@ -23,6 +23,7 @@ let package = Package(
         .executableTarget(name: "dispatch-bench", dependencies: ["DispatchCore", "DispatchIO", "CLibevent"]),
         .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore"]),
         .testTarget(name: "DispatchCoreTests", dependencies: ["DispatchCore"]),
+        .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "CCurl"]),
         .testTarget(name: "DispatchServerTests",
                     dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "dispatchd"]),
         .testTarget(name: "BenchSmokeTests",
