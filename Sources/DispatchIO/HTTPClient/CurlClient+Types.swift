@@ -20,6 +20,9 @@ extension CurlClient {
         /// A PEM file of extra trusted CAs (CURLOPT_CAINFO; the system's CA directory stays trusted).
         public var caFile: String?
         public var connectTimeout: Double = 5
+        /// Seconds sent data may stay unacknowledged before the kernel drops the connection
+        /// (TCP_USER_TIMEOUT); 0 leaves the kernel's default (about 15 minutes).
+        public var tcpUserTimeout: Double = 20
         public var userAgent = "dispatch"
         /// false: refuse connections to loopback, private, link-local, CGNAT, multicast and
         /// reserved addresses, checked on the resolved address when the socket is opened.
@@ -87,8 +90,10 @@ extension CurlClient {
 /// Why a request got no answer. `kind` says what the caller can do about it.
 public struct HTTPClientFailure: Error, Sendable, CustomStringConvertible {
     public enum Kind: String, Sendable {
-        /// The connection failed under the request (GOAWAY, reset, HTTP/2 error, nothing
-        /// received): send again; curl has closed that connection, so a new one is used.
+        /// The connection or the request's HTTP/2 stream failed under it (GOAWAY, reset,
+        /// closed early, HTTP/2 error, nothing received): send again. A dead connection is not
+        /// reused (curl checks a cached connection before reusing it), so the resend gets a
+        /// new one. The server may have processed the first attempt.
         case retryOnNewConnection
         /// The request's deadline passed (it may or may not have been processed).
         case timeout

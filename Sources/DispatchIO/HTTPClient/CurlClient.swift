@@ -202,9 +202,16 @@ public final class CurlClient {
             }
         }
         let fd = socket(a.family, a.socktype | Int32(SOCK_CLOEXEC.rawValue), a.protocol)
-        if fd >= 0 {
-            openConnections += 1
-            connectionsOpened += 1
+        guard fd >= 0 else { return CURL_SOCKET_BAD }
+        openConnections += 1
+        connectionsOpened += 1
+        if options.tcpUserTimeout > 0 {
+            // A connection that died silently (a middlebox forgot it) would otherwise take
+            // every multiplexed request's deadline in turn: curl times out streams, not the
+            // connection. With this, unacknowledged data kills the connection, curl sees an
+            // error and the next request opens a new one.
+            var ms = UInt32(options.tcpUserTimeout * 1000)
+            _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_USER_TIMEOUT, &ms, socklen_t(MemoryLayout<UInt32>.size))
         }
         return fd
     }

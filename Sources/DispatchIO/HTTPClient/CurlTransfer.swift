@@ -68,7 +68,10 @@ final class CurlTransfer {
         if options.multiplex { long(CURLOPT_PIPEWAIT, 1) }
         long(CURLOPT_CONNECTTIMEOUT_MS, Int(options.connectTimeout * 1000))
         long(CURLOPT_TIMEOUT_MS, max(1, Int(request.timeout * 1000)))
+        // Probe idle connections so a dead peer is noticed before the next request needs it.
         long(CURLOPT_TCP_KEEPALIVE, 1)
+        long(CURLOPT_TCP_KEEPIDLE, 30)
+        long(CURLOPT_TCP_KEEPINTVL, 10)
         str(CURLOPT_USERAGENT, options.userAgent)
         if let ca = options.caFile { str(CURLOPT_CAINFO, ca) }
         set(dispatch_curl_easy_setopt_ptr(easy, CURLOPT_ERRORBUFFER, errorBuffer))
