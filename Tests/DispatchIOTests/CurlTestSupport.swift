@@ -181,23 +181,27 @@ server.serve_forever()
 
 /// nginx serving HTTP/2 over TLS with a certificate from a CA made for the test. Every answer
 /// carries nginx's connection serial number, so a test can count the connections it used.
+/// Uses the echo module (libnginx-mod-http-echo): it reads the whole request body before
+/// answering, as APNs does (nginx's `return` answers first, and curl 7.88 then sometimes
+/// fails the stream while still sending the body), and `/hang` never answers.
 final class NginxH2Server {
     let dir: String
     let port: Int
     var caFile: String { dir + "/ca.pem" }
     private var pid: pid_t?
-    private let hangPort: Int
+    static let echoModule = "/usr/lib/nginx/modules/ngx_http_echo_module.so"
 
-    /// `hangPort`: an HTTP/1.1 server whose `/hang` never answers, proxied as `/hang`.
     /// `maxRequestsPerConnection`: nginx sends GOAWAY after that many (keepalive_requests).
-    init(hangPort: Int, maxRequestsPerConnection: Int = 10_000_000) throws {
-        guard access("/usr/sbin/nginx", X_OK) == 0 else { throw XCTSkip("nginx is not installed") }
+    init(maxRequestsPerConnection: Int = 10_000_000) throws {
+        guard access("/usr/sbin/nginx", X_OK) == 0, access(NginxH2Server.echoModule, R_OK) == 0 else {
+            throw XCTSkip("needs nginx and its echo module (apt-get install nginx-light libnginx-mod-http-echo)")
+        }
         dir = makeTempDir("h2")
         port = freePort()
-        self.hangPort = hangPort
         try makeCertificates()
         for sub in ["tmp", "logs"] { mkdir(dir + "/" + sub, 0o755) }
         writeFile(dir + "/nginx.conf", """
+        load_module \(NginxH2Server.echoModule);
         daemon off;
         master_process off;
         worker_processes 1;
@@ -217,13 +221,14 @@ final class NginxH2Server {
                 listen 127.0.0.1:\(port) ssl http2;
                 ssl_certificate \(dir)/server.pem;
                 ssl_certificate_key \(dir)/server.key;
+                default_type application/json;
                 location / {
-                    default_type application/json;
-                    return 200 '{"ok":true,"connection":$connection}';
+                    echo_read_request_body;
+                    echo -n '{"ok":true,"connection":$connection}';
                 }
                 location /hang {
-                    proxy_pass http://127.0.0.1:\(hangPort);
-                    proxy_read_timeout 120s;
+                    echo_sleep 120;
+                    echo -n '{}';
                 }
             }
         }
