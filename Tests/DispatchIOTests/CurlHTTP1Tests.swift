@@ -189,6 +189,39 @@ final class CurlHTTP1Tests: XCTestCase {
         XCTAssertEqual(Array(order.suffix(2)), ["sent after close", "after close: cancelled"])
     }
 
+    /// Past maxInFlight requests wait in order; a queued request's timeout counts from send.
+    func testQueueBeyondMaxInFlight() {
+        var o = CurlClient.Options()
+        o.allowPrivateAddresses = true
+        o.maxInFlight = 1
+        let c = CurlClient(loop: loop, options: o)
+        clients.append(c)
+        var order: [String] = []
+        let started = Clock.monotonic()
+        var expiredAt = 0.0
+        c.send(.init(url: server.url("/hang"), timeout: 1)) { r in order.append("hang:\(r.failure?.kind.rawValue ?? "ok")") }
+        c.send(.init(url: server.url("/echo"), timeout: 0.5)) { r in
+            expiredAt = Clock.monotonic() - started
+            order.append("short:\(r.failure?.kind.rawValue ?? "ok")")
+        }
+        c.send(.init(url: server.url("/echo"), timeout: 5)) { r in order.append("long:\(r.failure?.kind.rawValue ?? "ok")") }
+        XCTAssertEqual(c.inFlight, 1)
+        XCTAssertEqual(c.queued, 2)
+        runLoop(loop, timeout: 10) { order.count == 3 }
+        XCTAssertEqual(order, ["hang:timeout", "short:timeout", "long:ok"])
+        XCTAssertLessThan(expiredAt, 1.5)
+        XCTAssertEqual(c.queued, 0)
+
+        // close() cancels queued requests too.
+        var cancelled = 0
+        for _ in 0..<3 { c.send(.init(url: server.url("/hang"))) { r in if r.failure?.kind == .cancelled { cancelled += 1 } } }
+        XCTAssertEqual(c.queued, 2)
+        c.close()
+        runLoop(loop, timeout: 5) { cancelled == 3 }
+        XCTAssertEqual(cancelled, 3)
+        XCTAssertEqual(c.queued, 0)
+    }
+
     /// A completion may send the next request and close the client.
     func testCompletionMaySendAndClose() {
         let c = client()

@@ -20,6 +20,9 @@ public final class CurlClient {
     private var socketEvents: [curl_socket_t: (event: OpaquePointer, what: Int32)] = [:]
     /// Every request handed to curl and not yet reported, by easy handle.
     private var transfers: [UnsafeMutableRawPointer: CurlTransfer] = [:]
+    /// Requests waiting for room under `Options.maxInFlight`, oldest first from `queueHead`.
+    private var queue: [(request: Request, completion: Completion, deadline: Double)] = []
+    private var queueHead = 0
 
     /// Sockets open now (connections, and connection attempts in progress).
     public private(set) var openConnections = 0
@@ -28,8 +31,10 @@ public final class CurlClient {
     /// Connections the SSRF check refused since the client started.
     public private(set) var refusedConnections = 0
     public private(set) var closed = false
-    /// Requests sent and not yet completed.
+    /// Requests handed to curl and not yet completed.
     public var inFlight: Int { transfers.count }
+    /// Requests waiting for room under `Options.maxInFlight`.
+    public var queued: Int { queue.count - queueHead }
 
     /// curl_global_init is not thread-safe and must run once per process, before any handle.
     private static let globalInit: Void = {
@@ -69,9 +74,22 @@ public final class CurlClient {
 
     // MARK: - Requests
 
-    /// Sends `request`; `completion` runs exactly once, on a later turn of the loop.
+    /// Sends `request`; `completion` runs exactly once, on a later turn of the loop. Past
+    /// `Options.maxInFlight` the request waits its turn; its timeout counts from now.
     public func send(_ request: Request, completion: @escaping Completion) {
-        guard !closed, let multi else {
+        guard !closed else {
+            return fail(completion, HTTPClientFailure(.cancelled, message: "client closed"))
+        }
+        if options.maxInFlight > 0 && (transfers.count >= options.maxInFlight || queued > 0) {
+            queue.append((request, completion, Clock.monotonic() + request.timeout))
+            return
+        }
+        start(request, completion: completion)
+    }
+
+    /// Hands `request` to curl.
+    private func start(_ request: Request, completion: @escaping Completion) {
+        guard let multi else {
             return fail(completion, HTTPClientFailure(.cancelled, message: "client closed"))
         }
         guard let easy = curl_easy_init() else {
@@ -95,7 +113,30 @@ public final class CurlClient {
         loop.soon { completion(.failure(failure)) }
     }
 
-    /// Cancels every request in flight (each completes with `.cancelled` on a later turn),
+    /// Starts queued requests while there is room; those whose deadline passed while they
+    /// waited fail as timed out (added to `expired`, for the caller to complete).
+    private func startQueued(expired: inout [(Completion, Result<Response, HTTPClientFailure>)]) {
+        let now = Clock.monotonic()
+        while queued > 0 && transfers.count < options.maxInFlight {
+            var (request, completion, deadline) = queue[queueHead]
+            queueHead += 1
+            if deadline <= now {
+                expired.append((completion, .failure(HTTPClientFailure(.timeout, message: "timed out waiting for a free stream"))))
+            } else {
+                request.timeout = deadline - now
+                start(request, completion: completion)
+            }
+        }
+        if queueHead == queue.count {
+            queue.removeAll(keepingCapacity: true)
+            queueHead = 0
+        } else if queueHead > 1024 && queueHead * 2 > queue.count {
+            queue.removeFirst(queueHead)
+            queueHead = 0
+        }
+    }
+
+    /// Cancels every request in flight or queued (each completes with `.cancelled` on a later turn),
     /// closes all connections and frees curl's and libevent's resources. Safe to call twice,
     /// and from a completion.
     public func close() {
@@ -117,7 +158,9 @@ public final class CurlClient {
         if let timerEvent { event_free(timerEvent) }
         timerEvent = nil
         let failure = HTTPClientFailure(.cancelled, message: "client closed")
-        let completions = cancelled.map(\.completion)
+        let completions = cancelled.map(\.completion) + queue[queueHead...].map(\.completion)
+        queue.removeAll()
+        queueHead = 0
         if !completions.isEmpty {
             loop.soon { for c in completions { c(.failure(failure)) } }
         }
@@ -180,6 +223,8 @@ public final class CurlClient {
             transfer.release()
             finished.append((transfer.completion, result))
         }
+        // Queued requests go first, before completions can send more.
+        if !closed && options.maxInFlight > 0 { startQueued(expired: &finished) }
         for (completion, result) in finished { completion(result) }
     }
 
