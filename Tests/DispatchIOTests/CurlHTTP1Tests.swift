@@ -18,6 +18,9 @@ final class CurlHTTP1Tests: XCTestCase {
         clients = []
         spin(loop, 0.01)
         server?.stop()
+        // XCTest keeps test case objects until the run ends: drop what they hold.
+        server = nil
+        loop = nil
     }
 
     func client(allowPrivate: Bool = true, maxResponseBytes: Int = 4096) -> CurlClient {

@@ -19,6 +19,9 @@ final class CurlHTTP2Tests: XCTestCase {
         clients = []
         spin(loop, 0.01)
         nginx?.stop()
+        // XCTest keeps test case objects until the run ends: drop what they hold.
+        nginx = nil
+        loop = nil
     }
 
     func client(_ server: NginxH2Server? = nil) -> CurlClient {
