@@ -226,6 +226,9 @@ final class NginxH2Server {
                     echo_read_request_body;
                     echo -n '{"ok":true,"connection":$connection}';
                 }
+                location /early {
+                    return 200 '{"early":true}';
+                }
                 location /hang {
                     echo_sleep 120;
                     echo -n '{}';

@@ -5,7 +5,9 @@ extension CurlClient {
     /// connection per host (`.apns`); webhooks want HTTP/1.1 or 2 to anyone public (`.webhooks`).
     public struct Options: Sendable {
         /// Ask for HTTP/2 over TLS (ALPN), HTTP/1.1 for plain http (CURL_HTTP_VERSION_2TLS);
-        /// false: HTTP/1.1 everywhere.
+        /// false: HTTP/1.1 everywhere. Only for servers we trust: curl 7.88 busy-loops until
+        /// the deadline when an HTTP/2 server answers before taking a body larger than its
+        /// flow-control window (64 KiB by default, any size the server chooses).
         public var preferHTTP2 = true
         /// Run many requests as streams of one HTTP/2 connection (CURLPIPE_MULTIPLEX, and
         /// CURLOPT_PIPEWAIT so a burst waits for the first connection rather than opening more).
@@ -47,9 +49,13 @@ extension CurlClient {
             return o
         }
 
-        /// Users' URLs: public addresses only, a few connections per host.
+        /// Users' URLs: public addresses only, a few connections per host, HTTP/1.1 (a hostile
+        /// HTTP/2 server could make curl 7.88 spin, see `preferHTTP2`; one request per
+        /// delivery gains little from multiplexing).
         public static var webhooks: Options {
             var o = Options()
+            o.preferHTTP2 = false
+            o.multiplex = false
             o.maxHostConnections = 4
             o.maxTotalConnections = 256
             return o
