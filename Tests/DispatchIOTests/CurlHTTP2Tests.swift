@@ -83,13 +83,15 @@ final class CurlHTTP2Tests: XCTestCase {
         }
         let started = Clock.monotonic()
         let cpuStarted = cpuSeconds()
+        let serverCPUStarted = nginx.cpuSeconds()
         for _ in 0..<min(window, total) { next() }
         XCTAssertTrue(runLoop(loop, timeout: 120) { done == total })
         let elapsed = Clock.monotonic() - started
         let cpu = cpuSeconds() - cpuStarted
+        let serverCPU = nginx.cpuSeconds() - serverCPUStarted
         let rate = Double(done) / elapsed
         // CPU per request is the steadier figure on a shared machine; nginx runs on the other core.
-        print("CurlClient throughput: \(done) requests, window \(window), max in flight \(o.maxInFlight), \(Int(rate)) requests/s over \(c.connectionsOpened) connection(s), client CPU \(Int(cpu / Double(done) * 1e6)) µs/request (\(Int(cpu / elapsed * 100))% of a core), \(failed) failed")
+        print("CurlClient throughput: \(done) requests, window \(window), max in flight \(o.maxInFlight), \(Int(rate)) requests/s over \(c.connectionsOpened) connection(s), client CPU \(Int(cpu / Double(done) * 1e6)) µs/request (\(Int(cpu / elapsed * 100))% of a core), nginx CPU \(Int(serverCPU / Double(done) * 1e6)) µs/request (\(Int(serverCPU / elapsed * 100))%), \(failed) failed")
         XCTAssertEqual(failed, 0)
         XCTAssertEqual(c.connectionsOpened, 1)
     }

@@ -270,6 +270,15 @@ final class NginxH2Server {
         }
     }
 
+    /// CPU seconds nginx has used (user + system), from /proc.
+    func cpuSeconds() -> Double {
+        guard let pid, let stat = readFile("/proc/\(pid)/stat"), let close = stat.lastIndex(of: ")") else { return 0 }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        // After the command: state is field 3, utime 14 and stime 15 (1-based, /proc/pid/stat).
+        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
     /// kill -9: connections die without GOAWAY or FIN from nginx's side beyond the kernel's.
     func kill9() {
         killProcess(pid)
