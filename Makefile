@@ -1,10 +1,13 @@
 # The two commands a newcomer needs: `make run` and `make test`. Both install what is missing.
 SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
 
-.PHONY: run test build deps bench bench-full clean
+.PHONY: run test build deps test-deps bench bench-full clean
 
 deps:
 	@./scripts/install-deps.sh
+
+test-deps:
+	@./scripts/install-deps.sh --tests
 
 build: deps
 	$(SWIFT) build -c release
@@ -16,7 +19,7 @@ run: build
 
 # Every test: unit, server integration (real PostgreSQL the tests start themselves), CLI, bench smoke.
 # All are XCTest; the empty Swift Testing pass is skipped so the last line is the real summary.
-test: deps
+test: test-deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build --disable-swift-testing
 

@@ -8,11 +8,12 @@ import PackageDescription
 //     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue
 //     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
 //     DispatchBenchKit  the load generator's parsers and histograms
-//   C, as system libraries only: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto)
+//   C, as system libraries only: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl
 //   Shells (thin layers that perform what the pure parts decide):
 //     DispatchSystem    clocks, files, processes (plain libc)
 //     DispatchCrypto    SHA-256, HMAC, AES-GCM, ES256, random bytes (libcrypto)
-//     DispatchIO        libevent loop, evhttp server and streams, async libpq driver, logging
+//     DispatchIO        libevent loop, evhttp server and streams, async libpq driver, libcurl
+//                       client (HTTP/2, in the loop), logging
 //     DispatchServer    dispatchd: routes' handlers, repositories (SQL), streams, auth, metrics
 //   Executables: dispatchd, dispatch (the CLI), dispatch-bench
 let package = Package(
@@ -33,11 +34,12 @@ let package = Package(
         .systemLibrary(name: "CLibevent", path: "Sources/CLibevent"),
         .systemLibrary(name: "CLibpq", path: "Sources/CLibpq", pkgConfig: "libpq"),
         .systemLibrary(name: "CCrypto", path: "Sources/CCrypto", pkgConfig: "libcrypto"),
+        .systemLibrary(name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl"),
 
         // Shells.
         .target(name: "DispatchSystem"),
         .target(name: "DispatchCrypto", dependencies: ["CCrypto"]),
-        .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "PGCore", "DispatchCore", "DispatchSystem"]),
+        .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "CCurl", "PGCore", "DispatchCore", "DispatchSystem"]),
         .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem", "DispatchCrypto"]),
 
         // Executables.
@@ -54,6 +56,7 @@ let package = Package(
         .testTarget(name: "DispatchCLIKitTests", dependencies: ["DispatchCLIKit", "DispatchCore"]),
         .testTarget(name: "DispatchBenchKitTests", dependencies: ["DispatchBenchKit"]),
         .testTarget(name: "DispatchCryptoTests", dependencies: ["DispatchCrypto"]),
+        .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl"]),
         .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore"]),
         .testTarget(name: "ServerIntegrationTests",
                     dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "dispatchd"]),
