@@ -57,6 +57,15 @@ public enum Files {
 
     public static func exists(_ path: String) -> Bool { access(path, F_OK) == 0 }
 
+    /// A secret kept in a file (mode 0600): read it, or create it once with `make()`. For the
+    /// embedded default's development key, token key and webhook secret.
+    public static func readOrCreateSecret(_ path: String, make: () -> String) throws(SystemError) -> String {
+        if let text = read(path)?.trimmingNewlines, !text.isEmpty { return text }
+        let secret = make()
+        try write(path, secret + "\n", mode: 0o600)
+        return secret
+    }
+
     /// Creates `path` and its missing parents with `mode`.
     public static func makeDirectory(_ path: String, mode: mode_t = 0o755) throws(SystemError) {
         var current = path.hasPrefix("/") ? "" : "."
