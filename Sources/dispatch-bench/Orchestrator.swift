@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchSystem
 import DispatchBenchKit
 #if canImport(Glibc)
 import Glibc
@@ -115,7 +116,7 @@ final class Orchestrator {
     // MARK: - Run
 
     func run() throws -> Int32 {
-        let start = Clock.monotonic()
+        let start = Clock.monotonicNanoseconds()
         tempDir = makeTempDir()
         defer { cleanup() }
         try startTargets()
@@ -135,7 +136,7 @@ final class Orchestrator {
             for t in order { try throughput(t, rep: rep) }
             for t in order { try terminal(t, rep: rep) }
         }
-        let elapsed = Double(Clock.monotonic() - start) / 1e9
+        let elapsed = Double(Clock.monotonicNanoseconds() - start) / 1e9
         let table = renderTable(elapsed: elapsed)
         print(table)
         let path = try writeJSON(elapsed: elapsed)
@@ -259,7 +260,7 @@ final class Orchestrator {
     /// Waits until every stream has seen its channel's final seq (or 10 s), then records losses.
     func verify(_ t: Target, finals: [Int64], scenario: String) {
         var last: [JSONValue?] = []
-        let deadline = Clock.monotonic() + 10_000_000_000
+        let deadline = Clock.monotonicNanoseconds() + 10_000_000_000
         repeat {
             for w in subscribers {
                 w.send { w in
@@ -271,7 +272,7 @@ final class Orchestrator {
             let missing = last.reduce(Int64(0)) { $0 + Int64($1?.int("missing") ?? 0) }
             if missing == 0 { break }
             Control.sleep(0.2)
-        } while Clock.monotonic() < deadline
+        } while Clock.monotonicNanoseconds() < deadline
         func sum(_ k: String) -> Int64 { last.reduce(Int64(0)) { $0 + Int64($1?.int(k) ?? 0) } }
         check(t, "\(scenario): events lost", sum("missing") + sum("gaps") + sum("lostAtStart"))
         check(t, "\(scenario): events duplicated", sum("dups") + sum("extra"))
@@ -517,7 +518,7 @@ final class Orchestrator {
         w.beginObject()
         w.field("mode", config.mode)
         w.field("runTag", runTag)
-        w.field("unixTime", Int64(time(nil)))
+        w.field("unixTime", Clock.nowMilliseconds() / 1000)
         w.field("elapsedSeconds", elapsed)
         w.field("repeats", Int64(config.repeats))
         w.field("serverProcesses", Int64(config.serverWorkers))
@@ -553,7 +554,7 @@ final class Orchestrator {
         } else {
             Proc.mkdirs(absolute(config.resultsDir))
             var tm = tm()
-            var now = time(nil)
+            var now = time_t(Clock.nowMilliseconds() / 1000)
             gmtime_r(&now, &tm)
             let stamp = String(format4(Int(tm.tm_year) + 1900)) + two(Int(tm.tm_mon) + 1) + two(Int(tm.tm_mday))
                 + "-" + two(Int(tm.tm_hour)) + two(Int(tm.tm_min)) + two(Int(tm.tm_sec))

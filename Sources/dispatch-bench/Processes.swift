@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchSystem
 import DispatchBenchKit
 #if canImport(Glibc)
 import Glibc
@@ -55,8 +56,8 @@ enum Proc {
 
     /// Waits up to `seconds` for `pid` to exit; true if it did (and was reaped).
     static func wait(_ pid: pid_t, seconds: Double) -> Bool {
-        let deadline = Clock.monotonic() + Int64(seconds * 1e9)
-        while Clock.monotonic() < deadline {
+        let deadline = Clock.monotonicNanoseconds() + Int64(seconds * 1e9)
+        while Clock.monotonicNanoseconds() < deadline {
             var status: Int32 = 0
             let r = waitpid(pid, &status, WNOHANG)
             if r == pid || (r < 0 && errno == ECHILD) { return true }

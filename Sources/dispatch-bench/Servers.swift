@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchSystem
 import DispatchBenchKit
 #if canImport(Glibc)
 import Glibc
@@ -70,12 +71,12 @@ final class Target {
         switch kind {
         case .dispatch:
             r = try BlockingHTTP.request(port: port, method: "POST", path: "/v1/activities/\(activity)/update", auth: key) {
-                t = Clock.realtime()
+                t = Clock.wallNanoseconds()
                 return "{\"progress\":0.5,\"status\":\"t=\(t)\"}"
             }
         case .nchan:
             r = try BlockingHTTP.request(port: port, method: "POST", path: "/pub/\(activity)") {
-                t = Clock.realtime()
+                t = Clock.wallNanoseconds()
                 return Worker.nchanMessage(id: activity, seq: seq, t: t)
             }
         }

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import DispatchCore
+import DispatchSystem
 import DispatchCLIKit
 
 /// A failure below HTTP: the name, the connection or the bytes.
@@ -39,7 +40,7 @@ final class HTTPConnection {
             throw TransportError(message: "cannot resolve \(endpoint.host): \(text)", transient: rc == EAI_AGAIN)
         }
         defer { freeaddrinfo(first) }
-        let deadline = System.monotonic() + timeout
+        let deadline = Clock.monotonic() + timeout
         var lastError = "no address"
         var node: UnsafeMutablePointer<addrinfo>? = first
         while let ai = node {
@@ -75,7 +76,7 @@ final class HTTPConnection {
     /// poll() for one fd until `deadline`; EINTR from a signal we handle ends the wait.
     static func wait(fd: Int32, events: Int16, deadline: Double) -> WaitResult {
         while true {
-            let remaining = deadline - System.monotonic()
+            let remaining = deadline - Clock.monotonic()
             if remaining <= 0 { return .timedOut }
             var pfd = pollfd(fd: fd, events: events, revents: 0)
             let n = poll(&pfd, 1, Int32(min(remaining * 1000, 1_000_000).rounded(.up)))
@@ -137,7 +138,7 @@ final class HTTPConnection {
 
     /// One complete request and its buffered answer, within `timeout` seconds.
     static func exchange(endpoint: CLIEndpoint, request: [UInt8], timeout: Double) throws(TransportError) -> HTTPResponse {
-        let deadline = System.monotonic() + timeout
+        let deadline = Clock.monotonic() + timeout
         let conn = try connect(to: endpoint, timeout: timeout)
         try conn.send(request, deadline: deadline)
         var head: CLIHTTPResponseHead?

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import DispatchCore
+import DispatchSystem
 import DispatchCLIKit
 
 /// What the signal handlers share with the main thread. Only async-signal-safe work happens
@@ -342,7 +343,7 @@ final class ProgressPublisher: @unchecked Sendable {
                 send(value, budget: done ? 2 : min(client.global.retryFor, 5))
             }
             if done { return }
-            System.sleep(seconds: interval)
+            Clock.sleep(seconds: interval, interrupted: System.interrupted)
         }
     }
 
