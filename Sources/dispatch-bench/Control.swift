@@ -20,7 +20,7 @@ final class WorkerHandle {
         guard pipe(&inPipe) == 0, pipe(&outPipe) == 0 else { throw BenchError("pipe failed") }
         for fd in inPipe + outPipe { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
         self.name = name
-        pid = try Proc.spawn(Proc.selfPath(), ["worker", name], stdin: inPipe[0], stdout: outPipe[1])
+        pid = try Proc.spawn(Subprocess.executablePath(), ["worker", name], stdin: inPipe[0], stdout: outPipe[1])
         Glibc.close(inPipe[0])
         Glibc.close(outPipe[1])
         toWorker = inPipe[1]

@@ -464,11 +464,11 @@ final class Orchestrator {
 
     func machine() -> [(String, String)] {
         var model = ""
-        for line in (Proc.readFile("/proc/cpuinfo") ?? "").split(separator: "\n") where line.hasPrefix("model name") {
+        for line in (Files.read("/proc/cpuinfo") ?? "").split(separator: "\n") where line.hasPrefix("model name") {
             model = String(line.split(separator: ":", maxSplits: 1).last ?? "").trimmingCharacters(in: "\t")
             break
         }
-        let mem = Proc.kbField(Proc.readFile("/proc/meminfo") ?? "", "MemTotal:")
+        let mem = Proc.kbField(Files.read("/proc/meminfo") ?? "", "MemTotal:")
         var u = utsname()
         uname(&u)
         let kernel = withUnsafeBytes(of: u.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
@@ -552,25 +552,20 @@ final class Orchestrator {
         if let j = config.jsonOut {
             path = j
         } else {
-            Proc.mkdirs(absolute(config.resultsDir))
+            let dir = Files.absolutePath(config.resultsDir)
+            try? Files.makeDirectory(dir)
             var tm = tm()
             var now = time_t(Clock.nowMilliseconds() / 1000)
             gmtime_r(&now, &tm)
             let stamp = String(format4(Int(tm.tm_year) + 1900)) + two(Int(tm.tm_mon) + 1) + two(Int(tm.tm_mday))
                 + "-" + two(Int(tm.tm_hour)) + two(Int(tm.tm_min)) + two(Int(tm.tm_sec))
-            path = "\(absolute(config.resultsDir))/\(stamp)-\(config.mode).json"
-            try Proc.writeFile("\(absolute(config.resultsDir))/latest-\(config.mode).json", w.string + "\n")
+            path = "\(dir)/\(stamp)-\(config.mode).json"
+            try Files.write("\(dir)/latest-\(config.mode).json", w.string + "\n")
         }
-        try Proc.writeFile(path, w.string + "\n")
+        try Files.write(path, w.string + "\n")
         return path
     }
 
     func two(_ v: Int) -> String { v < 10 ? "0\(v)" : String(v) }
     func format4(_ v: Int) -> String { String(v) }
-
-    func absolute(_ p: String) -> String {
-        if p.hasPrefix("/") { return p }
-        var buf = [CChar](repeating: 0, count: 4096)
-        return String(cString: getcwd(&buf, 4096)) + "/" + p
-    }
 }

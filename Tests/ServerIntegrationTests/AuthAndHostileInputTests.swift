@@ -737,18 +737,9 @@ private enum AuthKit {
         return (0..<n).map { _ in UInt8.random(in: 0...255, using: &g) }
     }
 
-    /// VmRSS of a process in kB.
+    /// Resident memory of a process in kB.
     static func residentKB(_ pid: pid_t) -> Int? {
-        let fd = open("/proc/\(pid)/status", O_RDONLY)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        var buf = [UInt8](repeating: 0, count: 8192)
-        let n = read(fd, &buf, buf.count)
-        guard n > 0 else { return nil }
-        for line in String(decoding: buf[0..<n], as: UTF8.self).split(separator: "\n") where line.hasPrefix("VmRSS:") {
-            return Int(line.dropFirst(6).split(whereSeparator: { $0 == " " || $0 == "\t" }).first ?? "")
-        }
-        return nil
+        ProcessFigures.residentBytes(of: pid).map { $0 / 1024 }
     }
 
     /// Alive and not a zombie.
