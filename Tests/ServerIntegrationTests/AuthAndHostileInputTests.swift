@@ -9,26 +9,7 @@ import XCTest
 
 /// Issue 4: credentials, scopes and hostile input, end to end over real sockets against a real
 /// dispatchd and PostgreSQL. Helpers are private to this file (other suites add their own).
-final class AuthAndHostileInputTests: XCTestCase {
-    nonisolated(unsafe) static var shared: TestServer?
-    nonisolated(unsafe) static var startError: Error?
-
-    override class func setUp() {
-        super.setUp()
-        do { shared = try TestServer.start() } catch { startError = error }
-    }
-
-    override class func tearDown() {
-        shared?.stop()
-        shared = nil
-        super.tearDown()
-    }
-
-    private func server() throws -> TestServer {
-        guard let s = Self.shared else { throw Self.startError ?? XCTSkip("no server") }
-        return s
-    }
-
+final class AuthAndHostileInputTests: SharedServerTestCase {
     // MARK: - 401 and 403
 
     func testMissingBadOrMalformedCredentialsAre401() throws {
