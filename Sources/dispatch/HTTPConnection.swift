@@ -12,16 +12,11 @@ struct TransportError: Error {
     var transient: Bool
 }
 
-struct HTTPResponse {
-    var head: CLIHTTPResponseHead
-    var body: [UInt8]
-}
-
 /// One HTTP/1.1 exchange over a plain non-blocking POSIX socket (`Connection: close`).
 /// Every wait goes through poll() with a deadline, so nothing blocks forever.
 final class HTTPConnection {
     private let fd: Int32
-    private var parser = CLIHTTPResponseParser()
+    private var parser = HTTPResponseParser()
     private var eof = false
 
     private init(fd: Int32) { self.fd = fd }
@@ -112,7 +107,7 @@ final class HTTPConnection {
 
     /// Waits at most until `deadline` for bytes and returns the parser's events: `nil` when the
     /// wait timed out with nothing new, `[]` when bytes arrived that completed nothing.
-    func readEvents(until deadline: Double) throws(TransportError) -> [CLIHTTPResponseEvent]? {
+    func readEvents(until deadline: Double) throws(TransportError) -> [HTTPResponseEvent]? {
         if eof { return [] }
         switch HTTPConnection.wait(fd: fd, events: Int16(POLLIN), deadline: deadline) {
         case .ready: break
@@ -141,7 +136,7 @@ final class HTTPConnection {
         let deadline = Clock.monotonic() + timeout
         let conn = try connect(to: endpoint, timeout: timeout)
         try conn.send(request, deadline: deadline)
-        var head: CLIHTTPResponseHead?
+        var head: HTTPResponseHead?
         var body: [UInt8] = []
         while true {
             guard let events = try conn.readEvents(until: deadline) else {

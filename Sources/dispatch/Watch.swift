@@ -96,7 +96,7 @@ struct WatchCommand {
         let tick = renderer.enabled ? 0.25 : WatchCommand.idleTimeout
 
         while true {
-            let events: [CLIHTTPResponseEvent]?
+            let events: [HTTPResponseEvent]?
             do {
                 events = try conn.readEvents(until: Clock.monotonic() + tick)
             } catch {
