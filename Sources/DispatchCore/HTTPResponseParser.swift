@@ -115,13 +115,10 @@ public struct HTTPResponseParser: Sendable {
         case end
     }
 
-    private enum State: UInt8, Sendable {
+    private enum State: Equatable, Sendable {
         case head
         case fixedBody
-        case chunkSize
-        /// After the size's hex digits: spaces or tabs, then `;` or the line's end.
-        case chunkSizeSpace
-        case chunkExtension
+        case chunkSizeLine(ChunkSizeLine)
         case chunkData
         /// CRLF after a chunk's data.
         case chunkDataCR
@@ -132,6 +129,14 @@ public struct HTTPResponseParser: Sendable {
         case ending
         case done
         case failed
+    }
+
+    /// Where in `HEX [BWS] [; extensions] CRLF` a chunk-size line is.
+    private enum ChunkSizeLine: Equatable, Sendable {
+        case digits
+        /// After the digits: spaces or tabs, then `;` or the line's end.
+        case space
+        case extensions
     }
 
     private var state: State = .head
@@ -188,9 +193,9 @@ public struct HTTPResponseParser: Sendable {
             case .head:
                 guard index < n else { return nil }
                 if let head = try readHead(bytes, &index) { return .head(head) }
-            case .chunkSize, .chunkSizeSpace, .chunkExtension:
+            case .chunkSizeLine(let part):
                 guard index < n else { return nil }
-                try readChunkSizeLine(bytes, &index)
+                try readChunkSizeLine(part, bytes, &index)
             case .chunkDataCR:
                 guard index < n else { return nil }
                 let b = bytes[index]
@@ -234,7 +239,7 @@ public struct HTTPResponseParser: Sendable {
             emit(.end)
         case .failed:
             throw .malformed("the response was already refused as malformed")
-        case .head, .fixedBody, .chunkSize, .chunkSizeSpace, .chunkExtension, .chunkData, .chunkDataCR, .chunkDataLF, .trailers:
+        case .head, .fixedBody, .chunkSizeLine, .chunkData, .chunkDataCR, .chunkDataLF, .trailers:
             state = .failed
             throw HTTPParseError(.truncated, "connection closed before the response was complete")
         }
@@ -423,15 +428,16 @@ public struct HTTPResponseParser: Sendable {
     // MARK: - Chunked
 
     private mutating func startChunkSize() {
-        state = .chunkSize
+        state = .chunkSizeLine(.digits)
         remaining = 0
         lineLength = 0
         sectionBytes = 0
     }
 
     /// `HEX [BWS] [; extensions] CRLF`, a byte at a time (it may be split across reads).
-    private mutating func readChunkSizeLine(_ bytes: UnsafeRawBufferPointer, _ index: inout Int) throws(HTTPParseError) {
+    private mutating func readChunkSizeLine(_ part: ChunkSizeLine, _ bytes: UnsafeRawBufferPointer, _ index: inout Int) throws(HTTPParseError) {
         let n = bytes.count
+        var part = part
         while index < n {
             let b = bytes[index]
             index += 1
@@ -448,29 +454,30 @@ public struct HTTPResponseParser: Sendable {
                 }
                 return
             }
-            switch state {
-            case .chunkSize:
+            switch part {
+            case .digits:
                 if let d = Self.hexValue(b) {
                     guard lineLength < 15 else { throw fail("bad chunk size") }
                     remaining = remaining << 4 | d
                     lineLength += 1
                 } else if lineLength > 0, b == 0x20 || b == 0x09 || b == 0x0D {
-                    state = .chunkSizeSpace
+                    part = .space
                 } else if lineLength > 0, b == UInt8(ascii: ";") {
-                    state = .chunkExtension
+                    part = .extensions
                 } else {
                     throw fail("bad chunk size")
                 }
-            case .chunkSizeSpace:
+            case .space:
                 if b == UInt8(ascii: ";") {
-                    state = .chunkExtension
+                    part = .extensions
                 } else if b != 0x20 && b != 0x09 && b != 0x0D {
                     throw fail("bad chunk size")
                 }
-            default:  // .chunkExtension: skipped up to the line's end
-                break
+            case .extensions:
+                break  // skipped up to the line's end
             }
         }
+        state = .chunkSizeLine(part)
     }
 
     /// Trailer fields are skipped up to the blank line that ends the response.
