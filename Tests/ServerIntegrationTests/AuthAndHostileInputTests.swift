@@ -589,7 +589,7 @@ final class AuthAndHostileInputTests: SharedServerTestCase {
 }
 
 /// Helpers for this file only.
-private enum AuthKit {
+enum AuthKit {
     static func string(_ v: JSONValue?) -> String? {
         if case .string(let s)? = v { return s }
         return nil

@@ -34,6 +34,11 @@ final class API {
         guard let path = req.path else {
             return fail(req, DispatchError(.invalidField, "the path is not valid UTF-8"))
         }
+        // evhttp reads the first of several Content-Length headers; disagreeing ones mean the
+        // request's framing is ambiguous (request smuggling through a proxy): refuse it.
+        if Set(req.headerValues("Content-Length")).count > 1 {
+            return fail(req, DispatchError(.invalidField, "conflicting Content-Length headers"), headers: [("Connection", "close")])
+        }
         switch Route.match(method: req.method, path: path) {
         case .notFound:
             fail(req, DispatchError(.notFound, "no such endpoint: \(path)"))

@@ -70,11 +70,13 @@ enum KeySQL {
             """, [name])
     }
 
-    /// The bootstrap or development admin key with exactly this secret.
+    /// The bootstrap or development admin key with exactly this secret. A revoked one stays
+    /// revoked unless its secret changed: restarting must not undo a revocation.
     static func ensureAdmin(name: String, secretHash: String) -> PGQuery {
         PGQuery("""
-            INSERT INTO api_keys (name, secret_hash, scopes) VALUES ($1, $2, '{admin}')
-            ON CONFLICT (name) DO UPDATE SET secret_hash = EXCLUDED.secret_hash, scopes = '{admin}', revoked_at = NULL
+            INSERT INTO api_keys AS k (name, secret_hash, scopes) VALUES ($1, $2, '{admin}')
+            ON CONFLICT (name) DO UPDATE SET secret_hash = EXCLUDED.secret_hash, scopes = '{admin}',
+                revoked_at = CASE WHEN k.secret_hash = EXCLUDED.secret_hash THEN k.revoked_at END
             """, [name, secretHash])
     }
 }
