@@ -232,3 +232,48 @@ public final class SSEClient: @unchecked Sendable {
     public func close() { socket.close() }
     public func reset() { socket.reset() }
 }
+
+/// One kept-alive connection, for tests that need several requests to reach the same server
+/// process (a connection stays with the worker that accepted it).
+public final class KeepAliveConnection: @unchecked Sendable {
+    public let socket: TestSocket
+    private var pending: [UInt8] = []
+
+    public init(port: Int) throws { socket = try TestSocket.connect(port: port) }
+
+    public func request(_ method: String, _ path: String, token: String?, json: String? = nil) throws -> HTTPClient.Response {
+        let body = Array((json ?? "").utf8)
+        var head = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        if let token { head += "Authorization: Bearer \(token)\r\n" }
+        if json != nil || method == "POST" { head += "Content-Type: application/json\r\nContent-Length: \(body.count)\r\n" }
+        try socket.send(Array((head + "\r\n").utf8) + body)
+        var parser = HTTPResponseParser(isHeadRequest: method == "HEAD")
+        var headOut: HTTPResponseHead?
+        var bodyOut: [UInt8] = []
+        let deadline = Clock.monotonic() + 30
+        while true {
+            var consumed = 0
+            if !pending.isEmpty {
+                consumed = try pending.withUnsafeBytes { raw in
+                    try parser.feed(raw) { part in
+                        switch part {
+                        case .head(let h): headOut = h
+                        case .body(let b): bodyOut.append(contentsOf: b)
+                        case .end: break
+                        }
+                    }
+                }
+                pending.removeFirst(consumed)
+            }
+            if parser.isComplete, let h = headOut {
+                return HTTPClient.Response(status: h.status, headers: Dictionary(h.headers, uniquingKeysWith: { a, _ in a }), body: bodyOut)
+            }
+            guard Clock.monotonic() < deadline else { throw TestError("no complete answer on a kept-alive connection") }
+            guard let chunk = try socket.read(timeout: 1) else { continue }
+            if chunk.isEmpty { throw TestError("the server closed a kept-alive connection") }
+            pending.append(contentsOf: chunk)
+        }
+    }
+
+    public func close() { socket.close() }
+}

@@ -159,3 +159,41 @@ final class HardeningTests: XCTestCase {
         XCTAssertEqual(try alice.post("/v1/activities/IK-1/end", "{}", headers: ["Idempotency-Key": "end-key"]).status, 200)
     }
 }
+
+/// Revocation: the answering worker stops accepting the key before it answers, and every
+/// worker ends the key's streams.
+final class RevocationTests: XCTestCase {
+    /// Revoke, then use the key on the same kept-alive connection (so the same worker): never
+    /// accepted after the answer, hundreds of times, with two workers.
+    func testARevokedKeyIsRefusedRightAfterTheAnswer() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_WORKERS": "2"])
+        defer { s.stop() }
+        for i in 0..<150 {
+            let secret = try AuthKit.createKey(s, "loop-\(i)", ["read"])
+            let conn = try KeepAliveConnection(port: s.port)
+            defer { conn.close() }
+            XCTAssertEqual(try conn.request("GET", "/v1/activities", token: secret).status, 200, "cached as valid on this worker")
+            XCTAssertEqual(try conn.request("DELETE", "/v1/keys/loop-\(i)", token: s.adminKey).status, 200)
+            let after = try conn.request("GET", "/v1/activities", token: secret)
+            XCTAssertEqual(after.status, 401, "iteration \(i): a revoked key was accepted after the revocation's answer")
+            if after.status != 401 { break }
+        }
+    }
+
+    /// A revoked key's open streams end on every worker within a few seconds, and a later
+    /// event never reaches them.
+    func testRevokingAKeyEndsItsStreamsOnEveryWorker() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_WORKERS": "2"])
+        defer { s.stop() }
+        try s.startActivity("REVOKED-STREAMS")
+        let secret = try AuthKit.createKey(s, "streamer", ["read"])
+        // Enough streams that both workers hold some (the kernel spreads connections).
+        let streams = try (0..<12).map { _ in try SSEClient(port: s.port, path: "/v1/activities/REVOKED-STREAMS/status", token: secret) }
+        for st in streams { _ = try st.waitForEvents(1) }
+        XCTAssertEqual(try s.client.request("DELETE", "/v1/keys/streamer").status, 200)
+        for st in streams { XCTAssertTrue(try st.waitForEnd(timeout: 5), "a stream of a revoked key stayed open") }
+        try s.update("REVOKED-STREAMS")
+        for st in streams { XCTAssertEqual(st.events.count, 1, "an event published after the revocation arrived") }
+        XCTAssertGreaterThanOrEqual(try s.metric("dispatch_stream_closes_total", labels: "reason=\"revoked\""), 1)
+    }
+}

@@ -17,6 +17,8 @@ final class API {
     /// Readiness of the worker's sessions (the LISTEN session included).
     var isReady: () -> Bool = { false }
     var isShuttingDown = false
+    /// A key was revoked here: end what it holds open (its streams).
+    var onKeyRevoked: (Int64) -> Void = { _ in }
     var rng = SystemRandomNumberGenerator()
 
     init(config: ServerConfig, log: Logger, metrics: Metrics, db: Database, publisher: Publisher, streams: StreamService, auth: Auth) {
