@@ -50,29 +50,11 @@ public final class HTTPServer {
 
     /// Binds `host:port` (IPv4 or IPv6 literal). With `reusePort`, several processes share it.
     public func listen(host: String, port: Int, reusePort: Bool) throws {
-        var storage = sockaddr_storage()
-        var length: socklen_t = 0
-        var in4 = sockaddr_in()
-        var in6 = sockaddr_in6()
-        if inet_pton(AF_INET, host, &in4.sin_addr) == 1 {
-            in4.sin_family = sa_family_t(AF_INET)
-            in4.sin_port = in_port_t(UInt16(port).bigEndian)
-            withUnsafeBytes(of: in4) { src in withUnsafeMutableBytes(of: &storage) { $0.copyMemory(from: src) } }
-            length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        } else if inet_pton(AF_INET6, host.trimmingBrackets, &in6.sin6_addr) == 1 {
-            in6.sin6_family = sa_family_t(AF_INET6)
-            in6.sin6_port = in_port_t(UInt16(port).bigEndian)
-            withUnsafeBytes(of: in6) { src in withUnsafeMutableBytes(of: &storage) { $0.copyMemory(from: src) } }
-            length = socklen_t(MemoryLayout<sockaddr_in6>.size)
-        } else {
-            throw SystemError("listen address \(host) is not an IP address")
-        }
+        let address = try SocketAddress(host: host, port: port)
         var flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC)
         if reusePort { flags |= UInt32(LEV_OPT_REUSEABLE_PORT) }
-        let listener = withUnsafePointer(to: &storage) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                evconnlistener_new_bind(loop.base, nil, nil, flags, limits.backlog, $0, Int32(length))
-            }
+        let listener = address.withSockaddr { sa, length in
+            evconnlistener_new_bind(loop.base, nil, nil, flags, limits.backlog, sa, Int32(length))
         }
         guard let listener else {
             throw SystemError("cannot listen on \(host):\(port)", errno: errno)
@@ -113,11 +95,6 @@ public final class HTTPServer {
     }
 }
 
-extension String {
-    var trimmingBrackets: String {
-        hasPrefix("[") && hasSuffix("]") ? String(dropFirst().dropLast()) : self
-    }
-}
 
 /// One HTTP request as evhttp parsed it.
 public final class HTTPRequest {

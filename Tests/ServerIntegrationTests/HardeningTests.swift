@@ -197,3 +197,65 @@ final class RevocationTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(try s.metric("dispatch_stream_closes_total", labels: "reason=\"revoked\""), 1)
     }
 }
+
+/// Only the workers of one server share its address.
+final class ListenAddressTests: XCTestCase {
+    func run(_ env: [String: String], timeout: Double = 20) -> (status: Int32?, output: String) {
+        var e = Subprocess.currentEnvironment()
+        e["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
+        for (k, v) in env { e[k] = v }
+        let log = "/tmp/dispatchd-listen-\(getpid())-\(Int.random(in: 0..<1_000_000)).log"
+        defer { unlink(log) }
+        guard let pid = Subprocess.start(["/bin/sh", "-c", "exec \(TestPaths.binary("dispatchd")) > \(log) 2>&1"], environment: e) else {
+            return (nil, "cannot start")
+        }
+        let status = Subprocess.wait(pid, seconds: timeout)
+        if status == nil { kill(pid, SIGKILL); _ = Subprocess.wait(pid) }
+        return (status, Files.read(log) ?? "")
+    }
+
+    /// A second dispatchd on the same address (its own database) must not start and split the
+    /// port with the first.
+    func testASecondServerOnTheSameAddressFailsAtStart() throws {
+        let first = try TestServer.start(environment: ["DISPATCH_WORKERS": "2"])
+        defer { first.stop() }
+        let other = try TestPostgres.shared().freshDatabase()
+        let r = run(["DATABASE_URL": other, "DISPATCH_LISTEN": "127.0.0.1:\(first.port)", "DISPATCH_WORKERS": "2"])
+        XCTAssertNotNil(r.status, "the second server kept running")
+        XCTAssertNotEqual(r.status, 0, r.output)
+        XCTAssertTrue(r.output.contains("address in use"), r.output)
+        XCTAssertFalse(r.output.contains("worker_started"), "it forked workers: \(r.output)")
+        for _ in 0..<20 { XCTAssertEqual(try first.client.get("/v1/activities").status, 200, "every request reaches the first server") }
+    }
+
+    /// A port another program holds: one clear failure, non-zero, before any worker starts.
+    func testAnAddressTakenByAnotherProgramFailsOnceNonZero() throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &addr) { p in p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 } }
+        listen(fd, 16)
+        let port = Int(UInt16(bigEndian: addr.sin_port))
+        let started = Clock.monotonic()
+        let r = run(["DATABASE_URL": try TestPostgres.shared().freshDatabase(), "DISPATCH_LISTEN": "127.0.0.1:\(port)", "DISPATCH_WORKERS": "2"])
+        XCTAssertNotEqual(r.status ?? 0, 0, r.output)
+        XCTAssertTrue(r.output.contains("address in use"), r.output)
+        XCTAssertFalse(r.output.contains("giving_up") || r.output.contains("worker_crashed"), r.output)
+        XCTAssertLessThan(Clock.monotonic() - started, 15, "it failed once, not after restart cycles")
+    }
+
+    /// Port 0: the server picks one port and every worker serves it.
+    func testPortZeroIsOnePortForEveryWorker() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_WORKERS": "2"])
+        defer { s.stop() }
+        let r = run(["DATABASE_URL": s.conninfo, "DISPATCH_LISTEN": "127.0.0.1:0", "DISPATCH_WORKERS": "2"], timeout: 3)
+        XCTAssertNil(r.status, "the server exited: \(r.output)")
+        let ports = Set(r.output.split(separator: "\n").filter { $0.contains("worker.listening") }.compactMap { line in
+            line.split(separator: " ").first { $0.hasPrefix("listen=") }.map(String.init)
+        })
+        XCTAssertEqual(ports.count, 1, r.output)
+    }
+}

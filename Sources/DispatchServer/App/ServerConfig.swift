@@ -5,6 +5,11 @@ public struct ServerConfig: Equatable, Sendable {
     public struct Address: Equatable, Sendable {
         public var host: String
         public var port: Int
+
+        public init(host: String, port: Int) {
+            self.host = host
+            self.port = port
+        }
     }
 
     public var listen: [Address] = [Address(host: "127.0.0.1", port: 8080)]
@@ -116,7 +121,7 @@ public struct ServerConfig: Equatable, Sendable {
         return c
     }
 
-    static func parseListen(_ text: String) throws(ConfigError) -> [Address] {
+    public static func parseListen(_ text: String) throws(ConfigError) -> [Address] {
         var out: [Address] = []
         for part in text.split(separator: ",") {
             let p = part.trimmingCharactersSpace
