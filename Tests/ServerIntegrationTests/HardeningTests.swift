@@ -259,3 +259,38 @@ final class ListenAddressTests: XCTestCase {
         XCTAssertEqual(ports.count, 1, r.output)
     }
 }
+
+/// Slow, unauthenticated clients cannot hold the server: a whole-request deadline, and a cap
+/// per client address on connections that have not completed a request.
+final class SlowClientTests: XCTestCase {
+    /// Headers trickled a line at a time forever (slowloris), hundreds of connections, on a
+    /// server with few descriptors: health checks keep working and every trickler is cut.
+    func testTricklingConnectionsAreCutAndHealthChecksKeepWorking() throws {
+        let s = TestServer(port: try TestServer.freePort(), conninfo: try TestPostgres.shared().freshDatabase(), environment: [
+            "DISPATCH_REQUEST_DEADLINE": "4", "DISPATCH_MAX_PENDING_PER_CLIENT": "16",
+        ])
+        s.shell = "ulimit -n 256;"  // few descriptors: the flood would exhaust them
+        try s.launch()
+        defer { s.stop() }
+        var sockets: [TestSocket] = []
+        for _ in 0..<300 {
+            guard let sock = try? TestSocket.connect(port: s.port) else { break }
+            try? sock.send("GET /v1/activities HTTP/1.1\r\nHost: x\r\n")
+            sockets.append(sock)
+        }
+        defer { for sock in sockets { sock.close() } }
+        var healthy = 0, sick = 0
+        let started = Clock.monotonic()
+        while Clock.monotonic() - started < 9 {
+            for sock in sockets { try? sock.send("X-Trickle: 1\r\n") }
+            if (try? HTTPClient(port: s.port).get("/healthz").status) == 200 { healthy += 1 } else { sick += 1 }
+            usleep(500_000)
+        }
+        // Within a few seconds (the cap cuts the flood after its grace) health checks answer.
+        XCTAssertGreaterThan(healthy, 10, "healthy \(healthy), failing \(sick)")
+        let closed = AuthKit.waitForClose(sockets, timeout: 10)
+        XCTAssertEqual(closed.stillOpen, 0, "trickling connections outlived the request deadline")
+        XCTAssertFalse(closed.sawSuccess)
+        XCTAssertGreaterThanOrEqual(try s.metric("dispatch_connections_cut_total"), 250)
+    }
+}

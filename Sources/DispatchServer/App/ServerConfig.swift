@@ -24,6 +24,10 @@ public struct ServerConfig: Equatable, Sendable {
     public var retentionDays: Double = 7
     public var publishRatePerSecond: Double = 200
     public var maxStreamsPerKey = 20_000
+    /// Seconds a client may take to deliver a whole request (headers and body).
+    public var requestDeadlineSeconds: Double = 30
+    /// Connections per client address that may wait for their first complete request.
+    public var maxPendingPerClient = 32
     /// `staleAfter` of starts that give none (seconds; 0: never).
     public var staleAfterSeconds = 86_400
 
@@ -45,6 +49,8 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_STREAM_BACKLOG", flag: "--stream-backlog", help: "bytes queued for one slow stream before it is cut off (default 262144)"),
         Setting(env: "DISPATCH_RETENTION_DAYS", flag: "--retention-days", help: "days a finished activity and its history are kept (default 7)"),
         Setting(env: "DISPATCH_PUBLISH_RATE", flag: "--publish-rate", help: "publishes per second per publish key and worker, 0 for no limit (default 200)"),
+        Setting(env: "DISPATCH_REQUEST_DEADLINE", flag: "--request-deadline", help: "seconds a client may take to send a whole request, headers and body (default 30)"),
+        Setting(env: "DISPATCH_MAX_PENDING_PER_CLIENT", flag: "--max-pending-per-client", help: "connections one client address may hold before completing a request (default 32)"),
         Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
     ]
@@ -107,6 +113,14 @@ public struct ServerConfig: Equatable, Sendable {
         if let v = values["DISPATCH_PUBLISH_RATE"] {
             guard let d = Double(v), d.isFinite, d >= 0 else { throw ConfigError("DISPATCH_PUBLISH_RATE must be a number >= 0") }
             c.publishRatePerSecond = d
+        }
+        if let v = values["DISPATCH_REQUEST_DEADLINE"] {
+            guard let d = Double(v), d.isFinite, d >= 1, d <= 3600 else { throw ConfigError("DISPATCH_REQUEST_DEADLINE must be seconds from 1 to 3600, not \(v)") }
+            c.requestDeadlineSeconds = d
+        }
+        if let v = values["DISPATCH_MAX_PENDING_PER_CLIENT"] {
+            guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_PENDING_PER_CLIENT must be a positive integer, not \(v)") }
+            c.maxPendingPerClient = n
         }
         if let v = values["DISPATCH_STALE_AFTER"] {
             guard let n = Int(v), n == 0 || (10...604_800).contains(n) else {

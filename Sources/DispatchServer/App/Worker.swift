@@ -31,7 +31,9 @@ public final class Worker {
         metrics = Metrics(worker: index)
         var limits = HTTPLimits()
         limits.streamWriteTimeoutSeconds = max(60, config.heartbeatSeconds * 4)
+        limits.connections = ConnectionPolicy(requestDeadline: config.requestDeadlineSeconds, maxPendingPerClient: config.maxPendingPerClient)
         http = HTTPServer(loop: loop, limits: limits)
+        metrics.connectionsCut = { [http] in http.connectionsCut }
         db = Database(loop: loop, conninfo: conninfo, log: log, metrics: metrics)
         listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log)
         publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
