@@ -294,3 +294,38 @@ final class SlowClientTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(try s.metric("dispatch_connections_cut_total"), 250)
     }
 }
+
+/// A database that refuses writes (read-only, a full disk): reads and streams keep working,
+/// publishes get a clear 503, and /readyz says why.
+final class ReadOnlyDatabaseTests: XCTestCase {
+    func testReadsAndStreamsWorkOnADatabaseThatRefusesWrites() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_HEARTBEAT": "0.5"])
+        defer { s.stop() }
+        try s.startActivity("RO-1")
+        let reader = try AuthKit.createKey(s, "ro-reader", ["read"])   // never used yet: not cached
+        let pg = try TestPostgres.shared()
+        let dbName = try XCTUnwrap(pg.sql(s.conninfo, "SELECT current_database()").first?.first ?? nil)
+        _ = try pg.sql(s.conninfo, "ALTER DATABASE \"\(dbName)\" SET default_transaction_read_only = on")
+        // The test's own session stays writable to undo it.
+        let writable = s.conninfo + " options='-c default_transaction_read_only=off'"
+        defer { _ = try? pg.sql(writable, "ALTER DATABASE \"\(dbName)\" RESET default_transaction_read_only") }
+        // The server's sessions pick the setting up when they reconnect.
+        _ = try pg.sql(s.conninfo, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        XCTAssertTrue(waitUntil(20) { (try? HTTPClient(port: s.port).get("/readyz").text.contains("writes_refused")) == true },
+                      (try? HTTPClient(port: s.port).get("/readyz").text) ?? "")
+        XCTAssertEqual(try HTTPClient(port: s.port).get("/readyz").status, 503)
+
+        let c = HTTPClient(port: s.port, token: reader)
+        XCTAssertEqual(try c.get("/v1/activities").status, 200, "authentication must not need a write")
+        XCTAssertEqual(try c.get("/v1/activities/RO-1").status, 200)
+        let stream = try SSEClient(port: s.port, path: "/v1/activities/RO-1/status", token: reader)
+        XCTAssertEqual(try stream.waitForEvents(1).map(\.event), ["processing"])
+        let refused = try s.update("RO-1")
+        AuthKit.assertError(refused, 503, "database_unavailable", "a publish on a read-only database")
+
+        _ = try pg.sql(writable, "ALTER DATABASE \"\(dbName)\" RESET default_transaction_read_only")
+        _ = try pg.sql(writable, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        XCTAssertTrue(waitUntil(20) { (try? HTTPClient(port: s.port).get("/readyz").status) == 200 })
+        XCTAssertTrue(waitUntil(10) { (try? s.update("RO-1").status) == 200 })
+    }
+}

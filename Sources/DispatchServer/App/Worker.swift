@@ -21,6 +21,7 @@ public final class Worker {
     private var timers: [Timer] = []
     private var shuttingDown = false
     private var listenEstablished = false
+    private var databaseReadOnly = false
     /// The supervisor that started this worker; if it dies (even by SIGKILL), so does the worker.
     var supervisor: pid_t?
 
@@ -51,7 +52,7 @@ public final class Worker {
             try http.listen(host: a.host, port: a.port, reusePort: true)
         }
         http.handler = { [unowned self] req in self.api.handle(req) }
-        api.isReady = { [unowned self] in self.isReady }
+        api.readiness = { [unowned self] in self.readiness }
         api.onKeyRevoked = { [unowned self] id in self.keyRevoked(id) }
         publisher.onCommitted = { [unowned self] event, json, _ in
             self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name,
@@ -74,6 +75,8 @@ public final class Worker {
                 }
             })
         }
+        timers.append(loop.timer(after: 5, repeating: true) { [unowned self] in self.probeWritable() })
+        db.reader.onReady = { [unowned self] in self.probeWritable() }
         timers.append(loop.onSignal(SIGTERM) { [unowned self] in self.shutdown() })
         timers.append(loop.onSignal(SIGINT) { [unowned self] in self.shutdown() })
         let addresses = config.listen.map { "\($0.host):\(http.boundPort() ?? $0.port)" }.joined(separator: ",")
@@ -160,4 +163,24 @@ public final class Worker {
     }
 
     var isReady: Bool { db.isReady && listener.isReady && listenEstablished }
+
+    var readiness: Readiness {
+        guard isReady else { return .databaseUnavailable }
+        return publisher.writesRefused || databaseReadOnly ? .writesRefused : .ready
+    }
+
+    /// Asks the database every few seconds whether it would refuse writes (a read-only
+    /// setting, a standby); a refused publish says so at once (out of space).
+    private func probeWritable() {
+        guard db.reader.isReady else { return }
+        db.read(Database.writableProbe) { [weak self] result in
+            guard let self, case .success(let r) = result else { return }
+            let readOnly = r.first?.bool("read_only") ?? false
+            if readOnly != self.databaseReadOnly {
+                self.log.warning("database.writable", [("writable", !readOnly)])
+                if !readOnly { self.publisher.writesRefused = false }
+            }
+            self.databaseReadOnly = readOnly
+        }
+    }
 }

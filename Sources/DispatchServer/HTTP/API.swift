@@ -14,8 +14,8 @@ final class API {
     let publisher: Publisher
     let streams: StreamService
     let auth: Auth
-    /// Readiness of the worker's sessions (the LISTEN session included).
-    var isReady: () -> Bool = { false }
+    /// Readiness of this worker: its sessions (the LISTEN session included) and writes.
+    var readiness: () -> Readiness = { .databaseUnavailable }
     var isShuttingDown = false
     /// A key was revoked here: end what it holds open (its streams).
     var onKeyRevoked: (Int64) -> Void = { _ in }
@@ -57,7 +57,7 @@ final class API {
     private func dispatch(_ req: HTTPRequest, _ route: Route) {
         switch route {
         case .healthz: reply(req, 200, Array(#"{"status":"ok"}"#.utf8))
-        case .readyz: readiness(req)
+        case .readyz: self.readiness(req)
         case .metrics: metricsPage(req)
         case .startActivity: publish(req, .start)
         case .update(let id): publish(req, .update(id))
@@ -118,8 +118,12 @@ final class API {
     // MARK: - Health
 
     private func readiness(_ req: HTTPRequest) {
-        let ready = isReady()
-        reply(req, ready ? 200 : 503, Array((ready ? #"{"status":"ready"}"# : #"{"status":"unavailable","reason":"database"}"#).utf8))
+        switch readiness() {
+        case .ready: reply(req, 200, Array(#"{"status":"ready"}"#.utf8))
+        case .databaseUnavailable: reply(req, 503, Array(#"{"status":"unavailable","reason":"database"}"#.utf8))
+        case .writesRefused:
+            reply(req, 503, Array(#"{"status":"unavailable","reason":"writes_refused","detail":"the database refuses writes; reads and streams still work"}"#.utf8))
+        }
     }
 
     private func metricsPage(_ req: HTTPRequest) {

@@ -46,7 +46,8 @@ final class StreamService: HTTPStreamDelegate {
     private var hub = Hub<Int, WireEvent>()
     private var sessions: [Int: StreamSession] = [:]
     private var streamsPerKey: [Int64: Int] = [:]
-    private var terminalCache: [String: WireEvent] = [:]
+    /// Final events of finished activities, answered from memory; bounded by bytes.
+    private var terminalCache = BoundedCache<String, WireEvent>(maxBytes: 32 << 20)
     private var nextID = 1
     private var heartbeatTimer: Timer?
     static let retryMilliseconds = 3000
@@ -155,7 +156,7 @@ final class StreamService: HTTPStreamDelegate {
     /// A committed event: from this worker's own publish, or NOTIFY from any worker.
     func committed(activityID: String, seq: Int64, name: String, json: String) {
         // A new start for an id (reused after its old activity was pruned) outdates the cache.
-        if seq == 1 { terminalCache[activityID] = nil }
+        if seq == 1 { terminalCache.remove(activityID) }
         let terminal = WireEvent.terminalName(name)
         guard terminal || hub.wants(topic: activityID, seq: seq) else { return }
         let event = WireEvent(seq: seq, name: name, terminal: terminal, json: json)
@@ -166,7 +167,7 @@ final class StreamService: HTTPStreamDelegate {
     /// A change heard through NOTIFY (`ChangeNotice`).
     func notified(_ notice: ChangeNotice) {
         let id = notice.activityID, seq = notice.seq, name = notice.event
-        if seq == 1 { terminalCache[id] = nil }
+        if seq == 1 { terminalCache.remove(id) }
         let terminal = WireEvent.terminalName(name)
         let observe = publisher.isStale(id, seq: seq)
         // Most NOTIFYs concern nothing held here (or echo this worker's own commit): skip them cheaply.
@@ -193,8 +194,7 @@ final class StreamService: HTTPStreamDelegate {
     }
 
     private func rememberTerminal(_ id: String, _ e: WireEvent) {
-        if terminalCache.count >= 50_000 { terminalCache.removeAll(keepingCapacity: true) }
-        terminalCache[id] = e
+        terminalCache.set(id, e, bytes: e.payload.size + id.utf8.count + 128)
     }
 
     // MARK: - Performing the hub's decisions
