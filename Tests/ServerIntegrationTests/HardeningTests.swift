@@ -329,3 +329,57 @@ final class ReadOnlyDatabaseTests: XCTestCase {
         XCTAssertTrue(waitUntil(10) { (try? s.update("RO-1").status) == 200 })
     }
 }
+
+/// A `read` key cannot grow a worker's memory: finished query results are released with
+/// their batch, and a long replay is read page by page only as fast as its client reads.
+final class ReplayMemoryTests: XCTestCase {
+    /// A history of `count` events of about 500 bytes, written straight into the database.
+    func makeHistory(_ s: TestServer, id: String, count: Int) throws {
+        try s.startActivity(id)
+        let pg = try TestPostgres.shared()
+        let filler = String(repeating: "x", count: 420)
+        _ = try pg.sql(s.conninfo, """
+            INSERT INTO activity_events (activity_id, seq, event, data, created_ms, position)
+            SELECT $1, g, 'processing', '{"activityId":"' || $1 || '","seq":' || g || ',"status":"\(filler)"}', 0, nextval('feed_positions')
+            FROM generate_series(2, $2::int) g
+            """, [id, String(count)])
+        _ = try pg.sql(s.conninfo, "UPDATE activities SET seq = $2::bigint WHERE activity_id = $1", [id, String(count)])
+    }
+
+    func rssMB(_ s: TestServer) -> Int { (ProcessFigures.residentBytes(of: s.pid) ?? 0) >> 20 }
+
+    /// 60 reads of 1,000 events each (before: +400 MB that stayed).
+    func testHistoryReadsDoNotAccumulate() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        try makeHistory(s, id: "LONG-READS", count: 3000)
+        XCTAssertEqual(try s.client.get("/v1/activities/LONG-READS/events?limit=1000").status, 200)
+        let before = rssMB(s)
+        for i in 0..<60 {
+            let r = try s.client.get("/v1/activities/LONG-READS/events?after=\(i % 3 * 1000)&limit=1000")
+            XCTAssertEqual(r.status, 200)
+        }
+        XCTAssertLessThan(rssMB(s) - before, 48, "RSS grew \(rssMB(s) - before) MB over 60 history reads")
+    }
+
+    /// Replays that never read (before: about 60 MB per stream, fetched regardless): the server
+    /// holds about one page for each, and the reading ones get everything.
+    func testStalledReplaysHoldAboutOnePage() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        try makeHistory(s, id: "LONG-REPLAY", count: 3000)
+        let before = rssMB(s)
+        var stalled: [SSEClient] = []
+        for _ in 0..<40 {
+            stalled.append(try SSEClient(port: s.port, path: "/v1/activities/LONG-REPLAY/status", token: s.adminKey, lastEventID: 0, smallBuffer: true))
+        }
+        defer { for st in stalled { st.close() } }
+        let reader = try s.stream("LONG-REPLAY", lastEventID: 0)
+        XCTAssertTrue(try reader.pump(timeout: 30) { $0.events.count >= 3000 }, "the reading client got \(reader.events.count) events")
+        assertConsecutive(reader.ids, from: 1, through: 3000)
+        usleep(500_000)
+        let grown = rssMB(s) - before
+        XCTAssertLessThan(grown, 40, "RSS grew \(grown) MB with 40 stalled replays")
+        XCTAssertEqual(try s.metric("dispatch_streams_active"), 41, "stalled replays wait; they are not dropped")
+    }
+}
