@@ -316,7 +316,9 @@ final class Publisher {
             op.attempts += 1
             metrics.casRetries += 1
             guard op.attempts <= 20 else {
-                return finish(op, .failed(DispatchError(.conflict, "too many concurrent changes to \(op.activityID); retry")))
+                var busy = DispatchError(.concurrentChanges, "too many concurrent changes to \(op.activityID); retry")
+                busy.retryAfterSeconds = 1
+                return finish(op, .failed(busy))
             }
             return plan(op)
         }
