@@ -1,5 +1,6 @@
 import CLibevent
 import DispatchCore
+import DispatchSystem
 import Glibc
 
 /// One HTTP request as evhttp parsed it.
@@ -7,10 +8,16 @@ public final class HTTPRequest {
     public let raw: UnsafeMutablePointer<evhttp_request>
     /// The server that received it: a stream taking over the connection tells it.
     unowned let server: HTTPServer
+    /// When it arrived whole (monotonic seconds), for the request log.
+    public let received: Double
+    /// What the request log shows of it once known: the route's pattern and the key's name.
+    public var route: String?
+    public var keyName: String?
 
     init(_ raw: UnsafeMutablePointer<evhttp_request>, server: HTTPServer) {
         self.raw = raw
         self.server = server
+        received = Clock.monotonic()
     }
 
     /// The request's method; nil for one the API does not speak.

@@ -56,6 +56,7 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_MAX_STREAMS_PER_KEY", "--max-streams-per-key", "5", { $0.maxStreamsPerKey == 5 }),
             ("DISPATCH_STALE_AFTER", "--stale-after", "600", { $0.staleAfterSeconds == 600 }),
             ("DISPATCH_REQUEST_DEADLINE", "--request-deadline", "5", { $0.requestDeadlineSeconds == 5 }),
+            ("DISPATCH_SHUTDOWN_TIMEOUT", "--shutdown-timeout", "3", { $0.shutdownTimeoutSeconds == 3 }),
             ("DISPATCH_MAX_PENDING_PER_CLIENT", "--max-pending-per-client", "4", { $0.maxPendingPerClient == 4 }),
         ]
         XCTAssertEqual(table.count, ServerConfig.settings.count)

@@ -383,3 +383,28 @@ final class ReplayMemoryTests: XCTestCase {
         XCTAssertEqual(try s.metric("dispatch_streams_active"), 41, "stalled replays wait; they are not dropped")
     }
 }
+
+/// A worker listens only once its database sessions are up: a publish that reaches the server
+/// right after start is answered, not refused with 503.
+final class StartupTests: XCTestCase {
+    func testTheFirstRequestsAfterStartAreServed() throws {
+        let s = TestServer(port: try TestServer.freePort(), conninfo: try TestPostgres.shared().freshDatabase(),
+                           environment: ["DISPATCH_WORKERS": "2"])
+        var env = Subprocess.currentEnvironment()
+        env["DATABASE_URL"] = s.conninfo
+        env["DISPATCH_LISTEN"] = "127.0.0.1:\(s.port)"
+        env["DISPATCH_BOOTSTRAP_KEY"] = s.adminKey
+        env["DISPATCH_WORKERS"] = "2"
+        env["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
+        let pid = try XCTUnwrap(Subprocess.start(["/bin/sh", "-c", "exec \(TestPaths.binary("dispatchd")) > /dev/null 2>&1"], environment: env))
+        defer { kill(pid, SIGTERM); _ = Subprocess.wait(pid, seconds: 20) }
+        // The first moment anything answers, publish through many new connections.
+        XCTAssertTrue(waitUntil(30) { (try? TestSocket.connect(port: s.port)) != nil })
+        var statuses: [Int] = []
+        for i in 0..<40 {
+            let r = try s.client.post("/v1/activities/start", #"{"activityId":"EARLY-\#(i)","taskName":"x"}"#)
+            statuses.append(r.status)
+        }
+        XCTAssertEqual(Set(statuses), [201], "\(statuses)")
+    }
+}

@@ -28,6 +28,8 @@ public struct ServerConfig: Equatable, Sendable {
     public var requestDeadlineSeconds: Double = 30
     /// Connections per client address that may wait for their first complete request.
     public var maxPendingPerClient = 32
+    /// Seconds a stop (SIGTERM) may take: streams told to come back, publishes answered.
+    public var shutdownTimeoutSeconds: Double = 10
     /// `staleAfter` of starts that give none (seconds; 0: never).
     public var staleAfterSeconds = 86_400
 
@@ -51,6 +53,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_PUBLISH_RATE", flag: "--publish-rate", help: "publishes per second per publish key and worker, 0 for no limit (default 200)"),
         Setting(env: "DISPATCH_REQUEST_DEADLINE", flag: "--request-deadline", help: "seconds a client may take to send a whole request, headers and body (default 30)"),
         Setting(env: "DISPATCH_MAX_PENDING_PER_CLIENT", flag: "--max-pending-per-client", help: "connections one client address may hold before completing a request (default 32)"),
+        Setting(env: "DISPATCH_SHUTDOWN_TIMEOUT", flag: "--shutdown-timeout", help: "seconds a graceful stop may take before what is left is cut (default 10)"),
         Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
     ]
@@ -121,6 +124,10 @@ public struct ServerConfig: Equatable, Sendable {
         if let v = values["DISPATCH_MAX_PENDING_PER_CLIENT"] {
             guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_PENDING_PER_CLIENT must be a positive integer, not \(v)") }
             c.maxPendingPerClient = n
+        }
+        if let v = values["DISPATCH_SHUTDOWN_TIMEOUT"] {
+            guard let d = Double(v), d.isFinite, d >= 0.5, d <= 600 else { throw ConfigError("DISPATCH_SHUTDOWN_TIMEOUT must be seconds from 0.5 to 600, not \(v)") }
+            c.shutdownTimeoutSeconds = d
         }
         if let v = values["DISPATCH_STALE_AFTER"] {
             guard let n = Int(v), n == 0 || (10...604_800).contains(n) else {

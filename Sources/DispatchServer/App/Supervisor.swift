@@ -81,7 +81,8 @@ final class Supervisor {
             stopping = true
             log.info("supervisor.stopping", [("workers", children.count)])
             for pid in children.keys { kill(pid, sig) }
-            loop.timer(after: 15) { [unowned self] in
+            // Workers stop within their shutdown timeout; what is left after that is killed.
+            loop.timer(after: config.shutdownTimeoutSeconds + 2) { [unowned self] in
                 for pid in self.children.keys { kill(pid, SIGKILL) }
             }
         }

@@ -50,6 +50,7 @@ final class API {
         case .invalidActivityID:
             fail(req, DispatchError(.invalidField, "activity id must be 1-128 characters of A-Z a-z 0-9 . _ : -"))
         case .route(let route):
+            req.route = route.pattern
             dispatch(req, route)
         }
     }
@@ -86,6 +87,16 @@ final class API {
         var h = headers
         h.append(("Content-Type", contentType))
         req.respond(status: status, headers: h, body: body)
+        logRequest(req, status: status, bytes: body.count)
+    }
+
+    /// One line per answer at info: the route's pattern (never the raw path with its ids),
+    /// never a secret or an access_token.
+    func logRequest(_ req: HTTPRequest, status: Int, bytes: Int) {
+        guard log.enabled(.info) else { return }
+        log.info("http.request", [("method", req.method?.rawValue ?? "OTHER"), ("route", req.route ?? "unmatched"),
+                                  ("status", status), ("duration_ms", Int(((Clock.monotonic() - req.received) * 1000).rounded())),
+                                  ("bytes", bytes), ("key", req.keyName ?? "-")])
     }
 
     func fail(_ req: HTTPRequest, _ error: DispatchError, headers: [(String, String)] = []) {
@@ -99,7 +110,9 @@ final class API {
     func authenticated(_ req: HTTPRequest, _ scope: Scope, allowQuery: Bool = false, _ body: @escaping (APIKey) -> Void) {
         auth.authenticate(Auth.secret(from: req, allowQuery: allowQuery), needs: scope) { [weak self] result in
             switch result {
-            case .success(let key): body(key)
+            case .success(let key):
+                req.keyName = key.name
+                body(key)
             case .failure(let e): self?.fail(req, e)
             }
         }

@@ -108,6 +108,9 @@ final class Publisher {
     /// The writer (re)connected: send what waited.
     func writerReady() { flushWrites() }
 
+    /// Nothing is being planned, waiting or written: every publisher has its answer.
+    var isIdle: Bool { busy.isEmpty && writeQueue.isEmpty && !writing }
+
     // MARK: - Cache
 
     /// Whether the cache holds `id` at an older seq than a change just heard of.
