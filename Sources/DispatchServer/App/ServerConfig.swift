@@ -1,3 +1,4 @@
+import DispatchCore
 import DispatchIO
 
 /// Server configuration from the environment, each setting also a flag (flags win).
@@ -21,6 +22,8 @@ public struct ServerConfig: Equatable, Sendable {
     public var maxStreamsPerKey = 20_000
     /// `staleAfter` of starts that give none (seconds; 0: never).
     public var staleAfterSeconds = 86_400
+    /// Browsers on these origins may read `/v1` answers (contract §9); default none.
+    public var cors = CORSPolicy.none
 
     public struct Setting: Sendable {
         public let env: String
@@ -41,6 +44,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_RETENTION_DAYS", flag: "--retention-days", help: "days a finished activity and its history are kept (default 7)"),
         Setting(env: "DISPATCH_PUBLISH_RATE", flag: "--publish-rate", help: "publishes per second per publish key and worker, 0 for no limit (default 200)"),
         Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
+        Setting(env: "DISPATCH_CORS_ORIGINS", flag: "--cors-origins", help: "origins whose browser pages may call /v1, comma-separated (https://ops.example), or * for any (default none)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
     ]
 
@@ -112,6 +116,12 @@ public struct ServerConfig: Equatable, Sendable {
         if let v = values["DISPATCH_MAX_STREAMS_PER_KEY"] {
             guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_STREAMS_PER_KEY must be a positive integer") }
             c.maxStreamsPerKey = n
+        }
+        if let v = values["DISPATCH_CORS_ORIGINS"] {
+            switch CORSPolicy.parse(v) {
+            case .success(let p): c.cors = p
+            case .failure(let e): throw ConfigError("DISPATCH_CORS_ORIGINS: \(e.message)")
+            }
         }
         return c
     }
