@@ -223,6 +223,8 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
             return pending.count > maxPending ? giveUp(.tooFarBehind) : []
         case .synced:
             if let head, position <= head { return [] }
+            // Nobody here to send it to: remember where the stream is, read nothing.
+            if subscribers.isEmpty { head = position; return [] }
             if head == nil { head = position - 1 }
             return [startResync(pending: [])]
         }
@@ -233,6 +235,12 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     /// say where they are; a stream still reading has nothing to anchor it and reconnects.
     public mutating func listenRestored() -> [Action] {
         var actions: [Action] = []
+        if subscribers.isEmpty {
+            // Nothing to catch up for: the next subscriber reads its own start.
+            head = nil
+            source = .synced
+            return []
+        }
         if head == nil {
             var lasts: [Int64] = []
             for (s, state) in subscribers {

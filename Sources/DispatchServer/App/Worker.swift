@@ -15,6 +15,7 @@ public final class Worker {
     let listener: PGConnection
     let publisher: Publisher
     let streams: StreamService
+    let feeds: FeedService
     let auth: Auth
     let api: API
     let metrics: Metrics
@@ -38,8 +39,9 @@ public final class Worker {
         streams = StreamService(loop: loop, activities: publisher.activities, publisher: publisher, metrics: metrics, log: log,
                                 settings: .init(heartbeatSeconds: config.heartbeatSeconds, maxBacklog: config.streamBacklogBytes,
                                                 writeTimeout: limits.streamWriteTimeoutSeconds))
+        feeds = FeedService(loop: loop, repository: FeedRepository(db: db), metrics: metrics, log: log, settings: streams.settings)
         auth = Auth(db: db, loop: loop, log: log, publishRate: config.publishRatePerSecond)
-        api = API(config: config, log: log, metrics: metrics, db: db, publisher: publisher, streams: streams, auth: auth)
+        api = API(config: config, log: log, metrics: metrics, db: db, publisher: publisher, streams: streams, feeds: feeds, auth: auth)
     }
 
     /// Binds, connects, and runs the loop until SIGTERM/SIGINT.
@@ -90,6 +92,8 @@ public final class Worker {
                 self.auth.invalidateAll()
                 // NOTIFYs sent while the session was down are lost: catch up from history.
                 if restored { self.streams.listenRestored() }
+                // The feed follows NOTIFY order only; it re-reads what the lost session missed.
+                if restored { self.feeds.listenRestored() }
                 self.log.info("listen.ready", [("resync", restored)])
             }
         }
@@ -106,6 +110,7 @@ public final class Worker {
                 return self.log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
             }
             self.streams.notified(notice)
+            self.feeds.notified(notice)
         }
     }
 
@@ -117,6 +122,7 @@ public final class Worker {
         log.info("worker.shutdown", [("streams", streams.openStreams)])
         http.stopListening()
         streams.shutdown()
+        feeds.shutdown()
         auth.flushUsed()
         loop.timer(after: 0.3) { [unowned self] in
             self.db.close()

@@ -13,13 +13,14 @@ final class API {
     let activities: ActivityRepository
     let publisher: Publisher
     let streams: StreamService
+    let feeds: FeedService
     let auth: Auth
     /// Readiness of the worker's sessions (the LISTEN session included).
     var isReady: () -> Bool = { false }
     var isShuttingDown = false
     var rng = SystemRandomNumberGenerator()
 
-    init(config: ServerConfig, log: Logger, metrics: Metrics, db: Database, publisher: Publisher, streams: StreamService, auth: Auth) {
+    init(config: ServerConfig, log: Logger, metrics: Metrics, db: Database, publisher: Publisher, streams: StreamService, feeds: FeedService, auth: Auth) {
         self.config = config
         self.log = log
         self.metrics = metrics
@@ -27,6 +28,7 @@ final class API {
         activities = publisher.activities
         self.publisher = publisher
         self.streams = streams
+        self.feeds = feeds
         self.auth = auth
     }
 
@@ -40,6 +42,8 @@ final class API {
         case .methodNotAllowed(let allow):
             let names = allow.map(\.rawValue).joined(separator: ", ")
             fail(req, DispatchError(.methodNotAllowed, "use \(names) for this endpoint"), headers: [("Allow", names)])
+        case .preflight(let route):
+            preflight(req, route)
         case .invalidActivityID:
             fail(req, DispatchError(.invalidField, "activity id must be 1-128 characters of A-Z a-z 0-9 . _ : -"))
         case .route(let route):
@@ -76,7 +80,7 @@ final class API {
 
     func reply(_ req: HTTPRequest, _ status: Int, _ body: [UInt8], contentType: String = "application/json", headers: [(String, String)] = []) {
         metrics.httpRequests[status, default: 0] += 1
-        var h = headers
+        var h = headers + corsHeaders(req)
         h.append(("Content-Type", contentType))
         req.respond(status: status, headers: h, body: body)
     }
