@@ -144,7 +144,6 @@ final class FeedService: HTTPStreamDelegate {
                             // The page's own read tells whether `after` is resumable: a pruned
                             // change after it (horizon), or a position never issued.
                             if !FeedResume.canResume(after: after, horizon: page.horizon, newest: max(page.issued, page.head)) {
-                                self.metrics.feedResets += 1
                                 self.perform(self.hub.replayLoaded(s, .reset))
                             } else {
                                 self.perform(self.hub.replayLoaded(s, .page(page.events, through: max(page.head, after), complete: page.complete)))
@@ -157,6 +156,7 @@ final class FeedService: HTTPStreamDelegate {
             case .synced(let s, let position):
                 offer(s, StreamPayload(SSE.encode(id: String(position), event: "synced", data: "{\"position\":\(position)}")), delivered: 0)
             case .reset(let s):
+                metrics.feedResets += 1
                 offer(s, StreamPayload(SSE.encode(id: nil, event: "reset", data: "{}")), delivered: 0)
             case .drop(let s, let why):
                 close(s, reason: why.closeReason)
