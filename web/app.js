@@ -6,11 +6,12 @@ const KEY = 'dispatch.key';
 const STATES = ['queued', 'processing', 'retrying', 'idle', 'completed', 'error', 'cancelled', 'rejected'];
 const TERMINAL = new Set(['completed', 'error', 'cancelled', 'rejected']);
 const EVENTS = STATES.concat(['cancel_requested']);
-// A few SF Symbols by their meaning; anything else gets a glyph from its first word.
+// A few SF Symbols by their meaning, as symbols every system font has; anything else gets
+// the name's first letter, and no symbol at all a diamond.
 const GLYPHS = {
-  'arrow.down': '⬇', 'arrow.up': '⬆', 'icloud': '☁', 'film': '🎞', 'play': '▶', 'gear': '⚙', 'hammer': '🔨',
-  'cpu': '🧠', 'brain': '🧠', 'externaldrive': '💾', 'archivebox': '🗄', 'doc': '📄', 'shippingbox': '📦',
-  'clock': '⏱', 'bolt': '⚡', 'server': '🖥', 'desktopcomputer': '🖥', 'checkmark': '✓', 'wrench': '🔧',
+  'arrow.down': '⬇', 'arrow.up': '⬆', 'icloud': '☁', 'film': '▶', 'play': '▶', 'gear': '⚙', 'cpu': '⚙', 'brain': '⚙',
+  'hammer': '⚒', 'wrench': '⚒', 'externaldrive': '⛁', 'archivebox': '▤', 'doc': '▤', 'shippingbox': '▣', 'clock': '◷',
+  'bolt': '⚡', 'server': '▦', 'desktopcomputer': '▦', 'checkmark': '✓', 'trash': '✕', 'envelope': '✉',
 };
 
 const $ = (id) => document.getElementById(id);
@@ -24,6 +25,10 @@ let synced = false;
 let canCancel = true;
 let selected = null;
 let retryTimer = 0;
+// Connection history, newest last (read by the browser test and handy in the console).
+const connectionLog = [];
+window.dispatchConnectionLog = connectionLog;
+function logConn(what) { connectionLog.push([what, Date.now()]); if (connectionLog.length > 200) connectionLog.shift(); }
 
 // ---------------------------------------------------------------- connection
 
@@ -37,7 +42,12 @@ function connect() {
   if (lastId !== null) url += '&lastEventId=' + encodeURIComponent(lastId);
   source = new EventSource(url);
   setConn('Connecting…', 'wait');
-  source.onopen = () => { if (synced) setConn('Live', 'ok'); };
+  // Open again after a drop: the browser resumed with Last-Event-ID (no new initial set).
+  source.onopen = () => {
+    logConn('open');
+    banner(null);
+    setConn(synced ? 'Live' : 'Loading…', synced ? 'ok' : 'wait');
+  };
   for (const name of EVENTS) source.addEventListener(name, onChange);
   source.addEventListener('synced', (e) => {
     lastId = e.lastEventId;
@@ -62,6 +72,7 @@ function connect() {
 }
 
 function onConnectionError() {
+  logConn(source.readyState === EventSource.CLOSED ? 'closed' : 'error');
   setConn('Disconnected', 'bad');
   banner('Disconnected from the server — reconnecting. The list resumes where it left off.');
   if (source.readyState === EventSource.CLOSED) {
