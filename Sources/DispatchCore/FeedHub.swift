@@ -79,8 +79,9 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     public enum ReplayPage {
         /// The position is older than what the server keeps, or not one it issued.
         case reset
-        /// Matching changes after the asked position; `through`: the read covered every
-        /// position up to it; `complete`: nothing more is stored.
+        /// Matching changes after the asked position; `through`: the newest position the
+        /// read's snapshot saw; `complete`: nothing more matched (else the page was cut by its
+        /// row or byte limit, and covers positions only up to its last change).
         case page([Change], through: Int64, complete: Bool)
     }
 
@@ -180,7 +181,8 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         case .page(let changes, let through, let complete):
             var actions: [Action] = []
             if !changes.isEmpty { actions.append(.send(s, changes)) }
-            let p = max(through, changes.last?.position ?? through)
+            // A cut page covers only up to its last change, whatever the snapshot's newest.
+            let p = complete ? max(through, changes.last?.position ?? through) : (changes.last?.position ?? through)
             if !complete {
                 // Live changes stay buffered; those up to p are dropped when it goes live.
                 actions.append(.readReplay(s, state.filter, after: p))

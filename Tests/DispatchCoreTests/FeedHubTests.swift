@@ -54,7 +54,8 @@ final class FeedHubTests: XCTestCase {
         guard case .readReplay(1, _, after: 3)? = feed.subscribe(1, filter: FeedFilter(), lastEventID: 3).first else { return XCTFail() }
         _ = feed.notified(ch(6))
         _ = feed.notified(ch(9))
-        let p1 = feed.replayLoaded(1, .page([ch(4), ch(6)], through: 6, complete: false))
+        // A cut page covers up to its last change, not the snapshot's newest (9).
+        let p1 = feed.replayLoaded(1, .page([ch(4), ch(6)], through: 9, complete: false))
         XCTAssertEqual(sent(p1, to: 1), [4, 6])
         guard case .readReplay(1, _, after: 6)? = p1.last else { return XCTFail("\(p1)") }
         let p2 = feed.replayLoaded(1, .page([ch(7)], through: 8, complete: true))
@@ -286,7 +287,8 @@ struct FeedWorld {
             if after > nextPosition - 1 { snapshotted.append(.replay(s, .reset)); return }
             let rows = Array(db.filter { $0.position > after && f.matches($0) }.prefix(page))
             let full = rows.count == page
-            snapshotted.append(.replay(s, .page(rows, through: full ? rows.last!.position : max(newest, after), complete: !full)))
+            // `through` is the snapshot's newest position on every page, as the SQL returns it.
+            snapshotted.append(.replay(s, .page(rows, through: max(newest, after), complete: !full)))
         case .changes(let after, let g):
             let rows = Array(db.filter { $0.position > after }.prefix(page))
             snapshotted.append(.changes(g, rows, complete: rows.count < page))

@@ -298,6 +298,31 @@ final class FeedTests: XCTestCase {
         for f in feeds.suffix(500) { f.close() }
     }
 
+    /// Idle feeds get heartbeats; a feed that stops reading is cut off past the backlog cap
+    /// (counted as slow_client) and loses nothing when it resumes with Last-Event-ID.
+    func testHeartbeatsAndASlowFeedIsCutOffThenResumesWithoutLoss() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_HEARTBEAT": "0.2", "DISPATCH_STREAM_BACKLOG": "4096"])
+        defer { s.stop() }
+        try s.startActivity("hb")
+        let idle = try s.feed()
+        guard let p0 = try idle.waitSynced() else { return XCTFail() }
+        try idle.pump(timeout: 1)
+        XCTAssertGreaterThanOrEqual(idle.heartbeats, 2, "heartbeats on an idle feed")
+
+        let slow = try SSEClient(port: s.port, path: "/v1/stream", token: s.adminKey, lastEventID: p0, smallBuffer: true)
+        usleep(300_000)
+        let status = String(repeating: "s", count: 200)
+        for i in 0..<600 { try s.update("hb", #"{"progress":\#(Double(i) / 600),"status":"\#(status)"}"#) }
+        XCTAssertTrue(try waitUntil(10) { try s.metric("dispatch_feed_closes_total", labels: "slow_client") >= 1 }, "cut off")
+        try slow.pump(timeout: 5) { $0.ended }
+        XCTAssertTrue(slow.ended)
+        let got = slow.changeIDs
+        XCTAssertLessThan(got.count, 600, "it was cut off before the end")
+        let resumed = try s.feed(lastEventID: got.last ?? p0)
+        XCTAssertTrue(try resumed.pump(timeout: 10) { got.count + $0.changeIDs.count >= 600 })
+        XCTAssertEqual(got + resumed.changeIDs, try s.positions(after: p0), "nothing lost across the cut")
+    }
+
     func testStreamLimitPerKeyCountsFeedsAndStatusStreams() throws {
         let s = try TestServer.start(environment: ["DISPATCH_MAX_STREAMS_PER_KEY": "2"])
         defer { s.stop() }
