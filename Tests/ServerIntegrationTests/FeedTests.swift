@@ -230,6 +230,11 @@ final class FeedTests: XCTestCase {
         usleep(1_000_000)
         try live.pump(timeout: 0.2)
         try resumer.pump(timeout: 0.2)
+        // The later publish waits for the position lock the held transaction owns, so no
+        // reader can have seen a position beyond the held one yet.
+        XCTAssertEqual(other.all, [], "the later publish is not acknowledged while the earlier position is open")
+        XCTAssertEqual(live.changeIDs, [])
+        XCTAssertEqual(resumer.changeIDs, [])
         try pg.script("COMMIT")
         XCTAssertEqual(done.wait(timeout: .now() + 10), .success)
         XCTAssertEqual(other.all, [200])
