@@ -5,6 +5,9 @@ WORKDIR /src
 COPY Package.swift ./
 COPY Sources ./Sources
 COPY Tests ./Tests
+# The EmbedFiles plugin compiles web/ (the Activities view, openapi.json) into dispatchd.
+COPY Plugins ./Plugins
+COPY web ./web
 RUN swift build -c release --product dispatchd && swift build -c release --product dispatch
 
 FROM swift:6.3-bookworm-slim

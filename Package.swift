@@ -16,6 +16,8 @@ import PackageDescription
 //                       client (HTTP/2, in the loop), logging
 //     DispatchServer    dispatchd: routes' handlers, repositories (SQL), streams, auth, metrics
 //   Executables: dispatchd, dispatch (the CLI), dispatch-bench
+//   Build: EmbedFiles (plugin) + embed-files (its tool) compile directories of text files
+//     into a target: DispatchWeb carries web/ (the Activities view, openapi.json)
 let package = Package(
     name: "Dispatch",
     products: [
@@ -29,6 +31,7 @@ let package = Package(
         .target(name: "PGCore"),
         .target(name: "DispatchCLIKit", dependencies: ["DispatchCore"]),
         .target(name: "DispatchBenchKit", dependencies: ["DispatchCore"]),
+        .target(name: "DispatchWeb", exclude: ["WebAssets.embed"], plugins: ["EmbedFiles"]),
 
         // C.
         .systemLibrary(name: "CLibevent", path: "Sources/CLibevent"),
@@ -40,13 +43,17 @@ let package = Package(
         .target(name: "DispatchSystem"),
         .target(name: "DispatchCrypto", dependencies: ["CCrypto"]),
         .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "CCurl", "PGCore", "DispatchCore", "DispatchSystem"]),
-        .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem", "DispatchCrypto"]),
+        .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "DispatchWeb"]),
 
         // Executables.
         .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
         // Not named `dispatch`: its entry point would become `dispatch_main`, libdispatch's name.
         .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCLIKit", "DispatchCore", "DispatchSystem"], path: "Sources/dispatch"),
         .executableTarget(name: "dispatch-bench", dependencies: ["DispatchBenchKit", "DispatchCore", "DispatchSystem", "CLibevent"]),
+
+        // Build tools.
+        .executableTarget(name: "embed-files"),
+        .plugin(name: "EmbedFiles", capability: .buildTool(), dependencies: ["embed-files"]),
 
         // Tests: one unit-test target per library; the integration targets start real processes
         // against a real PostgreSQL (DispatchTestSupport).
@@ -70,6 +77,6 @@ let package = Package(
 
 // The hub and codecs are generic or small functions in DispatchCore called on every event:
 // let release builds specialise and inline them across modules.
-for target in package.targets where target.type != .system {
+for target in package.targets where target.type != .system && target.type != .plugin {
     target.swiftSettings = (target.swiftSettings ?? []) + [.unsafeFlags(["-cross-module-optimization"], .when(configuration: .release))]
 }

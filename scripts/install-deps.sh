@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Installs the system packages Dispatch builds, runs and tests with, when they are missing.
 # Debian/Ubuntu; uses sudo when not root. `make run` needs the build and run set; `make test`
-# also installs what the tests drive for real (nginx with the echo module for the HTTP/2 client
-# tests, Python's h2 for the fake APNs, openssl for test certificates).
+# (`--tests`) also installs what the tests drive for real: nginx with the echo module (HTTP/2
+# client tests), Python's h2 (the fake APNs), openssl (test certificates), Chromium and its
+# WebDriver (the browser tests), and a Python venv in .build/pyenv with
+# Tests/tools/requirements.txt (Selenium, schemathesis).
 set -euo pipefail
 
 build=(libevent-dev libpq-dev libssl-dev libcurl4-openssl-dev curl)
-tests=(nginx-light libnginx-mod-http-echo python3-h2 python3-cryptography python3-jwt openssl)
+tests=(nginx-light libnginx-mod-http-echo python3-h2 python3-cryptography python3-jwt openssl
+       chromium chromium-driver python3-venv)
 want=("${build[@]}")
-[ "${1:-}" = "--tests" ] && want+=("${tests[@]}")
+with_tests=0
+[ "${1:-}" = "--tests" ] && { want+=("${tests[@]}"); with_tests=1; }
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
@@ -27,3 +31,14 @@ command -v swift >/dev/null || [ -x /opt/swift/usr/bin/swift ] || {
   echo "Swift 6 is required (https://www.swift.org/install/linux/)" >&2
   exit 1
 }
+
+# The test tools' Python packages, pinned; reinstalled only when the requirements change.
+req=Tests/tools/requirements.txt
+venv=.build/pyenv
+if [ "$with_tests" = 1 ] && [ -f "$req" ] && ! cmp -s "$req" "$venv/.installed" 2>/dev/null; then
+  echo "installing test tools into $venv: $(grep -v '^#' "$req" | tr '\n' ' ')"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+  cp "$req" "$venv/.installed"
+fi

@@ -31,7 +31,8 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         case finish(Subscriber)
         /// Answer `204 No Content`: the client already has the final event.
         case noContent(Subscriber)
-        /// Answer the `not_found` event and end.
+        /// Answer the `not_found` event (id 0) and end; a subscriber that came with
+        /// Last-Event-ID gets `noContent` instead.
         case notFound(Subscriber)
         /// Disconnect; the client resumes with `Last-Event-ID`.
         case drop(Subscriber, DropReason)
@@ -128,7 +129,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         guard let event else {
             // Unknown activity: an event we heard meanwhile means it was just created.
             if topic.pending.isEmpty {
-                for s in topic.subscribers { subscribers[s] = nil; actions.append(.notFound(s)) }
+                for s in topic.subscribers { actions.append(unknown(s)) }
                 topics[name] = nil
                 return actions
             }
@@ -184,7 +185,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
             // Started from "unknown": the first stored event stands in for the snapshot.
             let sorted = topic.pending.sorted { $0.seq < $1.seq }
             guard let first = sorted.first else {
-                for s in topic.subscribers { subscribers[s] = nil; actions.append(.notFound(s)) }
+                for s in topic.subscribers { actions.append(unknown(s)) }
                 topics[name] = nil
                 return actions
             }
@@ -343,6 +344,13 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
                 if event.isTerminal { finish(s, into: &actions) }
             }
         }
+    }
+
+    /// The answer for an unknown activity: `not_found` (with id 0, so a browser reconnects
+    /// once), or `204` for a reconnect that carries Last-Event-ID (it stops there).
+    private mutating func unknown(_ s: Subscriber) -> Action {
+        let hadID = subscribers.removeValue(forKey: s)?.lastSent != nil
+        return hadID ? .noContent(s) : .notFound(s)
     }
 
     private mutating func finish(_ s: Subscriber, into actions: inout [Action]) {

@@ -66,6 +66,9 @@ public enum Route: Equatable, Sendable {
         case route(Route)
         /// The path exists but not with this method: answer 405 with `Allow`.
         case methodNotAllowed(allow: [HTTPMethod])
+        /// `OPTIONS` on an existing path: a CORS preflight (or a question about methods);
+        /// answer 204 with `Allow` (and the CORS headers when the origin is allowed).
+        case preflight(Route)
         /// An activity id in the path breaks the id rules: answer 400.
         case invalidActivityID
         case notFound
@@ -76,6 +79,7 @@ public enum Route: Equatable, Sendable {
         let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
         guard let route = route(parts) else { return .notFound }
         let allowed = route.methods
+        if method == .options { return .preflight(route) }
         guard let method, allowed.contains(method) || (method == .head && allowed.contains(.get)) else {
             return .methodNotAllowed(allow: allowed)
         }

@@ -44,6 +44,9 @@ public final class HTTPServer {
         evhttp_set_default_content_type(http, "application/json")
         let methods = EVHTTP_REQ_GET.rawValue | EVHTTP_REQ_POST.rawValue | EVHTTP_REQ_HEAD.rawValue
             | EVHTTP_REQ_PUT.rawValue | EVHTTP_REQ_DELETE.rawValue | EVHTTP_REQ_OPTIONS.rawValue | EVHTTP_REQ_PATCH.rawValue
+            // TRACE and CONNECT reach the router too, which answers the contract's JSON 405
+            // (evhttp itself would say 501, a server error, to a plain client mistake).
+            | EVHTTP_REQ_TRACE.rawValue | EVHTTP_REQ_CONNECT.rawValue
         evhttp_set_allowed_methods(http, UInt16(methods))
         let me = Unmanaged.passUnretained(self).toOpaque()
         evhttp_set_bevcb(http, { base, arg in

@@ -258,6 +258,9 @@ struct HubWorld {
                 guard let c = client(for: s, "noContent") else { return }
                 clients[c].outcome = .noContent
                 let have = clients[c].delivered.last ?? clients[c].lastEventID ?? -1
+                // Contract §9: a reconnect (Last-Event-ID) to an activity unknown when it was
+                // read is answered 204 too; a client that got events never is, unless finished.
+                if clients[c].delivered.isEmpty && clients[c].lastEventID != nil && terminalSeq(clients[c].topic) == nil { continue }
                 guard let final = terminalSeq(clients[c].topic), have >= final else {
                     return fail("204 for a client at \(have) of \(clients[c].topic) (\(db[clients[c].topic]!.count) events)")
                 }

@@ -106,7 +106,9 @@ final class HubTests: XCTestCase {
     func testUnknownActivity() {
         _ = subscribe("a")
         _ = subscribe("b", after: 3)
-        XCTAssertEqual(snapshot(nil), ["notFound a", "notFound b"])
+        // Contract §9: a request that carries Last-Event-ID (a browser reconnecting after
+        // `not_found` with id 0) is answered 204, so an EventSource stops.
+        XCTAssertEqual(snapshot(nil), ["notFound a", "noContent b"])
         XCTAssertEqual(hub.topicCount, 0)
         XCTAssertEqual(hub.subscriberCount, 0)
         XCTAssertFalse(hub.isSubscribed("a"))
@@ -114,6 +116,12 @@ final class HubTests: XCTestCase {
     }
 
     /// A publish heard while the snapshot said "unknown": the activity was just created.
+    /// Contract §9: `Last-Event-ID: 0` for an activity started meanwhile gets its whole history.
+    func testReconnectWithZeroAfterNotFoundGetsTheWholeHistory() {
+        _ = subscribe("b", after: 0)
+        XCTAssertEqual(snapshot(Ev(2)), ["readHistory b A after 0"])
+    }
+
     func testUnknownButJustCreated() {
         _ = subscribe("a")
         XCTAssertEqual(publish(Ev(2)), [])

@@ -43,6 +43,13 @@ final class RouteTests: XCTestCase {
             (.get, "/v2/activities", .notFound),
             (.get, "/v1/activities/x/status/more", .notFound),
             (nil, "/v1/activities", .methodNotAllowed(allow: [.get])),
+            // OPTIONS: a CORS preflight on any existing path, even one whose id breaks the rules
+            // (a browser asks before it sends); unknown paths stay 404.
+            (.options, "/v1/activities/start", .preflight(.startActivity)),
+            (.options, "/v1/activities/x/status", .preflight(.status("x"))),
+            (.options, "/v1/stream", .preflight(.feed)),
+            (.options, "/v1/activities/bad id", .preflight(.activity("bad id"))),
+            (.options, "/v1/nope", .notFound),
         ]
         for (method, path, want) in table {
             XCTAssertEqual(Route.match(method: method, path: path), want, "\(method?.rawValue ?? "?") \(path)")

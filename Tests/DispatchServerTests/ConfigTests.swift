@@ -1,5 +1,6 @@
 import XCTest
 @testable import DispatchServer
+import DispatchCore
 
 /// Server configuration from the environment and flags.
 final class ConfigTests: XCTestCase {
@@ -34,6 +35,7 @@ final class ConfigTests: XCTestCase {
         XCTAssertEqual(c.retentionDays, 7)
         XCTAssertEqual(c.publishRatePerSecond, 200)
         XCTAssertEqual(c.maxStreamsPerKey, 20_000)
+        XCTAssertEqual(c.cors, .none, "no origin may call /v1 from a browser unless configured")
         XCTAssertEqual(config(cores: 0)?.workers, 1, "at least one worker")
         XCTAssertEqual(config(cores: 2)?.workers, 2)
     }
@@ -58,6 +60,8 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_REQUEST_DEADLINE", "--request-deadline", "5", { $0.requestDeadlineSeconds == 5 }),
             ("DISPATCH_SHUTDOWN_TIMEOUT", "--shutdown-timeout", "3", { $0.shutdownTimeoutSeconds == 3 }),
             ("DISPATCH_MAX_PENDING_PER_CLIENT", "--max-pending-per-client", "4", { $0.maxPendingPerClient == 4 }),
+            ("DISPATCH_CORS_ORIGINS", "--cors-origins", "https://ops.example, http://localhost:3000",
+             { $0.cors == CORSPolicy(origins: ["https://ops.example", "http://localhost:3000"], anyOrigin: false) }),
         ]
         XCTAssertEqual(table.count, ServerConfig.settings.count)
         for (env, flag, value, check) in table {
@@ -111,12 +115,20 @@ final class ConfigTests: XCTestCase {
             (["DISPATCH_MAX_STREAMS_PER_KEY": "0"], []), (["DISPATCH_LOG_LEVEL": "verbose"], []), (["DISPATCH_LOG_FORMAT": "xml"], []), (["DISPATCH_STALE_AFTER": "5"], []), (["DISPATCH_REQUEST_DEADLINE": "0"], []), (["DISPATCH_MAX_PENDING_PER_CLIENT": "0"], []),
             (["DISPATCH_BOOTSTRAP_KEY": "short"], []), (["DISPATCH_BOOTSTRAP_KEY": "has a space in it ok"], []),
             (["DISPATCH_DATA_DIR": ""], []),
+            (["DISPATCH_CORS_ORIGINS": "ops.example"], []), (["DISPATCH_CORS_ORIGINS": "https://ops.example/app"], []),
+            (["DISPATCH_CORS_ORIGINS": "*,https://ops.example"], []), (["DISPATCH_CORS_ORIGINS": "ftp://ops.example"], []),
             ([:], ["--bogus"]), ([:], ["--workers"]), ([:], ["serve"]), ([:], ["--workers", "0"]),
             ([:], ["-workers", "2"]), ([:], ["--heartbeat=abc"]),
         ]
         for (env, args) in table {
             if case .success = parse(env, args) { XCTFail("accepted \(env) \(args)") }
         }
+    }
+
+    func testCORSOrigins() {
+        XCTAssertEqual(config(["DISPATCH_CORS_ORIGINS": "*"])?.cors, CORSPolicy(origins: [], anyOrigin: true))
+        XCTAssertEqual(config(["DISPATCH_CORS_ORIGINS": ""])?.cors, CORSPolicy.none, "empty: none")
+        XCTAssertEqual(config(["DISPATCH_CORS_ORIGINS": "HTTPS://Ops.Example:8443"])?.cors.origins, ["https://ops.example:8443"])
     }
 
     func testUsageListsEverySetting() {

@@ -17,6 +17,15 @@ public final class Metrics {
     public var casRetries = 0
     /// Read at render time: connections cut by the request deadline or the per-address cap.
     public var connectionsCut: () -> Int = { 0 }
+    // The feed (contract §8).
+    public var feedsActive = 0
+    public var feedsOpened = 0
+    public var feedDeliveries = 0
+    /// Changes framed for feeds: one per change, however many feeds receive it.
+    public var feedFramed = 0
+    public var feedResyncs = 0
+    public var feedResets = 0
+    public var feedCloses: [StreamCloseReason: Int] = [:]
     let bucketBounds: [Double] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
     var bucketCounts: [Int]
     var querySum = 0.0
@@ -52,6 +61,14 @@ public final class Metrics {
         line("dispatch_topic_resyncs_total", "counter", "Topics re-read from history (gap or lost LISTEN).", [(w, "\(resyncs)")])
         line("dispatch_publish_batches_total", "counter", "Group-commit transactions.", [(w, "\(publishBatches)")])
         line("dispatch_publish_conflicts_total", "counter", "Publishes retried after a concurrent change.", [(w, "\(casRetries)")])
+        line("dispatch_feeds_active", "gauge", "Feeds (GET /v1/stream) open now.", [(w, "\(feedsActive)")])
+        line("dispatch_feeds_opened_total", "counter", "Feeds opened.", [(w, "\(feedsOpened)")])
+        line("dispatch_feed_deliveries_total", "counter", "Changes written to feeds.", [(w, "\(feedDeliveries)")])
+        line("dispatch_feed_framed_total", "counter", "Changes framed for feeds (once per change, shared by every feed).", [(w, "\(feedFramed)")])
+        line("dispatch_feed_resyncs_total", "counter", "Feed catch-up reads (lost LISTEN, notice without data).", [(w, "\(feedResyncs)")])
+        line("dispatch_feed_resets_total", "counter", "Feeds answered event: reset (Last-Event-ID too old or not issued).", [(w, "\(feedResets)")])
+        line("dispatch_feed_closes_total", "counter", "Feeds ended, by reason.",
+             StreamCloseReason.allCases.map { ("\(w),reason=\"\($0.rawValue)\"", "\(feedCloses[$0] ?? 0)") })
         line("dispatch_db_up", "gauge", "1 when the database connections are up.", [(w, dbConnected ? "1" : "0")])
         line("dispatch_db_reconnects_total", "counter", "Database connections lost.", [(w, "\(dbReconnects)")])
         line("dispatch_connections_cut_total", "counter", "Client connections cut: whole-request deadline or per-address cap.",

@@ -1,3 +1,4 @@
+import DispatchCore
 import DispatchIO
 
 /// Server configuration from the environment, each setting also a flag (flags win).
@@ -32,6 +33,8 @@ public struct ServerConfig: Equatable, Sendable {
     public var shutdownTimeoutSeconds: Double = 10
     /// `staleAfter` of starts that give none (seconds; 0: never).
     public var staleAfterSeconds = 86_400
+    /// Browsers on these origins may read `/v1` answers (contract §9); default none.
+    public var cors = CORSPolicy.none
 
     public struct Setting: Sendable {
         public let env: String
@@ -55,6 +58,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_MAX_PENDING_PER_CLIENT", flag: "--max-pending-per-client", help: "connections one client address may hold before completing a request (default 32)"),
         Setting(env: "DISPATCH_SHUTDOWN_TIMEOUT", flag: "--shutdown-timeout", help: "seconds a graceful stop may take before what is left is cut (default 10)"),
         Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
+        Setting(env: "DISPATCH_CORS_ORIGINS", flag: "--cors-origins", help: "origins whose browser pages may call /v1, comma-separated (https://ops.example), or * for any (default none)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
     ]
 
@@ -138,6 +142,12 @@ public struct ServerConfig: Equatable, Sendable {
         if let v = values["DISPATCH_MAX_STREAMS_PER_KEY"] {
             guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_STREAMS_PER_KEY must be a positive integer") }
             c.maxStreamsPerKey = n
+        }
+        if let v = values["DISPATCH_CORS_ORIGINS"] {
+            switch CORSPolicy.parse(v) {
+            case .success(let p): c.cors = p
+            case .failure(let e): throw ConfigError("DISPATCH_CORS_ORIGINS: \(e.message)")
+            }
         }
         return c
     }

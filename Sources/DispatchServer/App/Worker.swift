@@ -15,6 +15,7 @@ public final class Worker {
     let listener: PGConnection
     let publisher: Publisher
     let streams: StreamService
+    let feeds: FeedService
     let auth: Auth
     let api: API
     let metrics: Metrics
@@ -43,8 +44,9 @@ public final class Worker {
         streams = StreamService(loop: loop, activities: publisher.activities, publisher: publisher, metrics: metrics, log: log,
                                 settings: .init(heartbeatSeconds: config.heartbeatSeconds, maxBacklog: config.streamBacklogBytes,
                                                 writeTimeout: limits.streamWriteTimeoutSeconds))
+        feeds = FeedService(loop: loop, repository: FeedRepository(db: db), metrics: metrics, log: log, settings: streams.settings)
         auth = Auth(db: db, loop: loop, log: log, publishRate: config.publishRatePerSecond)
-        api = API(config: config, log: log, metrics: metrics, db: db, publisher: publisher, streams: streams, auth: auth)
+        api = API(config: config, log: log, metrics: metrics, db: db, publisher: publisher, streams: streams, feeds: feeds, auth: auth)
     }
 
     /// Binds, connects, and runs the loop until SIGTERM/SIGINT.
@@ -100,9 +102,11 @@ public final class Worker {
                 self.metrics.dbConnected = true
                 self.auth.invalidateAll()
                 // NOTIFYs sent while the session was down are lost: catch up from history, and
-                // end the streams of keys revoked meanwhile.
+                // end the streams of keys revoked meanwhile. The feed follows NOTIFY order only;
+                // it re-reads what the lost session missed.
                 if restored {
                     self.streams.listenRestored()
+                    self.feeds.listenRestored()
                     self.closeStreamsOfRevokedKeys()
                 }
                 self.log.info("listen.ready", [("resync", restored)])
@@ -126,6 +130,7 @@ public final class Worker {
                 return self.log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
             }
             self.streams.notified(notice)
+            self.feeds.notified(notice)
         }
     }
 
@@ -170,6 +175,7 @@ public final class Worker {
         log.info("worker.shutdown", [("streams", streams.openStreams)])
         http.stopListening()
         streams.shutdown()
+        feeds.shutdown()
         auth.flushUsed()
         func finish() {
             db.close()

@@ -109,7 +109,7 @@ extension API {
             guard !self.isShuttingDown else {
                 return self.fail(req, DispatchError(.databaseUnavailable, "the server is shutting down"))
             }
-            if self.streams.streams(forKey: key.id) >= self.config.maxStreamsPerKey {
+            if self.streamsHeld(by: key.id) >= self.config.maxStreamsPerKey {
                 return self.fail(req, DispatchError(.tooManyStreams, "this key already holds \(self.config.maxStreamsPerKey) streams"))
             }
             // HEAD gets the stream's headers only: a stream writes to the socket itself, so it
@@ -118,7 +118,7 @@ extension API {
                 return self.reply(req, 200, [], contentType: "text/event-stream", headers: [("Cache-Control", "no-cache")])
             }
             let lastEventID = Validation.lastEventID(req.header("Last-Event-ID") ?? req.query["lastEventId"])
-            self.streams.open(req, activityID: id, lastEventID: lastEventID, keyID: key.id)
+            self.streams.open(req, activityID: id, lastEventID: lastEventID, keyID: key.id, extraHeaders: self.corsHeaders(req))
         }
     }
 }

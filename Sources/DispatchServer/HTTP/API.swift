@@ -13,6 +13,7 @@ final class API {
     let activities: ActivityRepository
     let publisher: Publisher
     let streams: StreamService
+    let feeds: FeedService
     let auth: Auth
     /// Readiness of this worker: its sessions (the LISTEN session included) and writes.
     var readiness: () -> Readiness = { .databaseUnavailable }
@@ -21,7 +22,7 @@ final class API {
     var onKeyRevoked: (Int64) -> Void = { _ in }
     var rng = SystemRandomNumberGenerator()
 
-    init(config: ServerConfig, log: Logger, metrics: Metrics, db: Database, publisher: Publisher, streams: StreamService, auth: Auth) {
+    init(config: ServerConfig, log: Logger, metrics: Metrics, db: Database, publisher: Publisher, streams: StreamService, feeds: FeedService, auth: Auth) {
         self.config = config
         self.log = log
         self.metrics = metrics
@@ -29,6 +30,7 @@ final class API {
         activities = publisher.activities
         self.publisher = publisher
         self.streams = streams
+        self.feeds = feeds
         self.auth = auth
     }
 
@@ -47,6 +49,8 @@ final class API {
         case .methodNotAllowed(let allow):
             let names = allow.map(\.rawValue).joined(separator: ", ")
             fail(req, DispatchError(.methodNotAllowed, "use \(names) for this endpoint"), headers: [("Allow", names)])
+        case .preflight(let route):
+            preflight(req, route)
         case .invalidActivityID:
             fail(req, DispatchError(.invalidField, "activity id must be 1-128 characters of A-Z a-z 0-9 . _ : -"))
         case .route(let route):
@@ -84,7 +88,7 @@ final class API {
 
     func reply(_ req: HTTPRequest, _ status: Int, _ body: [UInt8], contentType: String = "application/json", headers: [(String, String)] = []) {
         metrics.httpRequests[status, default: 0] += 1
-        var h = headers
+        var h = headers + corsHeaders(req)
         h.append(("Content-Type", contentType))
         req.respond(status: status, headers: h, body: body)
         logRequest(req, status: status, bytes: body.count)

@@ -123,12 +123,18 @@ struct ActivityRepository {
     }
 
     /// Deletes up to 5,000 finished activities that ended before `cutoff`, with their history
-    /// (a cascading foreign key). Live activities are never touched.
+    /// (a cascading foreign key). Live activities are never touched. Raises the feed's
+    /// horizon to the newest position deleted (every sub-statement sees the history before the
+    /// cascade), so a feed resuming from before it is told to reset.
     func prune(endedBefore cutoff: Int64, _ completion: @escaping (Int) -> Void) {
         db.read(PGQuery("""
-            WITH old AS (
-              DELETE FROM activities WHERE activity_id IN (
-                SELECT activity_id FROM activities WHERE ended_ms IS NOT NULL AND ended_ms < $1::bigint LIMIT 5000)
+            WITH victims AS (
+              SELECT activity_id FROM activities WHERE ended_ms IS NOT NULL AND ended_ms < $1::bigint LIMIT 5000
+            ), old AS (
+              DELETE FROM activities WHERE activity_id IN (SELECT activity_id FROM victims) RETURNING 1
+            ), horizon AS (
+              UPDATE feed_horizon SET position = GREATEST(position,
+                (SELECT coalesce(max(e.position), 0) FROM activity_events e WHERE e.activity_id IN (SELECT activity_id FROM victims)))
               RETURNING 1
             )
             SELECT count(*) AS pruned FROM old

@@ -13,6 +13,8 @@ final class StreamSession {
     var outbox: StreamOutbox<StreamPayload>
     /// A replay's next history page, read once the outbox has drained (paced replay).
     var deferredRead: (() -> Void)?
+    /// CORS headers of the request, for every answer the stream gives.
+    var extraHeaders: [(String, String)] = []
 
     init(id: Int, activityID: String, keyID: Int64, http: HTTPStream, now: Double, outbox: StreamOutbox<StreamPayload>) {
         self.id = id
@@ -77,12 +79,13 @@ final class StreamService: HTTPStreamDelegate {
 
     // MARK: - Opening
 
-    func open(_ req: HTTPRequest, activityID: String, lastEventID: Int64?, keyID: Int64) {
+    func open(_ req: HTTPRequest, activityID: String, lastEventID: Int64?, keyID: Int64, extraHeaders: [(String, String)] = []) {
         let http = HTTPStream(loop: loop)
         http.attach(req)
         let session = StreamSession(id: nextID, activityID: activityID, keyID: keyID, http: http, now: Clock.monotonic(),
                                     outbox: makeOutbox())
         nextID += 1
+        session.extraHeaders = extraHeaders
         sessions[session.id] = session
         streamsPerKey[keyID, default: 0] += 1
         metrics.streamsActive = sessions.count
@@ -238,7 +241,9 @@ final class StreamService: HTTPStreamDelegate {
                 guard let session = sessions[s] else { continue }
                 var w = JSONWriter()
                 w.beginObject(); w.field("activityId", session.activityID); w.endObject()
-                offer(s, StreamPayload(SSE.encode(id: nil, event: "not_found", data: w.string)), delivered: 0)
+                // `id: 0`: a browser's EventSource reconnects once with Last-Event-ID: 0, which is
+                // answered 204 (it stops) or, if the activity exists by then, its whole history.
+                offer(s, StreamPayload(SSE.encode(id: "0", event: "not_found", data: w.string)), delivered: 0)
                 close(s, reason: .notFound)
             case .drop(let s, let why):
                 close(s, reason: why.closeReason)
@@ -271,7 +276,7 @@ final class StreamService: HTTPStreamDelegate {
 
     private func begin(_ session: StreamSession) {
         guard !session.http.started else { return }
-        session.http.begin(headers: StreamService.headers, writeTimeout: settings.writeTimeout)
+        session.http.begin(headers: StreamService.headers + session.extraHeaders, writeTimeout: settings.writeTimeout)
         _ = session.http.write(StreamPayload(SSE.retry(milliseconds: StreamService.retryMilliseconds)), maxBacklog: settings.maxBacklog)
     }
 
@@ -366,11 +371,11 @@ final class StreamService: HTTPStreamDelegate {
             break
         case .terminal where !http.started, .noContent:
             // Nothing was ever sent (the client already had the final event).
-            http.respond(status: 204, body: [])
+            http.respond(status: 204, headers: session.extraHeaders, body: [])
         case .terminal, .notFound:
             http.end()
         case .database where !http.started:
-            http.respond(status: 503, headers: [("Content-Type", "application/json")], body: Database.unavailable.jsonBody())
+            http.respond(status: 503, headers: [("Content-Type", "application/json")] + session.extraHeaders, body: Database.unavailable.jsonBody())
         case .shutdown where http.started:
             http.end()
         case .slowClient, .writeFailed, .shutdown, .database, .revoked:

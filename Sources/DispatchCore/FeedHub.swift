@@ -1,0 +1,356 @@
+/// A change as the feed orders it: its feed position and what the filters look at.
+public protocol FeedChange {
+    /// Grows in commit order across the deployment (contract §8).
+    var position: Int64 { get }
+    var machine: String? { get }
+    var isTerminal: Bool { get }
+}
+
+/// The feed's query filters (`?machine=M&state=active|finished`).
+///
+/// `state=active` follows live activities: every change of an activity is a change of a live
+/// one, its final event included (that is how a list learns the row left). `state=finished`
+/// gets only final events. The initial set applies the filter to the current snapshot.
+public struct FeedFilter: Hashable, Sendable {
+    public enum State: String, Sendable { case active, finished }
+    public var machine: String?
+    public var state: State?
+
+    public init(machine: String? = nil, state: State? = nil) {
+        self.machine = machine
+        self.state = state
+    }
+
+    public func matches(machine m: String?, terminal: Bool) -> Bool {
+        if let machine, machine != m { return false }
+        if state == .finished && !terminal { return false }
+        return true
+    }
+
+    public func matches<C: FeedChange>(_ c: C) -> Bool { matches(machine: c.machine, terminal: c.isTerminal) }
+}
+
+/// The feed's fan-out for one server process, as a pure state machine (the shell is
+/// `FeedService`).
+///
+/// Ordering. Positions are drawn under one advisory lock held through each publish batch's
+/// commit, so position order is commit order is visibility order, and PostgreSQL delivers
+/// NOTIFYs in commit order: the changes heard here arrive in increasing position order, with
+/// holes only where a batch rolled back (never waited for). A reader that has seen position P
+/// can therefore never later see a smaller one appear, and "every change after P" is one
+/// range read. The rule that makes a connecting subscriber exact is the status streams' rule:
+/// subscribe first (buffer what is heard), then read the database in one statement that also
+/// returns the newest position P its snapshot saw, then deliver the buffered changes after P.
+/// A change committed during the read is either ≤ P (in the read) or > P (heard, buffered).
+///
+/// The source side: changes are processed in position order exactly once (`head` is the last
+/// one). A NOTIFY without the snapshot (too long for a payload), or a LISTEN session that came
+/// back, switches the source to *resyncing*: stored changes after `head` are read page by page
+/// and processed as if heard, while newer notices wait in `pending`; then those are applied.
+///
+/// Each subscriber has one phase: `initial` (reading the current snapshots page by page, then
+/// `synced`), `replay` (reading the changes after its Last-Event-ID page by page) or `live`.
+/// While reading it buffers what the source processes (bounded); a change goes to a live
+/// subscriber only when its position is above the last one it sent, so ids on every stream
+/// strictly increase and nothing is sent twice.
+public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
+    public enum Action {
+        /// Read stored changes after `after`, oldest first, one page; answer `changesLoaded`
+        /// or `changesReadFailed` with `generation`.
+        case readChanges(after: Int64, generation: UInt64)
+        /// Read a page of the current snapshots (ordered by the position of each activity's
+        /// latest change, after `after`); `firstHead` is the newest position of the first
+        /// page's read (nil on the first page). Answer `initialLoaded`.
+        case readInitial(Subscriber, FeedFilter, after: Int64, firstHead: Int64?)
+        /// Read a page of the changes after `after` matching the filter, or tell that
+        /// `after` is too old or not ours; answer `replayLoaded`.
+        case readReplay(Subscriber, FeedFilter, after: Int64)
+        /// Write these changes, in order.
+        case send(Subscriber, [Change])
+        /// Write `event: synced` with this position: the initial set is complete.
+        case synced(Subscriber, position: Int64)
+        /// Write `event: reset`: the Last-Event-ID cannot be resumed; the initial set follows.
+        case reset(Subscriber)
+        /// Disconnect; the client resumes with Last-Event-ID.
+        case drop(Subscriber, DropReason)
+    }
+
+    /// The answer to `readReplay`.
+    public enum ReplayPage {
+        /// The position is older than what the server keeps, or not one it issued.
+        case reset
+        /// Matching changes after the asked position; `through`: the newest position the
+        /// read's snapshot saw; `complete`: nothing more matched (else the page was cut by its
+        /// row or byte limit, and covers positions only up to its last change).
+        case page([Change], through: Int64, complete: Bool)
+    }
+
+    enum Phase {
+        case initial(after: Int64, firstHead: Int64?)
+        case replay
+        case live(last: Int64)
+    }
+
+    struct SubscriberState {
+        let filter: FeedFilter
+        var phase: Phase
+        /// Changes processed while the subscriber reads (initial set or replay).
+        var buffer: [Change] = []
+    }
+
+    enum Pending {
+        case change(Change)
+        /// A notice without its snapshot: read it (and what follows) from the database.
+        case missing(Int64)
+    }
+
+    enum SourcePhase {
+        case synced
+        case resyncing(generation: UInt64, pending: [Pending])
+    }
+
+    public let maxBuffered: Int
+    public let maxPending: Int
+    /// The last position processed (nil: none yet in this process).
+    public private(set) var head: Int64?
+    var source: SourcePhase = .synced
+    var subscribers: [Subscriber: SubscriberState] = [:]
+    var lastGeneration: UInt64 = 0
+
+    public init(maxBuffered: Int = 4096, maxPending: Int = 100_000) {
+        self.maxBuffered = maxBuffered
+        self.maxPending = maxPending
+    }
+
+    public var subscriberCount: Int { subscribers.count }
+    public func isSubscribed(_ s: Subscriber) -> Bool { subscribers[s] != nil }
+    public var isResyncing: Bool {
+        if case .resyncing = source { return true }
+        return false
+    }
+    /// Whether the subscriber receives live changes (its initial set or replay is done).
+    public func isLive(_ s: Subscriber) -> Bool {
+        if case .live? = subscribers[s]?.phase { return true }
+        return false
+    }
+    /// Whether anyone here would receive anything: lets the shell skip building changes.
+    public var hasSubscribers: Bool { !subscribers.isEmpty }
+
+    // MARK: - Subscribers
+
+    /// A new stream. `lastEventID` nil: the initial set; `reset`: the client's Last-Event-ID
+    /// could not be used (not a number), so `event: reset` comes first.
+    public mutating func subscribe(_ s: Subscriber, filter: FeedFilter, lastEventID: Int64?, reset: Bool = false) -> [Action] {
+        precondition(subscribers[s] == nil, "subscriber registered twice")
+        if let after = lastEventID, !reset {
+            subscribers[s] = SubscriberState(filter: filter, phase: .replay)
+            return [.readReplay(s, filter, after: after)]
+        }
+        subscribers[s] = SubscriberState(filter: filter, phase: .initial(after: 0, firstHead: nil))
+        return (reset ? [.reset(s)] : []) + [.readInitial(s, filter, after: 0, firstHead: nil)]
+    }
+
+    /// Removes a subscriber; safe to call more than once. Its reads still out are ignored.
+    public mutating func unsubscribe(_ s: Subscriber) {
+        subscribers[s] = nil
+    }
+
+    public mutating func initialLoaded(_ s: Subscriber, _ rows: [Change], through: Int64, complete: Bool) -> [Action] {
+        guard let state = subscribers[s], case .initial(let after, let firstHead) = state.phase else { return [] }
+        var actions: [Action] = []
+        if !rows.isEmpty { actions.append(.send(s, rows)) }
+        let last = rows.last?.position ?? after
+        if !complete {
+            subscribers[s]?.phase = .initial(after: last, firstHead: firstHead ?? through)
+            actions.append(.readInitial(s, state.filter, after: last, firstHead: firstHead ?? through))
+            return actions
+        }
+        let p = max(through, last)
+        actions.append(.synced(s, position: p))
+        goLive(s, after: p, into: &actions)
+        return actions
+    }
+
+    public mutating func replayLoaded(_ s: Subscriber, _ page: ReplayPage) -> [Action] {
+        guard let state = subscribers[s], case .replay = state.phase else { return [] }
+        switch page {
+        case .reset:
+            // The buffer stays: it holds what was heard since the subscription.
+            subscribers[s]?.phase = .initial(after: 0, firstHead: nil)
+            return [.reset(s), .readInitial(s, state.filter, after: 0, firstHead: nil)]
+        case .page(let changes, let through, let complete):
+            var actions: [Action] = []
+            if !changes.isEmpty { actions.append(.send(s, changes)) }
+            // A cut page covers only up to its last change, whatever the snapshot's newest.
+            let p = complete ? max(through, changes.last?.position ?? through) : (changes.last?.position ?? through)
+            if !complete {
+                // Live changes stay buffered; those up to p are dropped when it goes live.
+                actions.append(.readReplay(s, state.filter, after: p))
+                return actions
+            }
+            goLive(s, after: p, into: &actions)
+            return actions
+        }
+    }
+
+    /// A read this subscriber needed failed: it reconnects later.
+    public mutating func readFailed(_ s: Subscriber) -> [Action] {
+        guard subscribers.removeValue(forKey: s) != nil else { return [] }
+        return [.drop(s, .readFailed)]
+    }
+
+    // MARK: - The source
+
+    /// A committed change heard through NOTIFY, with its snapshot.
+    public mutating func notified(_ change: Change) -> [Action] {
+        switch source {
+        case .resyncing(let generation, var pending):
+            pending.append(.change(change))
+            source = .resyncing(generation: generation, pending: pending)
+            return pending.count > maxPending ? giveUp(.tooFarBehind) : []
+        case .synced:
+            var actions: [Action] = []
+            process(change, into: &actions)
+            return actions
+        }
+    }
+
+    /// A NOTIFY whose snapshot did not fit the payload: the change is read from the database,
+    /// and later ones wait for it.
+    public mutating func notifiedWithoutData(position: Int64) -> [Action] {
+        switch source {
+        case .resyncing(let generation, var pending):
+            pending.append(.missing(position))
+            source = .resyncing(generation: generation, pending: pending)
+            return pending.count > maxPending ? giveUp(.tooFarBehind) : []
+        case .synced:
+            if let head, position <= head { return [] }
+            // Nobody here to send it to: remember where the stream is, read nothing.
+            if subscribers.isEmpty { head = position; return [] }
+            if head == nil { head = position - 1 }
+            return [startResync(pending: [])]
+        }
+    }
+
+    /// The LISTEN session came back: notices sent while it was down are lost. Re-read what
+    /// followed the last processed position. Without one (nothing heard yet), live streams
+    /// say where they are; a stream still reading has nothing to anchor it and reconnects.
+    public mutating func listenRestored() -> [Action] {
+        var actions: [Action] = []
+        if subscribers.isEmpty {
+            // Nothing to catch up for: the next subscriber reads its own start.
+            head = nil
+            source = .synced
+            return []
+        }
+        if head == nil {
+            var lasts: [Int64] = []
+            for (s, state) in subscribers {
+                if case .live(let last) = state.phase {
+                    lasts.append(last)
+                } else {
+                    subscribers[s] = nil
+                    actions.append(.drop(s, .readFailed))
+                }
+            }
+            guard let from = lasts.min() else { source = .synced; return actions }
+            head = from
+        }
+        actions.append(startResync(pending: []))
+        return actions
+    }
+
+    public mutating func changesLoaded(generation: UInt64, _ changes: [Change], complete: Bool) -> [Action] {
+        guard case .resyncing(let current, let pending) = source, current == generation else { return [] }
+        var actions: [Action] = []
+        for c in changes { process(c, into: &actions) }
+        if !complete {
+            actions.append(.readChanges(after: head ?? 0, generation: generation))
+            return actions
+        }
+        source = .synced
+        for (i, p) in pending.enumerated() {
+            switch p {
+            case .change(let c):
+                process(c, into: &actions)
+            case .missing(let position):
+                if let head, position <= head { continue }
+                actions.append(startResync(pending: Array(pending[(i + 1)...])))
+                return actions
+            }
+        }
+        return actions
+    }
+
+    /// The shell gave up re-reading (the database stayed down): every stream reconnects later.
+    public mutating func changesReadFailed(generation: UInt64) -> [Action] {
+        guard case .resyncing(let current, _) = source, current == generation else { return [] }
+        return giveUp(.readFailed)
+    }
+
+    // MARK: - Internals
+
+    private mutating func startResync(pending: [Pending]) -> Action {
+        lastGeneration += 1
+        source = .resyncing(generation: lastGeneration, pending: pending)
+        return .readChanges(after: head ?? 0, generation: lastGeneration)
+    }
+
+    private mutating func giveUp(_ reason: DropReason) -> [Action] {
+        let all = subscribers.keys
+        subscribers = [:]
+        source = .synced
+        head = nil
+        return all.map { .drop($0, reason) }
+    }
+
+    private mutating func goLive(_ s: Subscriber, after p: Int64, into actions: inout [Action]) {
+        var last = p
+        var out: [Change] = []
+        for c in subscribers[s]?.buffer ?? [] where c.position > last {
+            out.append(c)
+            last = c.position
+        }
+        if !out.isEmpty { actions.append(.send(s, out)) }
+        subscribers[s]?.phase = .live(last: last)
+        subscribers[s]?.buffer = []
+    }
+
+    /// One change, in position order: to every live subscriber whose filter it matches, into
+    /// the buffer of every reading one.
+    private mutating func process(_ c: Change, into actions: inout [Action]) {
+        if let head, c.position <= head { return }
+        head = c.position
+        guard !subscribers.isEmpty else { return }
+        // One array shared by every subscriber's send (copy-on-write): no allocation each.
+        let single = [c]
+        var dropped: [Subscriber] = []
+        // Values are mutated in place through their index: no copy of the table per change.
+        var i = subscribers.startIndex
+        while i != subscribers.endIndex {
+            defer { subscribers.formIndex(after: &i) }
+            guard subscribers.values[i].filter.matches(c) else { continue }
+            switch subscribers.values[i].phase {
+            case .live(let last):
+                guard c.position > last else { continue }
+                subscribers.values[i].phase = .live(last: c.position)
+                actions.append(.send(subscribers.keys[i], single))
+            case .initial, .replay:
+                subscribers.values[i].buffer.append(c)
+                if subscribers.values[i].buffer.count > maxBuffered { dropped.append(subscribers.keys[i]) }
+            }
+        }
+        for s in dropped {
+            subscribers[s] = nil
+            actions.append(.drop(s, .tooFarBehind))
+        }
+    }
+}
+
+/// Whether a feed's Last-Event-ID can be resumed (contract §8): a position at or above the
+/// retention horizon (the newest position pruned) and not beyond the newest position issued.
+public enum FeedResume {
+    public static func canResume(after position: Int64, horizon: Int64, newest: Int64) -> Bool {
+        position >= horizon && position <= newest
+    }
+}
