@@ -196,6 +196,18 @@ final class RevocationTests: XCTestCase {
         for st in streams { XCTAssertEqual(st.events.count, 1, "an event published after the revocation arrived") }
         XCTAssertGreaterThanOrEqual(try s.metric("dispatch_stream_closes_total", labels: "reason=\"revoked\""), 1)
     }
+
+    /// The feed too: a revoked key's feeds end.
+    func testRevokingAKeyEndsItsFeeds() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_WORKERS": "2"])
+        defer { s.stop() }
+        try s.startActivity("REVOKED-FEED")
+        let secret = try AuthKit.createKey(s, "feeder", ["read"])
+        let feeds = try (0..<8).map { _ in try SSEClient(port: s.port, path: "/v1/stream", token: secret) }
+        for f in feeds { XCTAssertTrue(try f.pump(timeout: 10) { $0.events.contains { $0.event == "synced" } }) }
+        XCTAssertEqual(try s.client.request("DELETE", "/v1/keys/feeder").status, 200)
+        for f in feeds { XCTAssertTrue(try f.waitForEnd(timeout: 5), "a feed of a revoked key stayed open") }
+    }
 }
 
 /// Only the workers of one server share its address.

@@ -153,11 +153,12 @@ public final class Worker {
     /// A revoked key ends every stream it holds here.
     private func keyRevoked(_ id: Int64) {
         streams.closeStreams(ofKey: id)
+        feeds.closeStreams(ofKey: id)
         log.info("keys.revoked_streams_closed", [("key_id", id)])
     }
 
     private func closeStreamsOfRevokedKeys() {
-        let held = streams.keysWithStreams
+        let held = Array(Set(streams.keysWithStreams + feeds.keysWithStreams))
         guard !held.isEmpty else { return }
         db.read(KeySQL.revoked(among: held)) { [weak self] result in
             guard let self, case .success(let r) = result else { return }
@@ -172,10 +173,11 @@ public final class Worker {
         shuttingDown = true
         api.isShuttingDown = true
         let started = Clock.monotonic()
-        log.info("worker.shutdown", [("streams", streams.openStreams)])
+        log.info("worker.shutdown", [("streams", streams.openStreams), ("feeds", feeds.openFeeds)])
         http.stopListening()
-        streams.shutdown()
-        feeds.shutdown()
+        let (streamCount, feedCount) = (streams.openStreams, feeds.openFeeds)
+        streams.shutdown(alongside: feedCount)
+        feeds.shutdown(alongside: streamCount)
         auth.flushUsed()
         func finish() {
             db.close()

@@ -282,9 +282,24 @@ final class FeedService: HTTPStreamDelegate {
         }
     }
 
-    /// Ends every feed (server shutdown); clients reconnect with Last-Event-ID elsewhere.
-    func shutdown() {
+    /// Ends the feeds opened with a key that was revoked.
+    func closeStreams(ofKey keyID: Int64) {
+        guard streamsPerKey[keyID] != nil else { return }
+        for (id, s) in sessions where s.keyID == keyID { close(id, reason: .revoked) }
+    }
+
+    var keysWithStreams: [Int64] { Array(streamsPerKey.keys) }
+
+    /// Ends every feed (server shutdown), each told when to come back (spread out as status
+    /// streams are: `StreamService.reconnectWindow`); clients resume with Last-Event-ID.
+    func shutdown(alongside otherStreams: Int = 0) {
         heartbeatTimer?.cancel()
-        for id in Array(sessions.keys) { close(id, reason: .shutdown) }
+        let window = StreamService.reconnectWindow(streams: sessions.count + otherStreams)
+        var rng = SystemRandomNumberGenerator()
+        for id in Array(sessions.keys) {
+            let delay = 500 + Int(Double.random(in: 0..<window, using: &rng) * 1000)
+            offer(id, StreamPayload(SSE.retry(milliseconds: delay)), delivered: 0)
+            close(id, reason: .shutdown)
+        }
     }
 }

@@ -396,9 +396,9 @@ final class StreamService: HTTPStreamDelegate {
     /// delay, spread over a window that grows with the number of streams, so that tens of
     /// thousands of clients do not all come back in the same second; they resume with
     /// Last-Event-ID and lose nothing.
-    func shutdown() {
+    func shutdown(alongside otherStreams: Int = 0) {
         heartbeatTimer?.cancel()
-        let window = StreamService.reconnectWindow(streams: sessions.count)
+        let window = StreamService.reconnectWindow(streams: sessions.count + otherStreams)
         var rng = SystemRandomNumberGenerator()
         for (id, session) in sessions {
             if session.http.started {
