@@ -17,7 +17,8 @@ import PackageDescription
 //     DispatchServer    dispatchd: routes' handlers, repositories (SQL), streams, auth, metrics
 //   Executables: dispatchd, dispatch (the CLI), dispatch-bench
 //   Build: EmbedFiles (plugin) + embed-files (its tool) compile directories of text files
-//     into a target: DispatchWeb carries web/ (the Activities view, openapi.json)
+//     into a target: DispatchWeb carries web/ (the Activities view, openapi.json), DispatchServer
+//     Migrations/, DispatchBuildInfo the git commit of the build
 let package = Package(
     name: "Dispatch",
     products: [
@@ -32,6 +33,7 @@ let package = Package(
         .target(name: "DispatchCLIKit", dependencies: ["DispatchCore"]),
         .target(name: "DispatchBenchKit", dependencies: ["DispatchCore"]),
         .target(name: "DispatchWeb", exclude: ["WebAssets.embed"], plugins: ["EmbedFiles"]),
+        .target(name: "DispatchBuildInfo", exclude: ["Build.gitcommit"], plugins: ["EmbedFiles"]),
 
         // C.
         .systemLibrary(name: "CLibevent", path: "Sources/CLibevent"),
@@ -43,12 +45,13 @@ let package = Package(
         .target(name: "DispatchSystem"),
         .target(name: "DispatchCrypto", dependencies: ["CCrypto"]),
         .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "CCurl", "PGCore", "DispatchCore", "DispatchSystem"]),
-        .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "DispatchWeb"]),
+        .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "DispatchWeb", "DispatchBuildInfo"],
+                exclude: ["EmbeddedMigrations.embed"], plugins: ["EmbedFiles"]),
 
         // Executables.
         .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
         // Not named `dispatch`: its entry point would become `dispatch_main`, libdispatch's name.
-        .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCLIKit", "DispatchCore", "DispatchSystem"], path: "Sources/dispatch"),
+        .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCLIKit", "DispatchCore", "DispatchSystem", "DispatchBuildInfo"], path: "Sources/dispatch"),
         .executableTarget(name: "dispatch-bench", dependencies: ["DispatchBenchKit", "DispatchCore", "DispatchSystem", "CLibevent"]),
 
         // Build tools.

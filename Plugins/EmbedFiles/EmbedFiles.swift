@@ -10,6 +10,10 @@ import PackagePlugin
 /// contents as raw string literals (fast to compile, unlike byte-array literals). Hidden files
 /// are skipped; subdirectories are not descended into. Exclude the `.embed` file from the
 /// target's sources in Package.swift.
+///
+/// A `NAME.gitcommit` file names a repository root instead: the plugin generates
+/// `public enum NAME { public static let commit: String }` with the commit checked out there
+/// ("unknown" outside a git checkout), rebuilt when HEAD moves.
 @main
 struct EmbedFiles: BuildToolPlugin {
     func createBuildCommands(context: PluginContext, target: Target) async throws -> [Command] {
@@ -41,7 +45,59 @@ struct EmbedFiles: BuildToolPlugin {
                 inputFiles: inputs + [manifest],
                 outputFiles: [output]))
         }
+        for name in try fm.contentsOfDirectory(atPath: dir.path).sorted() where name.hasSuffix(".gitcommit") {
+            let manifest = dir.appendingPathComponent(name)
+            let enumName = String(name.dropLast(".gitcommit".count))
+            let text = try String(contentsOf: manifest, encoding: .utf8)
+            let root = URL(fileURLWithPath: text.split(whereSeparator: \.isNewline).first.map(String.init) ?? "..", relativeTo: dir).standardizedFileURL
+            let (commit, watched) = GitCommit.read(root: root)
+            let output = context.pluginWorkDirectoryURL.appendingPathComponent("\(enumName).swift")
+            commands.append(.buildCommand(
+                displayName: "Recording the commit of \(root.lastPathComponent) as \(enumName)",
+                executable: tool.url,
+                arguments: ["--commit", enumName, output.path, commit],
+                inputFiles: watched + [manifest],
+                outputFiles: [output]))
+        }
         return commands
+    }
+}
+
+/// The commit checked out in a repository, read from its files (no git needed): HEAD, the
+/// branch it names (loose or packed), a worktree's `gitdir`/`commondir`.
+enum GitCommit {
+    static func read(root: URL) -> (commit: String, watched: [URL]) {
+        let fm = FileManager.default
+        var gitDir = root.appendingPathComponent(".git")
+        var isDir: ObjCBool = false
+        guard fm.fileExists(atPath: gitDir.path, isDirectory: &isDir) else { return ("unknown", []) }
+        if !isDir.boolValue, let text = try? String(contentsOf: gitDir, encoding: .utf8), text.hasPrefix("gitdir:") {
+            let path = text.dropFirst("gitdir:".count).trimmingCharacters(in: .whitespacesAndNewlines)
+            gitDir = URL(fileURLWithPath: path, relativeTo: root).standardizedFileURL
+        }
+        var common = gitDir
+        if let text = try? String(contentsOf: gitDir.appendingPathComponent("commondir"), encoding: .utf8) {
+            common = URL(fileURLWithPath: text.trimmingCharacters(in: .whitespacesAndNewlines), relativeTo: gitDir.appendingPathComponent("x")).standardizedFileURL
+        }
+        let head = gitDir.appendingPathComponent("HEAD")
+        guard let headText = try? String(contentsOf: head, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines) else {
+            return ("unknown", [])
+        }
+        guard headText.hasPrefix("ref:") else { return (headText, [head]) }
+        let ref = headText.dropFirst(4).trimmingCharacters(in: .whitespaces)
+        for base in [gitDir, common] {
+            let loose = base.appendingPathComponent(ref)
+            if let hash = try? String(contentsOf: loose, encoding: .utf8) {
+                return (hash.trimmingCharacters(in: .whitespacesAndNewlines), [head, loose])
+            }
+        }
+        let packed = common.appendingPathComponent("packed-refs")
+        if let text = try? String(contentsOf: packed, encoding: .utf8) {
+            for line in text.split(whereSeparator: \.isNewline) where line.hasSuffix(" " + ref) {
+                return (String(line.prefix { $0 != " " }), [head, packed])
+            }
+        }
+        return ("unknown", [head])
     }
 }
 

@@ -2,7 +2,6 @@ import DispatchCore
 
 /// The `dispatch` CLI's help texts. docs/cli.md is the long form of the same reference.
 public enum CLIHelp {
-    public static let version = "dispatch 0.1.0"
 
     public static func text(for command: String?) -> String {
         switch command {

@@ -103,7 +103,6 @@ public final class TestServer: @unchecked Sendable {
         env["DISPATCH_LISTEN"] = "127.0.0.1:\(port)"
         env["DISPATCH_BOOTSTRAP_KEY"] = adminKey
         env["DISPATCH_WORKERS"] = env["DISPATCH_WORKERS"] ?? "1"
-        env["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
         env["DISPATCH_LOG_LEVEL"] = "info"
         for (k, v) in environment { env[k] = v }
         let cmd = "\(shell) exec \(TestPaths.binary("dispatchd")) >> \(logPath) 2>&1"

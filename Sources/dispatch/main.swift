@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import DispatchBuildInfo
 import DispatchCore
 import DispatchSystem
 import DispatchCLIKit
@@ -23,7 +24,7 @@ case .help(let topic):
     Output.out(CLIHelp.text(for: topic))
     exit(0)
 case .version:
-    Output.out(CLIHelp.version)
+    Output.out("dispatch \(Version.description)")
     exit(0)
 case .command(var global, let command):
     if global.tokenOnCommandLine {

@@ -630,7 +630,6 @@ enum AuthKit {
     static func keysCommand(_ s: TestServer, _ args: [String]) -> Subprocess.Output {
         var env = Subprocess.currentEnvironment()
         env["DATABASE_URL"] = s.conninfo
-        env["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
         env["DISPATCH_LOG_LEVEL"] = "warning"
         return Subprocess.run([TestPaths.binary("dispatchd"), "keys"] + args, environment: env)
     }

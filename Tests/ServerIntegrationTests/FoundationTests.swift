@@ -31,7 +31,6 @@ final class FoundationTests: XCTestCase {
         // Running `migrate` again, and restarting, applies nothing twice.
         var env = Subprocess.currentEnvironment()
         env["DATABASE_URL"] = s.conninfo
-        env["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
         let out = Subprocess.run([TestPaths.binary("dispatchd"), "migrate"], environment: env)
         XCTAssertEqual(out.status, 0, out.output)
         try s.restart()
@@ -40,6 +39,28 @@ final class FoundationTests: XCTestCase {
         let files = try Migrations.load(from: TestPaths.repositoryRoot + "/Migrations").map { $0.version }
         XCTAssertEqual(after.compactMap { $0[0] }, files)
         XCTAssertEqual(files, files.sorted())
+        XCTAssertEqual(Migrations.embedded.map(\.version), files, "the binary carries every migration of the tree")
+        XCTAssertEqual(Migrations.embedded.map(\.sql), try Migrations.load(from: TestPaths.repositoryRoot + "/Migrations").map(\.sql))
+    }
+
+    /// A deployed dispatchd needs nothing beside it: copied alone into an empty directory, it
+    /// migrates a new database and serves; it says its version and commit.
+    func testTheBinaryIsSelfContained() throws {
+        let dir = "/tmp/dispatchd-alone-\(getpid())"
+        _ = Subprocess.run(["rm", "-rf", dir])
+        try Files.makeDirectory(dir)
+        defer { _ = Subprocess.run(["rm", "-rf", dir]) }
+        XCTAssertEqual(Subprocess.run(["cp", TestPaths.binary("dispatchd"), dir + "/dispatchd"]).status, 0)
+        let version = Subprocess.run([dir + "/dispatchd", "--version"])
+        XCTAssertEqual(version.status, 0)
+        XCTAssertTrue(version.output.hasPrefix("dispatchd 0."), version.output)
+        XCTAssertTrue(version.output.contains("commit"), version.output)
+        var env = Subprocess.currentEnvironment()
+        env["DATABASE_URL"] = try TestPostgres.shared().freshDatabase()
+        env["DISPATCH_MIGRATIONS_DIR"] = nil
+        let out = Subprocess.run(["/bin/sh", "-c", "cd \(dir) && ./dispatchd migrate"], environment: env)
+        XCTAssertEqual(out.status, 0, out.output)
+        XCTAssertTrue(out.output.contains("migration.applied"), out.output)
     }
 
     func testBadConfigurationExitsWithCodeTwo() throws {

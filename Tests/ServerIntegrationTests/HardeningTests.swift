@@ -29,7 +29,6 @@ final class EmbeddedDatabaseTests: XCTestCase {
         env["DISPATCH_DATA_DIR"] = dataDir
         env["DISPATCH_LISTEN"] = "127.0.0.1:\(port)"
         env["DISPATCH_WORKERS"] = "1"
-        env["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
         let pid = try XCTUnwrap(Subprocess.start(["/bin/sh", "-c", "exec \(TestPaths.binary("dispatchd")) >> \(dataDir).log 2>&1"], environment: env))
         pids.append(pid)
         let ready = waitUntil(60) { (try? HTTPClient(port: port).get("/readyz").status) == 200 }
@@ -75,7 +74,7 @@ final class EmbeddedDatabaseTests: XCTestCase {
         let port = try TestServer.freePort()
         let first = try startServer(port: port)
         let second = Subprocess.run([TestPaths.binary("dispatchd"), "--data-dir", dataDir, "--listen", "127.0.0.1:\(try TestServer.freePort())",
-                                     "--workers", "1"], environment: ["PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DISPATCH_MIGRATIONS_DIR": TestPaths.repositoryRoot + "/Migrations"])
+                                     "--workers", "1"], environment: ["PATH": "/usr/sbin:/usr/bin:/sbin:/bin"])
         XCTAssertNotEqual(second.status, 0)
         XCTAssertTrue(second.output.contains("another dispatchd"), second.output)
 
@@ -93,7 +92,7 @@ final class EmbeddedDatabaseTests: XCTestCase {
     /// Key commands never create a database: from a directory without one they fail naming the
     /// data dir they looked for; with one they say which database they used.
     func testKeyCommandsNeverInitialiseADatabase() throws {
-        let env = ["PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DISPATCH_MIGRATIONS_DIR": TestPaths.repositoryRoot + "/Migrations"]
+        let env = ["PATH": "/usr/sbin:/usr/bin:/sbin:/bin"]
         let missing = Subprocess.run([TestPaths.binary("dispatchd"), "keys", "list", "--data-dir", dataDir], environment: env)
         XCTAssertEqual(missing.status, 2, missing.output)
         XCTAssertTrue(missing.output.contains(dataDir), missing.output)
@@ -214,7 +213,6 @@ final class RevocationTests: XCTestCase {
 final class ListenAddressTests: XCTestCase {
     func run(_ env: [String: String], timeout: Double = 20) -> (status: Int32?, output: String) {
         var e = Subprocess.currentEnvironment()
-        e["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
         for (k, v) in env { e[k] = v }
         let log = "/tmp/dispatchd-listen-\(getpid())-\(Int.random(in: 0..<1_000_000)).log"
         defer { unlink(log) }
@@ -407,7 +405,6 @@ final class StartupTests: XCTestCase {
         env["DISPATCH_LISTEN"] = "127.0.0.1:\(s.port)"
         env["DISPATCH_BOOTSTRAP_KEY"] = s.adminKey
         env["DISPATCH_WORKERS"] = "2"
-        env["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
         let pid = try XCTUnwrap(Subprocess.start(["/bin/sh", "-c", "exec \(TestPaths.binary("dispatchd")) > /dev/null 2>&1"], environment: env))
         defer { kill(pid, SIGTERM); _ = Subprocess.wait(pid, seconds: 20) }
         // The first moment anything answers, publish through many new connections.

@@ -1,3 +1,4 @@
+import DispatchBuildInfo
 import DispatchCore
 import DispatchCrypto
 import DispatchIO
@@ -14,6 +15,10 @@ public enum Dispatchd {
         var args = arguments
         if args.contains("--help") || args.contains("-h") || args.first == "help" {
             print(ServerConfig.usage(), terminator: "")
+            return 0
+        }
+        if args.first == "--version" || args.first == "version" {
+            print("dispatchd \(Version.description)")
             return 0
         }
         var command = "serve"
@@ -90,10 +95,7 @@ public enum Dispatchd {
         }
         defer { embedded?.stop() }
         do {
-            guard let dir = Migrations.locateDirectory() else {
-                throw PGError("cannot find the Migrations directory (set DISPATCH_MIGRATIONS_DIR)")
-            }
-            try Migrations.apply(try Migrations.load(from: dir), conninfo: conninfo, log: log)
+            try Migrations.apply(try Migrations.toApply(), conninfo: conninfo, log: log)
         } catch {
             log.error("migration.failed", [("error", "\(error)")])
             return 1

@@ -10,17 +10,18 @@ public enum Migrations {
         public let sql: String
     }
 
-    public static func locateDirectory() -> String? {
-        var candidates: [String] = []
-        if let env = Subprocess.environment("DISPATCH_MIGRATIONS_DIR") { candidates.append(env) }
-        candidates.append("./Migrations")
-        var dir = Subprocess.executablePath().dropLastPathComponent
-        for _ in 0..<5 {
-            candidates.append(dir + "/Migrations")
-            dir = dir.dropLastPathComponent
-        }
-        candidates.append("/usr/share/dispatch/migrations")
-        return candidates.first { access($0 + "/0001_activities.sql", R_OK) == 0 }
+    /// The migrations compiled into this binary (from `Migrations/`, by the EmbedFiles
+    /// plugin): a deployed dispatchd needs no files beside it.
+    public static var embedded: [File] {
+        EmbeddedMigrations.files.filter { $0.key.hasSuffix(".sql") }.sorted { $0.key < $1.key }
+            .map { File(version: String($0.key.dropLast(4)), sql: $0.value) }
+    }
+
+    /// `DISPATCH_MIGRATIONS_DIR` when set (development: try a migration without rebuilding),
+    /// else the embedded ones.
+    public static func toApply() throws -> [File] {
+        if let dir = Subprocess.environment("DISPATCH_MIGRATIONS_DIR"), !dir.isEmpty { return try load(from: dir) }
+        return embedded
     }
 
     public static func load(from directory: String) throws -> [File] {
