@@ -1,7 +1,9 @@
 # The two commands a newcomer needs: `make run` and `make test`. Both install what is missing.
 SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
+PREFIX ?= /usr/local
+DESTDIR ?=
 
-.PHONY: run test build deps test-deps bench bench-full clean
+.PHONY: run test build deps test-deps bench bench-full install uninstall compose-env clean
 
 deps:
 	@./scripts/install-deps.sh
@@ -17,8 +19,9 @@ build: deps
 run: build
 	./.build/release/dispatchd
 
-# Every test: unit, server integration (real PostgreSQL the tests start themselves), CLI, bench smoke.
-# All are XCTest; the empty Swift Testing pass is skipped so the last line is the real summary.
+# Every test: unit, server integration (real PostgreSQL the tests start themselves), CLI,
+# browser, bench smoke. All are XCTest; the empty Swift Testing pass is skipped so the last
+# line is the real summary.
 test: test-deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build --disable-swift-testing
@@ -28,6 +31,25 @@ bench: deps
 
 bench-full: deps
 	./bench/run --full
+
+# dispatchd and dispatch into $(PREFIX)/bin, the systemd unit beside them (docs/deploy.md).
+# The binaries carry their migrations and web files: nothing else is installed.
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/systemd/system
+	install -m 0755 .build/release/dispatchd .build/release/dispatch $(DESTDIR)$(PREFIX)/bin/
+	sed 's|@PREFIX@|$(PREFIX)|g' contrib/dispatchd.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/dispatchd.service
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/dispatchd $(DESTDIR)$(PREFIX)/bin/dispatch $(DESTDIR)$(PREFIX)/lib/systemd/system/dispatchd.service
+
+# A .env for docker-compose.yml with random secrets (kept if it exists).
+compose-env:
+	@if [ -f .env ]; then echo ".env exists; not touching it"; else \
+	  umask 077; { echo "POSTGRES_PASSWORD=$$(openssl rand -hex 24)"; \
+	    echo "DISPATCH_BOOTSTRAP_KEY=dsp_$$(openssl rand -hex 24)"; \
+	    echo "DISPATCH_TOKEN_KEY=$$(openssl rand -hex 32)"; \
+	    echo "DISPATCH_WEBHOOK_SECRET=$$(openssl rand -hex 32)"; } > .env; \
+	  echo "wrote .env (mode 0600)"; fi
 
 clean:
 	rm -rf .build

@@ -27,7 +27,7 @@ public struct SocketAddress: Sendable {
 
     var family: Int32 { Int32(storage.ss_family) }
 
-    func withSockaddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
+    public func withSockaddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
         withUnsafePointer(to: storage) { p in p.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, length) } }
     }
 }

@@ -16,7 +16,7 @@ final class FoundationTests: XCTestCase {
         XCTAssertEqual(try plain.get("/readyz").status, 200)
         let m = try plain.get("/metrics")
         XCTAssertEqual(m.status, 200)
-        XCTAssertTrue(m.text.contains("dispatch_streams_active{worker=\"0\"} 0"), m.text)
+        XCTAssertTrue(m.text.contains("\ndispatch_streams_active 0\n"), m.text)
         XCTAssertTrue(m.text.contains("dispatch_db_query_seconds_bucket"))
         XCTAssertTrue(m.text.contains("process_resident_memory_bytes"))
         XCTAssertEqual(try plain.get("/nope").status, 404)

@@ -32,7 +32,10 @@ extension TestServer {
     func metric(_ name: String, labels: String = "") throws -> Double {
         let text = try HTTPClient(port: port).get("/metrics").text
         var sum = 0.0
-        for line in text.split(separator: "\n") where line.hasPrefix(name + "{") && (labels.isEmpty || line.contains(labels)) {
+        // The server-wide series: `name value` or `name{labels} value` (per-worker `worker=` series
+        // are kept only for process figures; they would count twice).
+        for line in text.split(separator: "\n") where (line.hasPrefix(name + "{") || line.hasPrefix(name + " "))
+            && !line.contains("worker=\"") && (labels.isEmpty || line.contains(labels)) {
             if let v = line.split(separator: " ").last.flatMap({ Double($0) }) { sum += v }
         }
         return sum

@@ -61,6 +61,7 @@ public enum Dispatchd {
             return runWorker(config: workerConfig, conninfo: conninfo, index: index, log: log, supervisor: getppid())
         }
         switch command {
+        case "check": return ReadyCheck.run(config)
         case "serve", "migrate", "keys": break
         default:
             printError("dispatchd: unknown command \(command) (see --help)")
@@ -142,6 +143,7 @@ public enum Dispatchd {
     static func runWorker(config: ServerConfig, conninfo: String, index: Int, log: Logger, supervisor: pid_t? = nil) -> Int32 {
         let worker = Worker(config: config, conninfo: conninfo, index: index, log: log)
         worker.supervisor = supervisor
+        if supervisor != nil { worker.stateDir = Subprocess.environment("DISPATCH_WORKER_STATE_DIR") }
         do {
             try worker.run()
         } catch {

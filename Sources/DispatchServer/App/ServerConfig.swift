@@ -175,6 +175,8 @@ public struct ServerConfig: Equatable, Sendable {
         Usage:
           dispatchd [options]                 serve (runs migrations first)
           dispatchd migrate [options]         apply database migrations and exit
+          dispatchd check [options]           exit 0 when the server on --listen is ready (health checks)
+          dispatchd --version                 the release and the commit it was built from
           dispatchd keys create --name NAME --scope SCOPE[,SCOPE] [--machine M]
           dispatchd keys list
           dispatchd keys revoke NAME

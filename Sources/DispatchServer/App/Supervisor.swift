@@ -23,22 +23,39 @@ final class Supervisor {
         self.log = log
     }
 
+    /// Where the workers share their states (metrics, readiness): see WorkerState.
+    private let stateDir = WorkerState.makeDirectory()
+    private var announcedReady = false
+
     func run() -> Int32 {
         signal(SIGPIPE, SIG_IGN)
         for i in 0..<config.workers { spawn(i) }
+        // systemd (Type=notify) hears READY=1 once every worker is ready.
+        watchers.append(loop.timer(after: 0.25, repeating: true) { [unowned self] in self.announceReadiness() })
         watchers.append(loop.onSignal(SIGCHLD) { [unowned self] in self.reap() })
         watchers.append(loop.onSignal(SIGTERM) { [unowned self] in self.stop(SIGTERM) })
         watchers.append(loop.onSignal(SIGINT) { [unowned self] in self.stop(SIGTERM) })
         log.info("supervisor.started", [("workers", config.workers)])
         loop.run()
         log.info("supervisor.stopped", [("gave_up", gaveUp)])
+        if let stateDir { _ = Subprocess.run(["rm", "-rf", stateDir]) }
         return gaveUp ? 1 : 0
+    }
+
+    private func announceReadiness() {
+        guard !announcedReady, !stopping, let stateDir else { return }
+        let states = WorkerState.read(stateDir, count: config.workers, now: Clock.nowMilliseconds(), freshness: 3)
+        guard states.count == config.workers, states.values.allSatisfy({ $0.readiness == .ready }) else { return }
+        announcedReady = true
+        SystemdNotify.send("READY=1\nSTATUS=serving with \(config.workers) workers")
+        log.info("supervisor.ready", [("workers", config.workers)])
     }
 
     private func spawn(_ index: Int) {
         var env = Subprocess.currentEnvironment()
         env["DISPATCH_WORKER_INDEX"] = String(index)
         env["DISPATCH_WORKER_CONNINFO"] = conninfo
+        env["DISPATCH_WORKER_STATE_DIR"] = stateDir
         env["DISPATCH_WORKER_LISTEN"] = config.listen.map { "\($0.host.contains(":") ? "[\($0.host)]" : $0.host):\($0.port)" }.joined(separator: ",")
         guard let pid = Subprocess.start([Subprocess.executablePath()] + Array(CommandLine.arguments.dropFirst()), environment: env) else {
             log.error("supervisor.spawn_failed", [("worker", index)])
@@ -79,6 +96,7 @@ final class Supervisor {
     private func stop(_ sig: Int32) {
         if !stopping {
             stopping = true
+            SystemdNotify.send("STOPPING=1")
             log.info("supervisor.stopping", [("workers", children.count)])
             for pid in children.keys { kill(pid, sig) }
             // Workers stop within their shutdown timeout; what is left after that is killed.

@@ -27,6 +27,8 @@ public final class Worker {
     private var listenFailure: Error?
     /// The supervisor that started this worker; if it dies (even by SIGKILL), so does the worker.
     var supervisor: pid_t?
+    /// Where the workers of this server share their states (nil: this is the only worker).
+    var stateDir: String?
 
     public init(config: ServerConfig, conninfo: String, index: Int, log: Logger) {
         self.config = config
@@ -53,7 +55,11 @@ public final class Worker {
     public func run() throws {
         signal(SIGPIPE, SIG_IGN)
         http.handler = { [unowned self] req in self.api.handle(req) }
-        api.readiness = { [unowned self] in self.readiness }
+        api.readiness = { [unowned self] in self.serverReadiness() }
+        api.serverMetrics = { [unowned self] in self.serverMetrics() }
+        if let stateDir {
+            timers.append(loop.timer(after: 1, repeating: true) { [unowned self] in self.publishState(stateDir) })
+        }
         api.onKeyRevoked = { [unowned self] id in self.keyRevoked(id) }
         publisher.onCommitted = { [unowned self] event, json, _ in
             self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name,
@@ -148,6 +154,7 @@ public final class Worker {
         }
         let addresses = config.listen.map { "\($0.host):\(http.boundPort() ?? $0.port)" }.joined(separator: ",")
         log.info("worker.listening", [("listen", addresses)])
+        if let stateDir { publishState(stateDir) } else { SystemdNotify.send("READY=1\nSTATUS=serving") }
     }
 
     /// A revoked key ends every stream it holds here.
@@ -174,6 +181,7 @@ public final class Worker {
         api.isShuttingDown = true
         let started = Clock.monotonic()
         log.info("worker.shutdown", [("streams", streams.openStreams), ("feeds", feeds.openFeeds)])
+        if stateDir == nil { SystemdNotify.send("STOPPING=1") }
         http.stopListening()
         let (streamCount, feedCount) = (streams.openStreams, feeds.openFeeds)
         streams.shutdown(alongside: feedCount)
@@ -202,6 +210,35 @@ public final class Worker {
     }
 
     var isReady: Bool { db.isReady && listener.isReady && listenEstablished }
+
+    // MARK: - The whole server's figures
+
+    /// This worker's state for its siblings: readiness and metrics, every second.
+    private func publishState(_ dir: String) {
+        WorkerState(index: index, pid: getpid(), readiness: readiness, at: Clock.nowMilliseconds(),
+                    metrics: metrics.render(process: ProcessFigures.current())).write(to: dir)
+    }
+
+    /// Ready when every worker is: a sibling whose state is missing or older than 3 s is not.
+    func serverReadiness() -> (Readiness, worker: Int?) {
+        guard readiness == .ready else { return (readiness, index) }
+        guard let stateDir else { return (.ready, nil) }
+        let states = WorkerState.read(stateDir, count: config.workers, now: Clock.nowMilliseconds(), freshness: 3)
+        for i in 0..<config.workers where i != index {
+            guard let s = states[i] else { return (.databaseUnavailable, i) }
+            if s.readiness != .ready { return (s.readiness, i) }
+        }
+        return (.ready, nil)
+    }
+
+    /// Every worker's figures summed (this one's live, the others' from their last second).
+    func serverMetrics() -> String {
+        let own = metrics.render(process: ProcessFigures.current())
+        guard let stateDir else { return MetricsMerge.merge([own]) }
+        let others = WorkerState.read(stateDir, count: config.workers, now: Clock.nowMilliseconds(), freshness: 5)
+            .filter { $0.key != index }.sorted { $0.key < $1.key }.map(\.value.metrics)
+        return MetricsMerge.merge([own] + others)
+    }
 
     var readiness: Readiness {
         guard isReady else { return .databaseUnavailable }

@@ -15,8 +15,11 @@ final class API {
     let streams: StreamService
     let feeds: FeedService
     let auth: Auth
-    /// Readiness of this worker: its sessions (the LISTEN session included) and writes.
-    var readiness: () -> Readiness = { .databaseUnavailable }
+    /// Readiness of the whole server (every worker): its sessions and writes, and which worker
+    /// is not ready.
+    var readiness: () -> (Readiness, worker: Int?) = { (.databaseUnavailable, nil) }
+    /// The whole server's metrics, Prometheus text.
+    var serverMetrics: () -> String = { "" }
     var isShuttingDown = false
     /// A key was revoked here: end what it holds open (its streams).
     var onKeyRevoked: (Int64) -> Void = { _ in }
@@ -135,15 +138,17 @@ final class API {
     // MARK: - Health
 
     private func readiness(_ req: HTTPRequest) {
-        switch readiness() {
+        let (state, worker) = readiness()
+        let which = worker.map { #","worker":\#($0)"# } ?? ""
+        switch state {
         case .ready: reply(req, 200, Array(#"{"status":"ready"}"#.utf8))
-        case .databaseUnavailable: reply(req, 503, Array(#"{"status":"unavailable","reason":"database"}"#.utf8))
+        case .databaseUnavailable: reply(req, 503, Array(#"{"status":"unavailable","reason":"database"\#(which)}"#.utf8))
         case .writesRefused:
-            reply(req, 503, Array(#"{"status":"unavailable","reason":"writes_refused","detail":"the database refuses writes; reads and streams still work"}"#.utf8))
+            reply(req, 503, Array(#"{"status":"unavailable","reason":"writes_refused","detail":"the database refuses writes; reads and streams still work"\#(which)}"#.utf8))
         }
     }
 
     private func metricsPage(_ req: HTTPRequest) {
-        reply(req, 200, Array(metrics.render(process: ProcessFigures.current()).utf8), contentType: "text/plain; version=0.0.4")
+        reply(req, 200, Array(serverMetrics().utf8), contentType: "text/plain; version=0.0.4")
     }
 }

@@ -55,12 +55,12 @@ final class Database {
 }
 
 /// What `/readyz` says of one worker.
-enum Readiness: Equatable {
+enum Readiness: String, Equatable {
     case ready
     /// A database session is down (or the LISTEN session is not established).
-    case databaseUnavailable
+    case databaseUnavailable = "database"
     /// The database answers but refuses writes: reads and streams work, publishes do not.
-    case writesRefused
+    case writesRefused = "writes_refused"
 }
 
 extension Database {
