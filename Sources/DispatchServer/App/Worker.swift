@@ -18,6 +18,8 @@ public final class Worker {
     let auth: Auth
     let api: API
     let metrics: Metrics
+    /// Worker 0 of each server: the stale sweeper.
+    private var staleSweeper: StaleSweeper?
     private var timers: [Timer] = []
     private var shuttingDown = false
     private var listenEstablished = false
@@ -62,6 +64,7 @@ public final class Worker {
             // One worker prunes; concurrent servers doing the same is harmless.
             let retention = config.retentionDays * 86_400
             timers.append(loop.timer(after: min(600, retention / 4), repeating: true) { [unowned self] in self.prune() })
+            startCancelAndStale()
         }
         if let supervisor {
             timers.append(loop.timer(after: 1, repeating: true) { [unowned self] in
@@ -118,11 +121,19 @@ public final class Worker {
         http.stopListening()
         streams.shutdown()
         auth.flushUsed()
+        staleSweeper?.stop()
         loop.timer(after: 0.3) { [unowned self] in
             self.db.close()
             self.listener.close()
             self.loop.stop()
         }
+    }
+
+    /// Contract §5.4: one sweeper per server process, safe with any number of servers on one database.
+    private func startCancelAndStale() {
+        let sweeper = StaleSweeper(loop: loop, db: db, publisher: publisher, log: log, metrics: metrics, now: Clock.nowMilliseconds)
+        sweeper.start()
+        staleSweeper = sweeper
     }
 
     private func prune() {

@@ -10,6 +10,9 @@ struct StoredActivity {
     var endFingerprint: String?
     /// Seconds without a change before the server ends it as stale; 0: never.
     var staleAfter: Int
+    /// The stored stale deadline (ms since epoch), when read from the database; the stale
+    /// sweeper's claim fence (see StaleSweeper).
+    var staleAtMs: Int64?
 
     init(activity: Activity, lastEvent: String, ownerKeyID: Int64?, startFingerprint: String, endFingerprint: String?, staleAfter: Int) {
         self.activity = activity
@@ -41,6 +44,7 @@ struct StoredActivity {
         startFingerprint = startFP
         endFingerprint = r["end_fingerprint"]
         staleAfter = r.int("stale_after_s") ?? 0
+        staleAtMs = r.int64("stale_at_ms")
     }
 }
 
@@ -71,7 +75,7 @@ struct ActivityRepository {
     static let columns = """
         activity_id, task_name, system_image, machine, cancel_url, state, progress, status, attempt, seq, \
         cancel_requested, created_ms, updated_ms, ended_ms, error, last_event, owner_key_id, start_fingerprint, end_fingerprint, \
-        live_activity, stale_after_s
+        live_activity, stale_after_s, stale_at_ms
         """
 
     func read(_ id: String, _ completion: @escaping (Result<StoredActivity?, DispatchError>) -> Void) {
@@ -217,15 +221,18 @@ struct ActivityRepository {
     /// Applies a change if the row is still at `expectedSeq` (compare-and-set across processes)
     /// and this Idempotency-Key was not applied yet; no row comes back otherwise. A webhook
     /// given is queued in the same statement when the activity has a cancelURL.
+    ///
+    /// `staleFence`: apply only while `stale_at_ms` still holds this value (the stale sweeper's
+    /// claim: a touch or a change since then moved it, and the activity is fresh again).
     static func changeStatement(_ e: ActivityEvent, json: [UInt8], expectedSeq: Int64, endFingerprint: String?, staleAt: Int64?,
-                                cancelReason: String?, webhook: Webhook?, idempotencyKey: String?) -> PGQuery {
+                                cancelReason: String?, webhook: Webhook?, idempotencyKey: String?, staleFence: Int64? = nil) -> PGQuery {
         let a = e.snapshot
         return PGQuery("""
             WITH upd AS (
               UPDATE activities SET state = $3, progress = $4::float8, status = $5, attempt = $6::bigint, seq = $7::bigint,
                      last_event = $8, updated_ms = $9::bigint, ended_ms = $10::bigint, error = $11, end_fingerprint = $12,
                      cancel_requested = $15::boolean, cancel_reason = coalesce($16, cancel_reason), stale_at_ms = $17::bigint
-              WHERE activity_id = $1 AND seq = $2::bigint
+              WHERE activity_id = $1 AND seq = $2::bigint AND ($20::bigint IS NULL OR stale_at_ms = $20::bigint)
                 AND NOT EXISTS (SELECT 1 FROM activity_events WHERE activity_id = $1 AND idempotency_key = $13)
               RETURNING activity_id, cancel_url
             ), hook AS (
@@ -237,7 +244,7 @@ struct ActivityRepository {
             """, [a.activityId, String(expectedSeq), a.state.rawValue, a.progress.map { "\($0)" }, a.status, String(a.attempt),
                   String(a.seq), e.name, String(a.updatedAt), a.endedAt.map { String($0) }, a.error, endFingerprint,
                   idempotencyKey, String(decoding: json, as: UTF8.self), a.cancelRequested ? "true" : "false", cancelReason,
-                  staleAt.map { String($0) }, webhook?.deliveryID, webhook?.body],
+                  staleAt.map { String($0) }, webhook?.deliveryID, webhook?.body, staleFence.map { String($0) }],
             name: "publish_change")
     }
 

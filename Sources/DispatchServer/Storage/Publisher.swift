@@ -38,6 +38,9 @@ final class PublishOp {
     var previousState: ActivityState?
     var staleAt: Int64?
     var webhook: ActivityRepository.Webhook?
+    /// Set by the stale sweeper: planned against a fresh read, never the cache, and applied
+    /// only while the activity's stale deadline still holds this claim (see StaleSweeper).
+    var staleFence: Int64?
 
     init(activityID: String, kind: Kind, idempotencyKey: String?, ownerKeyID: Int64?,
          authorize: @escaping (StoredActivity) -> DispatchError?, completion: @escaping (Outcome) -> Void) {
@@ -147,7 +150,7 @@ final class Publisher {
             enqueueWrite(op)
             return
         }
-        if op.attempts == 0, let current = cache[op.activityID] {
+        if op.attempts == 0, op.staleFence == nil, let current = cache[op.activityID] {
             decide(op, current)
             return
         }
@@ -222,7 +225,7 @@ final class Publisher {
         if case .cancel(let r) = op.kind { reason = r }
         return ActivityRepository.changeStatement(event, json: json, expectedSeq: op.expectedSeq, endFingerprint: op.endFingerprint,
                                                   staleAt: op.staleAt, cancelReason: reason, webhook: op.webhook,
-                                                  idempotencyKey: op.idempotencyKey)
+                                                  idempotencyKey: op.idempotencyKey, staleFence: op.staleFence)
     }
 
     /// Group commit: everything queued goes in one pipeline batch, which PostgreSQL runs as one
