@@ -55,6 +55,8 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_PUBLISH_RATE", "--publish-rate", "0", { $0.publishRatePerSecond == 0 }),
             ("DISPATCH_MAX_STREAMS_PER_KEY", "--max-streams-per-key", "5", { $0.maxStreamsPerKey == 5 }),
             ("DISPATCH_STALE_AFTER", "--stale-after", "600", { $0.staleAfterSeconds == 600 }),
+            ("DISPATCH_WEBHOOK_SECRET", "--webhook-secret", key, { $0.webhookSecret == key }),
+            ("DISPATCH_WEBHOOK_ALLOW_PRIVATE", "--webhook-allow-private", "1", { $0.webhookAllowPrivate }),
         ]
         XCTAssertEqual(table.count, ServerConfig.settings.count)
         for (env, flag, value, check) in table {
@@ -108,6 +110,8 @@ final class ConfigTests: XCTestCase {
             (["DISPATCH_MAX_STREAMS_PER_KEY": "0"], []), (["DISPATCH_LOG_LEVEL": "verbose"], []), (["DISPATCH_LOG_FORMAT": "xml"], []), (["DISPATCH_STALE_AFTER": "5"], []),
             (["DISPATCH_BOOTSTRAP_KEY": "short"], []), (["DISPATCH_BOOTSTRAP_KEY": "has a space in it ok"], []),
             (["DISPATCH_DATA_DIR": ""], []),
+            (["DISPATCH_WEBHOOK_SECRET": "too-short"], []), (["DISPATCH_WEBHOOK_SECRET": "has a space in it, ok?"], []),
+            (["DISPATCH_WEBHOOK_ALLOW_PRIVATE": "maybe"], []),
             ([:], ["--bogus"]), ([:], ["--workers"]), ([:], ["serve"]), ([:], ["--workers", "0"]),
             ([:], ["-workers", "2"]), ([:], ["--heartbeat=abc"]),
         ]

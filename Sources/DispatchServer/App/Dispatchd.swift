@@ -89,6 +89,9 @@ public enum Dispatchd {
         }
         do {
             try ensureKeys(config: config, conninfo: conninfo, embedded: embedded, log: log)
+            if try WebhookSecret.ensure(config) != nil, config.webhookSecret == nil {
+                log.info("webhooks.secret", [("secret_file", WebhookSecret.path(config))])
+            }
         } catch {
             log.error("keys.bootstrap_failed", [("error", "\(error)")])
             return 1

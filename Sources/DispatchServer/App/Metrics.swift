@@ -17,6 +17,10 @@ public final class Metrics {
     public var casRetries = 0
     /// Activities this worker ended as stale (contract §5.4).
     public var staleEnded = 0
+    /// Webhook attempts by result: delivered, retried, failed, refused (SSRF check).
+    public var webhookDeliveries: [String: Int] = [:]
+    /// Pending rows in the webhook outbox, as last counted by this worker's sender (-1: not counted here).
+    public var webhookOutboxPending = -1
     let bucketBounds: [Double] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
     var bucketCounts: [Int]
     var querySum = 0.0
@@ -53,6 +57,12 @@ public final class Metrics {
         line("dispatch_publish_batches_total", "counter", "Group-commit transactions.", [(w, "\(publishBatches)")])
         line("dispatch_publish_conflicts_total", "counter", "Publishes retried after a concurrent change.", [(w, "\(casRetries)")])
         line("dispatch_stale_ended_total", "counter", "Activities ended as stale (no update within staleAfter).", [(w, "\(staleEnded)")])
+        line("dispatch_webhook_deliveries_total", "counter", "Cancel webhook attempts, by result.",
+             ["delivered", "retried", "failed", "refused"].map { ("\(w),result=\"\($0)\"", "\(webhookDeliveries[$0] ?? 0)") })
+        if webhookOutboxPending >= 0 {
+            line("dispatch_webhook_outbox_pending", "gauge", "Webhook deliveries waiting (the whole outbox: take the max over workers).",
+                 [(w, "\(webhookOutboxPending)")])
+        }
         line("dispatch_db_up", "gauge", "1 when the database connections are up.", [(w, dbConnected ? "1" : "0")])
         line("dispatch_db_reconnects_total", "counter", "Database connections lost.", [(w, "\(dbReconnects)")])
         s += "# HELP dispatch_db_query_seconds Database round trips (one pipeline batch each).\n# TYPE dispatch_db_query_seconds histogram\n"

@@ -21,6 +21,11 @@ public struct ServerConfig: Equatable, Sendable {
     public var maxStreamsPerKey = 20_000
     /// `staleAfter` of starts that give none (seconds; 0: never).
     public var staleAfterSeconds = 86_400
+    /// Signs cancel webhooks; nil: generated under the data dir for the embedded database,
+    /// none with DATABASE_URL (webhooks then wait in the outbox). See docs/webhooks.md.
+    public var webhookSecret: String?
+    /// Let cancelURLs reach loopback, private and link-local addresses (tests, trusted networks).
+    public var webhookAllowPrivate = false
 
     public struct Setting: Sendable {
         public let env: String
@@ -41,6 +46,8 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_RETENTION_DAYS", flag: "--retention-days", help: "days a finished activity and its history are kept (default 7)"),
         Setting(env: "DISPATCH_PUBLISH_RATE", flag: "--publish-rate", help: "publishes per second per publish key and worker, 0 for no limit (default 200)"),
         Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
+        Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait)"),
+        Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
     ]
 
@@ -108,6 +115,19 @@ public struct ServerConfig: Equatable, Sendable {
                 throw ConfigError("DISPATCH_STALE_AFTER must be 0 (never) or seconds from 10 to 604800, not \(v)")
             }
             c.staleAfterSeconds = n
+        }
+        if let v = values["DISPATCH_WEBHOOK_SECRET"], !v.isEmpty {
+            guard (16...512).contains(v.utf8.count), v.utf8.allSatisfy({ (0x21...0x7E).contains($0) }) else {
+                throw ConfigError("DISPATCH_WEBHOOK_SECRET must be 16-512 printable characters without spaces")
+            }
+            c.webhookSecret = v
+        }
+        if let v = values["DISPATCH_WEBHOOK_ALLOW_PRIVATE"] {
+            switch v.lowercased() {
+            case "1", "true", "yes": c.webhookAllowPrivate = true
+            case "0", "false", "no", "": c.webhookAllowPrivate = false
+            default: throw ConfigError("DISPATCH_WEBHOOK_ALLOW_PRIVATE must be 1 or 0, not \(v)")
+            }
         }
         if let v = values["DISPATCH_MAX_STREAMS_PER_KEY"] {
             guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_STREAMS_PER_KEY must be a positive integer") }

@@ -18,7 +18,8 @@ public final class Worker {
     let auth: Auth
     let api: API
     let metrics: Metrics
-    /// Worker 0 of each server: the stale sweeper.
+    /// Worker 0 of each server: the cancel webhook sender and the stale sweeper.
+    private var webhooks: WebhookService?
     private var staleSweeper: StaleSweeper?
     private var timers: [Timer] = []
     private var shuttingDown = false
@@ -53,6 +54,7 @@ public final class Worker {
         http.handler = { [unowned self] req in self.api.handle(req) }
         api.isReady = { [unowned self] in self.isReady }
         publisher.onCommitted = { [unowned self] event, json, _ in
+            if event.name == ActivityEvent.cancelRequested { self.webhooks?.kick() }
             self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name,
                                    json: String(decoding: json, as: UTF8.self))
         }
@@ -108,6 +110,7 @@ public final class Worker {
             guard let notice = ChangeNotice(payload: payload) else {
                 return self.log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
             }
+            if notice.event == ActivityEvent.cancelRequested { self.webhooks?.kick() }
             self.streams.notified(notice)
         }
     }
@@ -122,6 +125,7 @@ public final class Worker {
         streams.shutdown()
         auth.flushUsed()
         staleSweeper?.stop()
+        webhooks?.stop()
         loop.timer(after: 0.3) { [unowned self] in
             self.db.close()
             self.listener.close()
@@ -129,11 +133,18 @@ public final class Worker {
         }
     }
 
-    /// Contract §5.4: one sweeper per server process, safe with any number of servers on one database.
+    /// Contract §5.3-5.4: one sender and one sweeper per server process; both are safe with
+    /// any number of servers on one database.
     private func startCancelAndStale() {
         let sweeper = StaleSweeper(loop: loop, db: db, publisher: publisher, log: log, metrics: metrics, now: Clock.nowMilliseconds)
         sweeper.start()
         staleSweeper = sweeper
+        guard let secret = WebhookSecret.resolve(config) else {
+            return log.warning("webhooks.disabled", [("why", "no DISPATCH_WEBHOOK_SECRET"), ("effect", "cancel webhooks wait in the outbox")])
+        }
+        let sender = WebhookService(loop: loop, db: db, secret: secret, allowPrivateAddresses: config.webhookAllowPrivate, log: log, metrics: metrics)
+        sender.start()
+        webhooks = sender
     }
 
     private func prune() {
