@@ -5,7 +5,7 @@ import DispatchSystem
 import Glibc
 
 /// The `dispatchd` command: serve (as a supervisor of worker processes, or a single worker),
-/// `migrate`, and `keys`.
+/// `migrate`, `keys` and `webhooks`.
 public enum Dispatchd {
     public static func main(_ arguments: [String]) -> Int32 {
         var args = arguments
@@ -19,8 +19,8 @@ public enum Dispatchd {
             args.removeFirst()
         }
         var keyArgs: [String] = []
-        if command == "keys" {
-            // keys' own options come first; the rest are server settings (--database-url, ...).
+        if command == "keys" || command == "webhooks" {
+            // their own options come first; the rest are server settings (--database-url, ...).
             keyArgs = args
             args = []
             var i = 0
@@ -48,7 +48,7 @@ public enum Dispatchd {
             return runWorker(config: config, conninfo: conninfo, index: index, log: log, supervisor: getppid())
         }
         switch command {
-        case "serve", "migrate", "keys": break
+        case "serve", "migrate", "keys", "webhooks": break
         default:
             printError("dispatchd: unknown command \(command) (see --help)")
             return 2
@@ -84,16 +84,23 @@ public enum Dispatchd {
             return 0
         case "keys":
             return KeysCommand.run(keyArgs, conninfo: conninfo)
+        case "webhooks":
+            return WebhooksCommand.run(keyArgs, conninfo: conninfo)
         default:
             break
         }
         do {
             try ensureKeys(config: config, conninfo: conninfo, embedded: embedded, log: log)
+        } catch {
+            log.error("keys.bootstrap_failed", [("error", "\(error)")])
+            return 1
+        }
+        do {
             if try WebhookSecret.ensure(config) != nil, config.webhookSecret == nil {
                 log.info("webhooks.secret", [("secret_file", WebhookSecret.path(config))])
             }
         } catch {
-            log.error("keys.bootstrap_failed", [("error", "\(error)")])
+            log.error("webhooks.secret_failed", [("error", "\(error)")])
             return 1
         }
         if config.workers == 1 {

@@ -162,6 +162,8 @@ public struct ServerConfig: Equatable, Sendable {
           dispatchd keys create --name NAME --scope SCOPE[,SCOPE] [--machine M]
           dispatchd keys list
           dispatchd keys revoke NAME
+          dispatchd webhooks status [--state pending|delivered|failed] [--limit N]
+          dispatchd webhooks retry DELIVERY_ID
 
         Every option is also an environment variable:
 
