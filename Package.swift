@@ -7,7 +7,7 @@ import PackageDescription
 //     DispatchCore      the domain: activity, state machine, validation, hub, SSE, JSON, routes
 //     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue
 //     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
-//     DispatchBenchKit  the load generator's parsers and histograms
+//     DispatchBenchKit  the load generator's SSE reading (on DispatchCore's HTTP parser), histograms
 //   C, as system libraries only: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl
 //   Shells (thin layers that perform what the pure parts decide):
 //     DispatchSystem    clocks, files, processes (plain libc)
@@ -28,7 +28,7 @@ let package = Package(
         .target(name: "DispatchCore", linkerSettings: [.linkedLibrary("m")]),
         .target(name: "PGCore"),
         .target(name: "DispatchCLIKit", dependencies: ["DispatchCore"]),
-        .target(name: "DispatchBenchKit"),
+        .target(name: "DispatchBenchKit", dependencies: ["DispatchCore"]),
 
         // C.
         .systemLibrary(name: "CLibevent", path: "Sources/CLibevent"),

@@ -1,3 +1,5 @@
+import DispatchCore
+
 /// What the benchmark pulls out of one SSE event (or one plain response body): the
 /// numeric `id:`, the `"seq":N` and the publish timestamp `t=<ns>` found in `data:`.
 /// Fields that are absent are -1.
@@ -36,27 +38,24 @@ public enum BenchParseOutput: Equatable, Sendable {
     case malformed
 }
 
-/// An incremental HTTP/1.1 response parser with an SSE reader behind it, built for
-/// holding tens of thousands of streams: it is a small value (no allocation while lines
-/// fit in one read), understands chunked, `Content-Length` and read-until-close bodies,
-/// CR / LF / CRLF line ends, comments, and events split across reads and chunks.
-/// It extracts only what the benchmark checks instead of materialising strings.
+/// The benchmark client's reader, built for holding tens of thousands of streams: DispatchCore's
+/// `HTTPResponseParser` frames each response (zero-copy), and this reads what the benchmark
+/// checks out of the body: SSE lines (CR / LF / CRLF ends, comments, events split across reads
+/// and chunks) or a plain body, without materialising strings. A small value that allocates
+/// nothing while lines fit in one read. Responses follow one another on a kept-alive connection.
 public struct BenchStreamParser: Sendable {
-    private enum Phase: UInt8, Sendable {
-        case headers, chunkSize, chunkExt, chunkData, chunkDataEnd, trailers, lengthBody, untilClose, failed
-    }
-
-    private var phase: Phase = .headers
-    /// Header bytes, then a partial SSE line or a plain body.
+    // Fields in this order pack into 70 bytes (one per stream, 50,000 streams).
+    private var http = HTTPResponseParser(maxHeadBytes: BenchStreamParser.maxHeaderBytes)
+    /// A partial SSE line or a plain body.
     private var carry: [UInt8] = []
-    private var remaining: Int = 0
-    private var sawCR = false
-    private var trailerLineLength = 0
-    private var eventStream = false
-    private var keepAlive = true
     /// The current SSE event's fields.
     private var event = BenchEvent()
     private var hasData = false
+    private var sawCR = false
+    private var eventStream = false
+    private var keepAlive = true
+    /// Set once the bytes were not HTTP: nothing more is read.
+    private var failed = false
 
     /// Plain bodies longer than this are cut (only their start is scanned).
     public static let maxPlainBody = 64 * 1024
@@ -66,179 +65,65 @@ public struct BenchStreamParser: Sendable {
 
     /// Feeds bytes from the socket; appends what they completed to `out`.
     public mutating func feed(_ buffer: UnsafeRawBufferPointer, into out: inout [BenchParseOutput]) {
-        guard let base = buffer.baseAddress?.assumingMemoryBound(to: UInt8.self) else { return }
-        let bytes = UnsafeBufferPointer(start: base, count: buffer.count)
-        var i = 0
-        let n = bytes.count
-        while i < n {
-            switch phase {
-            case .failed:
+        var index = 0
+        while !failed {
+            let part: HTTPResponseParser.Part?
+            do {
+                part = try http.next(in: buffer, at: &index)
+            } catch {
+                fail(&out)
                 return
-            case .headers:
-                // Collect up to the blank line ("\n\n" or "\n\r\n").
-                var complete = false
-                while i < n {
-                    let b = bytes[i]
-                    i += 1
-                    carry.append(b)
-                    if b == 0x0A {
-                        let c = carry.count
-                        if c >= 2, carry[c - 2] == 0x0A { complete = true; break }
-                        if c >= 3, carry[c - 2] == 0x0D, carry[c - 3] == 0x0A { complete = true; break }
-                    }
-                }
-                if !complete {
-                    if carry.count > Self.maxHeaderBytes { fail(&out) }
-                    continue
-                }
-                parseHeaders(&out)
-            case .chunkSize:
-                let b = bytes[i]
-                i += 1
-                if let d = Self.hexValue(b) {
-                    if remaining > (Int.max >> 5) { fail(&out); continue }
-                    remaining = remaining << 4 | d
-                } else if b == 0x0D || b == 0x20 || b == 0x09 {
-                    continue
-                } else if b == 0x3B {
-                    phase = .chunkExt
-                } else if b == 0x0A {
-                    endChunkSize()
-                } else {
-                    fail(&out)
-                }
-            case .chunkExt:
-                let b = bytes[i]
-                i += 1
-                if b == 0x0A { endChunkSize() }
-            case .chunkData:
-                let take = min(remaining, n - i)
-                body(UnsafeBufferPointer(rebasing: bytes[i..<(i + take)]), &out)
-                i += take
-                remaining -= take
-                if remaining == 0 { phase = .chunkDataEnd }
-            case .chunkDataEnd:
-                let b = bytes[i]
-                i += 1
-                if b == 0x0A { phase = .chunkSize; remaining = 0 } else if b != 0x0D { fail(&out) }
-            case .trailers:
-                let b = bytes[i]
-                i += 1
-                if b == 0x0A {
-                    if trailerLineLength == 0 { finishResponse(&out) } else { trailerLineLength = 0 }
-                } else if b != 0x0D {
-                    trailerLineLength += 1
-                }
-            case .lengthBody:
-                let take = min(remaining, n - i)
-                body(UnsafeBufferPointer(rebasing: bytes[i..<(i + take)]), &out)
-                i += take
-                remaining -= take
-                if remaining == 0 { finishResponse(&out) }
-            case .untilClose:
-                body(UnsafeBufferPointer(rebasing: bytes[i..<n]), &out)
-                i = n
+            }
+            switch part {
+            case nil:
+                return
+            case .head(let head)?:
+                headers(head, &out)
+            case .body(let bytes)?:
+                guard let base = bytes.baseAddress else { continue }
+                body(UnsafeBufferPointer(start: base.assumingMemoryBound(to: UInt8.self), count: bytes.count), &out)
+            case .end?:
+                finishResponse(&out)
+                // The next answer on this connection, if any, starts right after.
+                http = HTTPResponseParser(maxHeadBytes: Self.maxHeaderBytes)
             }
         }
     }
 
     /// The connection reached end of file: a read-until-close body is complete now.
     public mutating func finish(into out: inout [BenchParseOutput]) {
-        if phase == .untilClose {
-            if eventStream {
-                if !carry.isEmpty { processLine(carry[...], &out); carry.removeAll() }
-                processLine([][...], &out)
-            } else {
-                emitPlainBody(&out)
-            }
-            keepAlive = false
-            out.append(.end(keepAlive: false))
-            phase = .headers
+        guard !failed else { return }
+        var closed = false
+        // Anything but a body read until close is simply cut off (the caller sees the close).
+        try? http.finish { if case .end = $0 { closed = true } }
+        guard closed else { return }
+        if eventStream {
+            if !carry.isEmpty { processLine(carry[...], &out); carry.removeAll() }
+            processLine([][...], &out)
+        } else {
+            emitPlainBody(&out)
         }
+        keepAlive = false
+        out.append(.end(keepAlive: false))
+        http = HTTPResponseParser(maxHeadBytes: Self.maxHeaderBytes)
     }
 
-    // MARK: - Framing
+    // MARK: - Responses
 
     private mutating func fail(_ out: inout [BenchParseOutput]) {
-        phase = .failed
+        failed = true
         carry = []
         out.append(.malformed)
     }
 
-    private mutating func endChunkSize() {
-        if remaining == 0 {
-            phase = .trailers
-            trailerLineLength = 0
-        } else {
-            phase = .chunkData
-        }
-    }
-
-    private static func hexValue(_ b: UInt8) -> Int? {
-        switch b {
-        case 0x30...0x39: return Int(b - 0x30)
-        case 0x41...0x46: return Int(b - 0x41 + 10)
-        case 0x61...0x66: return Int(b - 0x61 + 10)
-        default: return nil
-        }
-    }
-
-    private mutating func parseHeaders(_ out: inout [BenchParseOutput]) {
-        let text = carry
-        carry = []
-        // Status line: HTTP/1.x SP code SP reason
-        var lines: [ArraySlice<UInt8>] = []
-        var s = 0
-        for (k, b) in text.enumerated() where b == 0x0A {
-            var e = k
-            if e > s, text[e - 1] == 0x0D { e -= 1 }
-            lines.append(text[s..<e])
-            s = k + 1
-        }
-        guard let statusLine = lines.first, statusLine.count >= 12,
-              statusLine.starts(with: "HTTP/1.".utf8) else { fail(&out); return }
-        let http10 = statusLine[statusLine.startIndex + 7] == UInt8(ascii: "0")
-        let codeBytes = statusLine[(statusLine.startIndex + 9)..<(statusLine.startIndex + 12)]
-        guard codeBytes.allSatisfy({ (0x30...0x39).contains($0) }) else { fail(&out); return }
-        let status = codeBytes.reduce(0) { $0 * 10 + Int($1 - 0x30) }
-        var chunked = false
-        var length = -1
-        keepAlive = !http10
-        eventStream = false
-        for line in lines.dropFirst() {
-            guard let colon = line.firstIndex(of: UInt8(ascii: ":")) else { continue }
-            let name = String(decoding: line[line.startIndex..<colon], as: UTF8.self).lowercased()
-            let value = String(decoding: line[(colon + 1)...], as: UTF8.self)
-                .benchTrimmingSpaces().lowercased()
-            switch name {
-            case "transfer-encoding": chunked = value.hasSuffix("chunked")
-            case "content-length": length = Int(value) ?? -1
-            case "content-type": eventStream = value.hasPrefix("text/event-stream")
-            case "connection":
-                if value.contains("close") { keepAlive = false }
-                if value.contains("keep-alive") { keepAlive = true }
-            default: break
-            }
-        }
-        out.append(.headers(status: status, eventStream: eventStream))
+    private mutating func headers(_ head: HTTPResponseHead, _ out: inout [BenchParseOutput]) {
+        eventStream = head.header("content-type")?.lowercased().hasPrefix("text/event-stream") ?? false
+        keepAlive = head.keepAlive
+        out.append(.headers(status: head.status, eventStream: eventStream))
         event = BenchEvent()
         hasData = false
         sawCR = false
-        if status == 204 || status == 304 || (100...199).contains(status) {
-            length = 0
-            chunked = false
-        }
-        if chunked {
-            phase = .chunkSize
-            remaining = 0
-        } else if length >= 0 {
-            remaining = length
-            phase = .lengthBody
-            if length == 0 { finishResponse(&out) }
-        } else {
-            keepAlive = false
-            phase = .untilClose
-        }
+        carry = []
     }
 
     private mutating func finishResponse(_ out: inout [BenchParseOutput]) {
@@ -250,7 +135,6 @@ public struct BenchStreamParser: Sendable {
             emitPlainBody(&out)
         }
         out.append(.end(keepAlive: keepAlive))
-        phase = .headers
         carry = []
     }
 
@@ -295,7 +179,7 @@ public struct BenchStreamParser: Sendable {
             }
         }
         if start < n {
-            if carry.count + (n - start) > Self.maxPlainBody { carry = []; phase = .failed; out.append(.malformed); return }
+            if carry.count + (n - start) > Self.maxPlainBody { fail(&out); return }
             carry.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[start..<n]))
         } else if carry.isEmpty, carry.capacity > 256 {
             carry = []  // do not keep a big line buffer on an idle stream
@@ -393,14 +277,5 @@ public struct BenchStreamParser: Sendable {
             i += 1
         }
         return any ? r : nil
-    }
-}
-
-extension String {
-    fileprivate func benchTrimmingSpaces() -> String {
-        var s = Substring(self)
-        while let f = s.first, f == " " || f == "\t" { s = s.dropFirst() }
-        while let l = s.last, l == " " || l == "\t" { s = s.dropLast() }
-        return String(s)
     }
 }

@@ -47,6 +47,8 @@ public struct JSONParseError: Error, Equatable, Sendable {
 /// refused rather than turned into infinity.
 public struct JSONParser {
     public static let defaultMaxDepth = 32
+    /// Objects with more members than this check duplicate keys with a set.
+    static let keyScanLimit = 8
 
     public static func parse(_ bytes: [UInt8], maxDepth: Int = defaultMaxDepth) throws(JSONParseError) -> JSONValue {
         var p = JSONParser(bytes: bytes, maxDepth: maxDepth)
@@ -108,13 +110,18 @@ public struct JSONParser {
         guard depth <= maxDepth else { throw error("JSON nested too deeply") }
         index += 1
         var members: [(String, JSONValue)] = []
+        // Duplicate keys: a scan of the few members of a usual object; past a handful, a set,
+        // so a hostile object of many keys costs linear time, not quadratic.
+        var keys: Set<String>?
         skipWhitespace()
         if index < bytes.count, bytes[index] == UInt8(ascii: "}") { index += 1; return .object(members) }
         while true {
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw error("expected a string key") }
             let key = try parseString()
-            if members.contains(where: { $0.0 == key }) { throw error("duplicate key \"\(key)\"") }
+            if keys == nil, members.count >= Self.keyScanLimit { keys = Set(members.map(\.0)) }
+            let fresh = keys != nil ? keys!.insert(key).inserted : !members.contains(where: { $0.0 == key })
+            guard fresh else { throw error("duplicate key \"\(key)\"") }
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw error("expected ':'") }
             index += 1

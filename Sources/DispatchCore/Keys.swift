@@ -5,15 +5,11 @@ public struct KeySpec: Equatable, Sendable {
     public var machine: String?
 
     public init(name: String, scopes: Set<Scope>, machine: String?) throws(DispatchError) {
-        guard (1...64).contains(name.utf8.count), name.utf8.allSatisfy({ b in
-            (0x30...0x39).contains(b) || (0x41...0x5A).contains(b) || (0x61...0x7A).contains(b) || b == 0x2E || b == 0x5F || b == 0x2D
-        }) else { throw DispatchError(.invalidField, "name must be 1-64 characters of A-Z a-z 0-9 . _ -") }
+        guard Validation.isTag(name) else { throw DispatchError(.invalidField, "name must be 1-64 characters of A-Z a-z 0-9 . _ -") }
         guard !scopes.isEmpty else { throw DispatchError(.invalidField, "at least one scope is required") }
         if let m = machine {
             // The same rule as an activity's machine tag: a bound key stamps it on what it starts.
-            guard (1...64).contains(m.utf8.count), m.utf8.allSatisfy({ b in
-                (0x30...0x39).contains(b) || (0x41...0x5A).contains(b) || (0x61...0x7A).contains(b) || b == 0x2E || b == 0x5F || b == 0x2D
-            }) else { throw DispatchError(.invalidField, "machine must be 1-64 characters of A-Z a-z 0-9 . _ -") }
+            guard Validation.isTag(m) else { throw DispatchError(.invalidField, "machine must be 1-64 characters of A-Z a-z 0-9 . _ -") }
         }
         self.name = name
         self.scopes = scopes

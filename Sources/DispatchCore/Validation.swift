@@ -3,13 +3,20 @@
 public enum Validation {
     public static let maxBodyBytes = 16 * 1024
 
-    public static func isValidActivityID(_ s: String) -> Bool {
+    /// Names, machine tags and activity ids: 1 to `maxLength` bytes of A-Z a-z 0-9 . _ -, and
+    /// `:` too when `colon` (activity ids). The one check of that alphabet, so the rules for
+    /// key names, machines and ids cannot drift apart.
+    public static func isTag(_ s: String, maxLength: Int = 64, colon: Bool = false) -> Bool {
         let u = s.utf8
-        guard (1...128).contains(u.count) else { return false }
+        guard (1...maxLength).contains(u.count) else { return false }
         return u.allSatisfy { b in
             (0x30...0x39).contains(b) || (0x41...0x5A).contains(b) || (0x61...0x7A).contains(b)
-                || b == 0x2E || b == 0x5F || b == 0x3A || b == 0x2D
+                || b == 0x2E || b == 0x5F || b == 0x2D || (colon && b == 0x3A)
         }
+    }
+
+    public static func isValidActivityID(_ s: String) -> Bool {
+        isTag(s, maxLength: 128, colon: true)
     }
 
     public static func activityID(_ s: String) throws(DispatchError) -> String {
@@ -116,9 +123,7 @@ public enum Validation {
             cmd.systemImage = s
         }
         if let v = try optionalString(f, "machine"), let s = v {
-            guard (1...64).contains(s.utf8.count), charset(s, { b in
-                (0x30...0x39).contains(b) || (0x41...0x5A).contains(b) || (0x61...0x7A).contains(b) || b == 0x2E || b == 0x5F || b == 0x2D
-            }) else { throw DispatchError(.invalidField, "machine must be 1-64 characters of A-Z a-z 0-9 . _ -") }
+            guard isTag(s) else { throw DispatchError(.invalidField, "machine must be 1-64 characters of A-Z a-z 0-9 . _ -") }
             cmd.machine = s
         }
         if let v = try optionalString(f, "cancelURL"), let s = v {

@@ -173,6 +173,17 @@ public final class HTTPRequest {
         return String(cString: h)
     }
 
+    /// Every value of a header the request carries, in order.
+    public func headerValues(_ name: String) -> [String] {
+        var out: [String] = []
+        var item = evhttp_request_get_input_headers(raw).pointee.tqh_first
+        while let kv = item {
+            if strcasecmp(kv.pointee.key, name) == 0 { out.append(String(cString: kv.pointee.value)) }
+            item = kv.pointee.next.tqe_next
+        }
+        return out
+    }
+
     public func body() -> [UInt8] {
         guard let buf = evhttp_request_get_input_buffer(raw) else { return [] }
         let n = evbuffer_get_length(buf)

@@ -13,7 +13,7 @@ public enum Subprocess {
     }
 
     public struct Options: Sendable {
-        /// The whole environment of the child; nil: this process's.
+        /// The whole environment of the child; nil: this process's, passed on as it is.
         public var environment: [String: String]?
         public var stdin: Stdio = .inherit
         public var stdout: Stdio = .inherit
@@ -66,14 +66,23 @@ public enum Subprocess {
         }
         posix_spawnattr_setflags(&attr, Int16(flags))
 
-        let env = options.environment ?? currentEnvironment()
-        var cArgs: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
-        var cEnv: [UnsafeMutablePointer<CChar>?] = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { for p in cArgs { free(p) }; for p in cEnv { free(p) } }
+        let cArgs: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
+        defer { for p in cArgs { free(p) } }
         var pid: pid_t = 0
-        let r = argv[0].contains("/")
-            ? posix_spawn(&pid, argv[0], &actions, &attr, &cArgs, &cEnv)
-            : posix_spawnp(&pid, argv[0], &actions, &attr, &cArgs, &cEnv)
+        func launch(_ envp: UnsafePointer<UnsafeMutablePointer<CChar>?>) -> Int32 {
+            argv[0].contains("/")
+                ? posix_spawn(&pid, argv[0], &actions, &attr, cArgs, envp)
+                : posix_spawnp(&pid, argv[0], &actions, &attr, cArgs, envp)
+        }
+        let r: Int32
+        if let env = options.environment {
+            let cEnv: [UnsafeMutablePointer<CChar>?] = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
+            defer { for p in cEnv { free(p) } }
+            r = cEnv.withUnsafeBufferPointer { launch($0.baseAddress!) }
+        } else {
+            // Our environment exactly as it is (order and all), as a shell would pass it on.
+            r = launch(environ)
+        }
         guard r == 0 else { return .failure(SystemError("cannot start \(argv[0])", errno: r)) }
         return .success(pid)
     }

@@ -17,8 +17,21 @@ public struct HTTPClient: Sendable {
 
     public struct Response: Sendable {
         public var status: Int
+        /// Names lower-cased; of a repeated field, the last value.
         public var headers: [String: String]
         public var body: [UInt8]
+
+        public init(status: Int, headers: [String: String], body: [UInt8]) {
+            self.status = status
+            self.headers = headers
+            self.body = body
+        }
+
+        public init(_ response: HTTPResponse) {
+            self.init(status: response.head.status, headers: Dictionary(response.head.headers, uniquingKeysWith: { $1 }),
+                      body: response.body)
+        }
+
         public var text: String { String(decoding: body, as: UTF8.self) }
         public var json: JSONValue? { try? JSONParser.parse(body) }
         public var errorCode: String? {
@@ -40,7 +53,7 @@ public struct HTTPClient: Sendable {
         defer { sock.close() }
         try sock.send(Array(req.utf8) + body)
         let raw = try sock.readAll(timeout: 30)
-        return try HTTPClient.parse(raw)
+        return try HTTPClient.parse(raw, isHeadRequest: method == "HEAD")
     }
 
     public func post(_ path: String, _ json: String, headers: [String: String] = [:]) throws -> Response {
@@ -51,51 +64,13 @@ public struct HTTPClient: Sendable {
         try request("GET", path, headers: headers)
     }
 
-    static func parse(_ raw: [UInt8]) throws -> Response {
-        guard let end = find(raw, [13, 10, 13, 10]) else { throw TestError("no complete response header (\(raw.count) bytes)") }
-        let head = String(decoding: raw[0..<end], as: UTF8.self).split(separator: "\r\n").map(String.init)
-        guard let statusLine = head.first, statusLine.split(separator: " ").count >= 2, let status = Int(statusLine.split(separator: " ")[1]) else {
-            throw TestError("bad status line")
+    /// Parses a whole response, read until the server closed the connection.
+    public static func parse(_ raw: [UInt8], isHeadRequest: Bool = false) throws -> Response {
+        do {
+            return Response(try HTTPResponseParser.response(in: raw[...], isHeadRequest: isHeadRequest).response)
+        } catch {
+            throw TestError("bad response (\(raw.count) bytes): \(error.message)")
         }
-        var headers: [String: String] = [:]
-        for line in head.dropFirst() {
-            if let c = line.firstIndex(of: ":") {
-                headers[line[..<c].lowercased()] = String(line[line.index(after: c)...]).trimmingCharacters
-            }
-        }
-        var body = Array(raw[(end + 4)...])
-        if headers["transfer-encoding"]?.lowercased() == "chunked" { body = dechunk(body) }
-        return Response(status: status, headers: headers, body: body)
-    }
-
-    public static func dechunk(_ b: [UInt8]) -> [UInt8] {
-        var out: [UInt8] = []
-        var i = 0
-        while i < b.count {
-            guard let lineEnd = find(Array(b[i...]), [13, 10]) else { break }
-            let sizeText = String(decoding: b[i..<(i + lineEnd)], as: UTF8.self)
-            guard let size = Int(sizeText.split(separator: ";")[0], radix: 16) else { break }
-            i += lineEnd + 2
-            if size == 0 { break }
-            guard i + size <= b.count else { out.append(contentsOf: b[i...]); break }
-            out.append(contentsOf: b[i..<(i + size)])
-            i += size + 2
-        }
-        return out
-    }
-
-    static func find(_ hay: [UInt8], _ needle: [UInt8]) -> Int? {
-        guard hay.count >= needle.count else { return nil }
-        for i in 0...(hay.count - needle.count) where hay[i] == needle[0] {
-            if Array(hay[i..<(i + needle.count)]) == needle { return i }
-        }
-        return nil
-    }
-}
-
-extension String {
-    var trimmingCharacters: String {
-        String(drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed())
     }
 }
 
@@ -186,10 +161,8 @@ public final class SSEClient: @unchecked Sendable {
     public private(set) var events: [SSEEvent] = []
     public private(set) var ended = false
     public private(set) var heartbeats = 0
+    private var http = HTTPResponseParser()
     private var parser = SSEParser()
-    private var buffer: [UInt8] = []
-    private var headerDone = false
-    private var chunked = false
 
     public init(port: Int, path: String, token: String?, lastEventID: Int64? = nil, smallBuffer: Bool = false) throws {
         socket = try TestSocket.connect(port: port)
@@ -229,32 +202,24 @@ public final class SSEClient: @unchecked Sendable {
     public var ids: [Int64] { events.compactMap { $0.id.flatMap { Int64($0) } } }
 
     private func consume(_ chunk: [UInt8]) {
-        buffer.append(contentsOf: chunk)
-        if !headerDone {
-            guard let end = HTTPClient.find(buffer, [13, 10, 13, 10]) else { return }
-            let head = String(decoding: buffer[0..<end], as: UTF8.self).split(separator: "\r\n").map(String.init)
-            status = Int(head.first?.split(separator: " ")[1] ?? "0") ?? 0
-            for line in head.dropFirst() {
-                if let c = line.firstIndex(of: ":") { headers[line[..<c].lowercased()] = String(line[line.index(after: c)...]).trimmingCharacters }
-            }
-            chunked = headers["transfer-encoding"]?.lowercased() == "chunked"
-            headerDone = true
-            buffer.removeFirst(end + 4)
-            if status != 200 { ended = true }
+        let parts: [HTTPResponseEvent]
+        do {
+            parts = try http.feed(chunk)
+        } catch {
+            ended = true
+            return
         }
-        if chunked {
-            // Decode complete chunks only; keep a partial one for later.
-            while let lineEnd = HTTPClient.find(buffer, [13, 10]) {
-                let sizeText = String(decoding: buffer[0..<lineEnd], as: UTF8.self)
-                guard let size = Int(sizeText, radix: 16) else { ended = true; return }
-                if size == 0 { ended = true; buffer.removeAll(); return }
-                guard buffer.count >= lineEnd + 2 + size + 2 else { return }
-                feed(Array(buffer[(lineEnd + 2)..<(lineEnd + 2 + size)]))
-                buffer.removeFirst(lineEnd + 2 + size + 2)
+        for part in parts {
+            switch part {
+            case .head(let head):
+                status = head.status
+                headers = Dictionary(head.headers, uniquingKeysWith: { $1 })
+                if status != 200 { ended = true }
+            case .body(let bytes):
+                feed(bytes)
+            case .end:
+                ended = true
             }
-        } else {
-            feed(buffer)
-            buffer.removeAll()
         }
     }
 
@@ -266,4 +231,49 @@ public final class SSEClient: @unchecked Sendable {
 
     public func close() { socket.close() }
     public func reset() { socket.reset() }
+}
+
+/// One kept-alive connection, for tests that need several requests to reach the same server
+/// process (a connection stays with the worker that accepted it).
+public final class KeepAliveConnection: @unchecked Sendable {
+    public let socket: TestSocket
+    private var pending: [UInt8] = []
+
+    public init(port: Int) throws { socket = try TestSocket.connect(port: port) }
+
+    public func request(_ method: String, _ path: String, token: String?, json: String? = nil) throws -> HTTPClient.Response {
+        let body = Array((json ?? "").utf8)
+        var head = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        if let token { head += "Authorization: Bearer \(token)\r\n" }
+        if json != nil || method == "POST" { head += "Content-Type: application/json\r\nContent-Length: \(body.count)\r\n" }
+        try socket.send(Array((head + "\r\n").utf8) + body)
+        var parser = HTTPResponseParser(isHeadRequest: method == "HEAD")
+        var headOut: HTTPResponseHead?
+        var bodyOut: [UInt8] = []
+        let deadline = Clock.monotonic() + 30
+        while true {
+            var consumed = 0
+            if !pending.isEmpty {
+                consumed = try pending.withUnsafeBytes { raw in
+                    try parser.feed(raw) { part in
+                        switch part {
+                        case .head(let h): headOut = h
+                        case .body(let b): bodyOut.append(contentsOf: b)
+                        case .end: break
+                        }
+                    }
+                }
+                pending.removeFirst(consumed)
+            }
+            if parser.isComplete, let h = headOut {
+                return HTTPClient.Response(status: h.status, headers: Dictionary(h.headers, uniquingKeysWith: { a, _ in a }), body: bodyOut)
+            }
+            guard Clock.monotonic() < deadline else { throw TestError("no complete answer on a kept-alive connection") }
+            guard let chunk = try socket.read(timeout: 1) else { continue }
+            if chunk.isEmpty { throw TestError("the server closed a kept-alive connection") }
+            pending.append(contentsOf: chunk)
+        }
+    }
+
+    public func close() { socket.close() }
 }

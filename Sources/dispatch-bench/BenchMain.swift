@@ -1,4 +1,5 @@
 import DispatchBenchKit
+import DispatchSystem
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -39,7 +40,7 @@ enum BenchMain {
             }
         }
         var c = BenchConfig.preset(mode)
-        let dir = Proc.selfPath().split(separator: "/").dropLast().joined(separator: "/")
+        let dir = Subprocess.executablePath().split(separator: "/").dropLast().joined(separator: "/")
         c.dispatchd = "/" + dir + "/dispatchd"
         var i = 0
         func value() -> String? {

@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchSystem
 import DispatchBenchKit
 #if canImport(Glibc)
 import Glibc
@@ -19,7 +20,7 @@ final class WorkerHandle {
         guard pipe(&inPipe) == 0, pipe(&outPipe) == 0 else { throw BenchError("pipe failed") }
         for fd in inPipe + outPipe { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
         self.name = name
-        pid = try Proc.spawn(Proc.selfPath(), ["worker", name], stdin: inPipe[0], stdout: outPipe[1])
+        pid = try Proc.spawn(Subprocess.executablePath(), ["worker", name], stdin: inPipe[0], stdout: outPipe[1])
         Glibc.close(inPipe[0])
         Glibc.close(outPipe[1])
         toWorker = inPipe[1]
@@ -74,14 +75,14 @@ enum Control {
     static func collect(_ handles: [WorkerHandle], _ ev: String, timeout: Double,
                         _ match: (JSONValue) -> Bool = { _ in true }) -> [JSONValue?] {
         var got: [JSONValue?] = Array(repeating: nil, count: handles.count)
-        let deadline = Clock.monotonic() + Int64(timeout * 1e9)
+        let deadline = Clock.monotonicNanoseconds() + Int64(timeout * 1e9)
         while true {
             for (k, h) in handles.enumerated() where got[k] == nil {
                 got[k] = h.take(ev, match)
                 if got[k] == nil, let err = h.take("error") { log("worker \(h.name): \(err.string("message") ?? "")") }
             }
             if got.allSatisfy({ $0 != nil }) { return got }
-            let now = Clock.monotonic()
+            let now = Clock.monotonicNanoseconds()
             if now >= deadline { return got }
             var fds = handles.map { pollfd(fd: $0.fromWorker, events: Int16(POLLIN), revents: 0) }
             let ms = Int32(min(1000, max(1, (deadline - now) / 1_000_000)))
@@ -161,8 +162,8 @@ enum BlockingHTTP {
 
     /// Polls `GET path` until it answers 200.
     static func waitReady(port: UInt16, path: String, seconds: Double, alive: () -> Bool) -> Bool {
-        let deadline = Clock.monotonic() + Int64(seconds * 1e9)
-        while Clock.monotonic() < deadline {
+        let deadline = Clock.monotonicNanoseconds() + Int64(seconds * 1e9)
+        while Clock.monotonicNanoseconds() < deadline {
             if !alive() { return false }
             if let r = try? request(port: port, method: "GET", path: path, timeout: 2, body: { "" }), r.status == 200 { return true }
             usleep(100_000)

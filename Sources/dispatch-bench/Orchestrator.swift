@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchSystem
 import DispatchBenchKit
 #if canImport(Glibc)
 import Glibc
@@ -115,7 +116,7 @@ final class Orchestrator {
     // MARK: - Run
 
     func run() throws -> Int32 {
-        let start = Clock.monotonic()
+        let start = Clock.monotonicNanoseconds()
         tempDir = makeTempDir()
         defer { cleanup() }
         try startTargets()
@@ -135,7 +136,7 @@ final class Orchestrator {
             for t in order { try throughput(t, rep: rep) }
             for t in order { try terminal(t, rep: rep) }
         }
-        let elapsed = Double(Clock.monotonic() - start) / 1e9
+        let elapsed = Double(Clock.monotonicNanoseconds() - start) / 1e9
         let table = renderTable(elapsed: elapsed)
         print(table)
         let path = try writeJSON(elapsed: elapsed)
@@ -259,7 +260,7 @@ final class Orchestrator {
     /// Waits until every stream has seen its channel's final seq (or 10 s), then records losses.
     func verify(_ t: Target, finals: [Int64], scenario: String) {
         var last: [JSONValue?] = []
-        let deadline = Clock.monotonic() + 10_000_000_000
+        let deadline = Clock.monotonicNanoseconds() + 10_000_000_000
         repeat {
             for w in subscribers {
                 w.send { w in
@@ -271,7 +272,7 @@ final class Orchestrator {
             let missing = last.reduce(Int64(0)) { $0 + Int64($1?.int("missing") ?? 0) }
             if missing == 0 { break }
             Control.sleep(0.2)
-        } while Clock.monotonic() < deadline
+        } while Clock.monotonicNanoseconds() < deadline
         func sum(_ k: String) -> Int64 { last.reduce(Int64(0)) { $0 + Int64($1?.int(k) ?? 0) } }
         check(t, "\(scenario): events lost", sum("missing") + sum("gaps") + sum("lostAtStart"))
         check(t, "\(scenario): events duplicated", sum("dups") + sum("extra"))
@@ -463,11 +464,11 @@ final class Orchestrator {
 
     func machine() -> [(String, String)] {
         var model = ""
-        for line in (Proc.readFile("/proc/cpuinfo") ?? "").split(separator: "\n") where line.hasPrefix("model name") {
+        for line in (Files.read("/proc/cpuinfo") ?? "").split(separator: "\n") where line.hasPrefix("model name") {
             model = String(line.split(separator: ":", maxSplits: 1).last ?? "").trimmingCharacters(in: "\t")
             break
         }
-        let mem = Proc.kbField(Proc.readFile("/proc/meminfo") ?? "", "MemTotal:")
+        let mem = Proc.kbField(Files.read("/proc/meminfo") ?? "", "MemTotal:")
         var u = utsname()
         uname(&u)
         let kernel = withUnsafeBytes(of: u.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
@@ -517,7 +518,7 @@ final class Orchestrator {
         w.beginObject()
         w.field("mode", config.mode)
         w.field("runTag", runTag)
-        w.field("unixTime", Int64(time(nil)))
+        w.field("unixTime", Clock.nowMilliseconds() / 1000)
         w.field("elapsedSeconds", elapsed)
         w.field("repeats", Int64(config.repeats))
         w.field("serverProcesses", Int64(config.serverWorkers))
@@ -551,25 +552,20 @@ final class Orchestrator {
         if let j = config.jsonOut {
             path = j
         } else {
-            Proc.mkdirs(absolute(config.resultsDir))
+            let dir = Files.absolutePath(config.resultsDir)
+            try? Files.makeDirectory(dir)
             var tm = tm()
-            var now = time(nil)
+            var now = time_t(Clock.nowMilliseconds() / 1000)
             gmtime_r(&now, &tm)
             let stamp = String(format4(Int(tm.tm_year) + 1900)) + two(Int(tm.tm_mon) + 1) + two(Int(tm.tm_mday))
                 + "-" + two(Int(tm.tm_hour)) + two(Int(tm.tm_min)) + two(Int(tm.tm_sec))
-            path = "\(absolute(config.resultsDir))/\(stamp)-\(config.mode).json"
-            try Proc.writeFile("\(absolute(config.resultsDir))/latest-\(config.mode).json", w.string + "\n")
+            path = "\(dir)/\(stamp)-\(config.mode).json"
+            try Files.write("\(dir)/latest-\(config.mode).json", w.string + "\n")
         }
-        try Proc.writeFile(path, w.string + "\n")
+        try Files.write(path, w.string + "\n")
         return path
     }
 
     func two(_ v: Int) -> String { v < 10 ? "0\(v)" : String(v) }
     func format4(_ v: Int) -> String { String(v) }
-
-    func absolute(_ p: String) -> String {
-        if p.hasPrefix("/") { return p }
-        var buf = [CChar](repeating: 0, count: 4096)
-        return String(cString: getcwd(&buf, 4096)) + "/" + p
-    }
 }

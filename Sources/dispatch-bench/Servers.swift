@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchSystem
 import DispatchBenchKit
 #if canImport(Glibc)
 import Glibc
@@ -70,12 +71,12 @@ final class Target {
         switch kind {
         case .dispatch:
             r = try BlockingHTTP.request(port: port, method: "POST", path: "/v1/activities/\(activity)/update", auth: key) {
-                t = Clock.realtime()
+                t = Clock.wallNanoseconds()
                 return "{\"progress\":0.5,\"status\":\"t=\(t)\"}"
             }
         case .nchan:
             r = try BlockingHTTP.request(port: port, method: "POST", path: "/pub/\(activity)") {
-                t = Clock.realtime()
+                t = Clock.wallNanoseconds()
                 return Worker.nchanMessage(id: activity, seq: seq, t: t)
             }
         }
@@ -169,7 +170,7 @@ enum Servers {
         guard access(binary, X_OK) == 0 else { throw BenchError("dispatchd not found at \(binary) (build it, or pass --dispatchd)") }
         let key = randomKey()
         let data = "\(dir)/dispatch-data"
-        Proc.mkdirs(data)
+        try? Files.makeDirectory(data)
         let logPath = "\(dir)/dispatchd.log"
         let listen = addresses.map { "\($0):\(port)" }.joined(separator: ",")
         let start = { () throws -> pid_t in
@@ -221,15 +222,15 @@ enum Servers {
     static func startNginx(template: String, dir: String, workers: Int, port: UInt16) throws -> Target {
         let (nginx, module) = try ensureNginx()
         let ndir = "\(dir)/nginx"
-        for sub in ["tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi", "logs"] { Proc.mkdirs("\(ndir)/\(sub)") }
-        guard var conf = Proc.readFile(template), !conf.isEmpty else { throw BenchError("cannot read \(template)") }
+        for sub in ["tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi", "logs"] { try? Files.makeDirectory("\(ndir)/\(sub)") }
+        guard var conf = Files.read(template), !conf.isEmpty else { throw BenchError("cannot read \(template)") }
         let listen = addresses.map { "        listen \($0):\(port) reuseport backlog=4096;" }.joined(separator: "\n")
         conf = conf.replacing("{{NCHAN_MODULE}}", with: module)
             .replacing("{{WORKERS}}", with: String(workers))
             .replacing("{{DIR}}", with: ndir)
             .replacing("{{BUFFER_LENGTH}}", with: "16")
             .replacing("{{LISTEN}}", with: listen)
-        try Proc.writeFile("\(ndir)/nginx.conf", conf)
+        try Files.write("\(ndir)/nginx.conf", conf)
         let logPath = "\(ndir)/stderr.log"
         let start = { () throws -> pid_t in
             let logFd = open(logPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
@@ -250,7 +251,7 @@ enum Servers {
     }
 
     static func tail(_ path: String, lines: Int = 20) -> String {
-        let text = Proc.readFile(path) ?? ""
+        let text = Files.read(path) ?? ""
         return text.split(separator: "\n", omittingEmptySubsequences: false).suffix(lines).joined(separator: "\n")
     }
 }

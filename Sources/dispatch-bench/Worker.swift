@@ -1,5 +1,6 @@
 import CLibevent
 import DispatchCore
+import DispatchSystem
 import DispatchBenchKit
 #if canImport(Glibc)
 import Glibc
@@ -175,7 +176,7 @@ final class Worker {
     }
 
     func onTick() {
-        let now = Clock.realtime()
+        let now = Clock.wallNanoseconds()
         if !reqDone, reqMode != .batch, now > reqDeadline + 15_000_000_000 {
             // Requests that never answered: give up on them rather than hang the run.
             for i in conns.indices where conns[i].role == reqMode && conns[i].phase != .free {
@@ -314,7 +315,7 @@ final class Worker {
         while conns[i].phase != .free {
             let r = recv(conns[i].fd, readBuffer, 65536, 0)
             if r > 0 {
-                if now == 0 { now = Clock.realtime() }
+                if now == 0 { now = Clock.wallNanoseconds() }
                 out.removeAll(keepingCapacity: true)
                 conns[i].parser.feed(UnsafeRawBufferPointer(start: readBuffer, count: r), into: &out)
                 handle(i, now)
@@ -322,7 +323,7 @@ final class Worker {
             } else if r == 0 {
                 out.removeAll(keepingCapacity: true)
                 conns[i].parser.finish(into: &out)
-                if now == 0 { now = Clock.realtime() }
+                if now == 0 { now = Clock.wallNanoseconds() }
                 handle(i, now)
                 if conns[i].phase != .free { closedByPeer(i) }
                 return
@@ -412,7 +413,7 @@ final class Worker {
         fan = [:]
         gaps = 0; dups = 0; lostAtStart = 0; serverClosed = 0
         firstError = ""
-        subStart = Clock.realtime()
+        subStart = Clock.wallNanoseconds()
         subReportedDone = false
         conns.reserveCapacity(conns.count + subTotal + 64)
         startMoreSubscribers()
@@ -443,7 +444,7 @@ final class Worker {
     func checkSubscribed() {
         guard !subReportedDone, subReady + subFailed >= subTotal else { return }
         subReportedDone = true
-        let elapsed = Double(Clock.realtime() - subStart) / 1e9
+        let elapsed = Double(Clock.wallNanoseconds() - subStart) / 1e9
         emit {
             $0.field("ev", "subscribed")
             $0.field("ready", Int64(subReady))
@@ -560,7 +561,7 @@ final class Worker {
         reqMode = cmd == "publish" ? .publisher : cmd == "batch" ? .batch : .terminal
         reqTarget = v.string("target") ?? "dispatch"
         reqAuth = v.string("auth") ?? ""
-        reqStart = Clock.realtime()
+        reqStart = Clock.wallNanoseconds()
         reqDeadline = reqStart + Int64((v.double("duration") ?? 0) * 1e9)
         reqCount = 0
         reqErrors = 0
@@ -630,7 +631,7 @@ final class Worker {
     func hasMoreWork() -> Bool {
         switch reqMode {
         case .batch: return batchNext < batchRequests.count
-        case .publisher, .terminal: return Clock.realtime() < reqDeadline
+        case .publisher, .terminal: return Clock.wallNanoseconds() < reqDeadline
         case .subscriber: return false
         }
     }
@@ -642,7 +643,7 @@ final class Worker {
             if reqActive <= 0 { finishRequests() }
             return
         }
-        let now = Clock.realtime()
+        let now = Clock.wallNanoseconds()
         var req: [UInt8]
         switch reqMode {
         case .publisher:
@@ -765,7 +766,7 @@ final class Worker {
     func finishRequests() {
         guard !reqDone else { return }
         reqDone = true
-        let elapsed = Double(Clock.realtime() - reqStart) / 1e9
+        let elapsed = Double(Clock.wallNanoseconds() - reqStart) / 1e9
         let mode = reqMode
         emit {
             $0.field("ev", mode == .publisher ? "published" : mode == .batch ? "batch" : "terminal")
@@ -795,22 +796,6 @@ final class Worker {
             w.endArray()
         }
         w.endArray()
-    }
-}
-
-enum Clock {
-    /// CLOCK_REALTIME in nanoseconds: every process on the machine reads the same clock,
-    /// so a publish timestamp taken in one process is comparable in another.
-    static func realtime() -> Int64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
-    }
-
-    static func monotonic() -> Int64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
     }
 }
 

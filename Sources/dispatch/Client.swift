@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchSystem
 import DispatchCLIKit
 
 /// The Dispatch API as the CLI uses it: authenticated requests with bounded retries.
@@ -29,7 +30,7 @@ struct Client {
         let request = CLIHTTP.encodeRequest(method: method, path: path, endpoint: global.endpoint,
                                             headers: headers(idempotencyKey: key), body: body)
         let policy = CLIRetryPolicy(budget: retryFor ?? global.retryFor)
-        let started = System.monotonic()
+        let started = Clock.monotonic()
         var failures = 0
         while true {
             var lastError: String
@@ -49,12 +50,12 @@ struct Client {
             }
             if System.interrupted() { return .failed(.unavailable, "\(lastError) (interrupted)") }
             failures += 1
-            let elapsed = System.monotonic() - started
+            let elapsed = Clock.monotonic() - started
             guard let delay = policy.delay(failures: failures, elapsed: elapsed, retryAfter: retryAfter) else {
                 let tries = failures == 1 ? "1 attempt" : "\(failures) attempts"
                 return .failed(.unavailable, "\(lastError) (gave up after \(tries) in \(CLIProgress.duration(elapsed)))")
             }
-            System.sleep(seconds: delay)
+            Clock.sleep(seconds: delay, interrupted: System.interrupted)
         }
     }
 

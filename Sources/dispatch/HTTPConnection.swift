@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import DispatchCore
+import DispatchSystem
 import DispatchCLIKit
 
 /// A failure below HTTP: the name, the connection or the bytes.
@@ -11,16 +12,11 @@ struct TransportError: Error {
     var transient: Bool
 }
 
-struct HTTPResponse {
-    var head: CLIHTTPResponseHead
-    var body: [UInt8]
-}
-
 /// One HTTP/1.1 exchange over a plain non-blocking POSIX socket (`Connection: close`).
 /// Every wait goes through poll() with a deadline, so nothing blocks forever.
 final class HTTPConnection {
     private let fd: Int32
-    private var parser = CLIHTTPResponseParser()
+    private var parser = HTTPResponseParser()
     private var eof = false
 
     private init(fd: Int32) { self.fd = fd }
@@ -39,7 +35,7 @@ final class HTTPConnection {
             throw TransportError(message: "cannot resolve \(endpoint.host): \(text)", transient: rc == EAI_AGAIN)
         }
         defer { freeaddrinfo(first) }
-        let deadline = System.monotonic() + timeout
+        let deadline = Clock.monotonic() + timeout
         var lastError = "no address"
         var node: UnsafeMutablePointer<addrinfo>? = first
         while let ai = node {
@@ -75,7 +71,7 @@ final class HTTPConnection {
     /// poll() for one fd until `deadline`; EINTR from a signal we handle ends the wait.
     static func wait(fd: Int32, events: Int16, deadline: Double) -> WaitResult {
         while true {
-            let remaining = deadline - System.monotonic()
+            let remaining = deadline - Clock.monotonic()
             if remaining <= 0 { return .timedOut }
             var pfd = pollfd(fd: fd, events: events, revents: 0)
             let n = poll(&pfd, 1, Int32(min(remaining * 1000, 1_000_000).rounded(.up)))
@@ -111,7 +107,7 @@ final class HTTPConnection {
 
     /// Waits at most until `deadline` for bytes and returns the parser's events: `nil` when the
     /// wait timed out with nothing new, `[]` when bytes arrived that completed nothing.
-    func readEvents(until deadline: Double) throws(TransportError) -> [CLIHTTPResponseEvent]? {
+    func readEvents(until deadline: Double) throws(TransportError) -> [HTTPResponseEvent]? {
         if eof { return [] }
         switch HTTPConnection.wait(fd: fd, events: Int16(POLLIN), deadline: deadline) {
         case .ready: break
@@ -137,10 +133,10 @@ final class HTTPConnection {
 
     /// One complete request and its buffered answer, within `timeout` seconds.
     static func exchange(endpoint: CLIEndpoint, request: [UInt8], timeout: Double) throws(TransportError) -> HTTPResponse {
-        let deadline = System.monotonic() + timeout
+        let deadline = Clock.monotonic() + timeout
         let conn = try connect(to: endpoint, timeout: timeout)
         try conn.send(request, deadline: deadline)
-        var head: CLIHTTPResponseHead?
+        var head: HTTPResponseHead?
         var body: [UInt8] = []
         while true {
             guard let events = try conn.readEvents(until: deadline) else {

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import DispatchCore
+import DispatchSystem
 import DispatchCLIKit
 
 /// What the signal handlers share with the main thread. Only async-signal-safe work happens
@@ -162,7 +163,7 @@ struct RunCommand {
     }
 }
 
-/// Spawns a command with posix_spawnp and waits for it, optionally passing its stdout and
+/// Spawns a command (looked up in PATH) and waits for it, optionally passing its stdout and
 /// stderr through pipes so each line can be inspected.
 enum ChildProcess {
     enum Outcome {
@@ -180,46 +181,35 @@ enum ChildProcess {
             for fd in outPipe + errPipe { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
         }
 
-        var attr = posix_spawnattr_t()
-        posix_spawnattr_init(&attr)
-        defer { posix_spawnattr_destroy(&attr) }
-        var emptyMask = sigset_t()
-        sigemptyset(&emptyMask)
-        posix_spawnattr_setsigmask(&attr, &emptyMask)
-        var defaults = sigset_t()
-        sigemptyset(&defaults)
-        for sig in RunSignals.forwarded + [SIGPIPE, SIGQUIT] { sigaddset(&defaults, sig) }
-        posix_spawnattr_setsigdefault(&attr, &defaults)
-        posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
-
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
+        // The child starts with no signal blocked, and with the signals we forward (and SIGPIPE,
+        // SIGQUIT) at their defaults, whatever this process does with them.
+        var spawnOptions = Subprocess.Options()
+        spawnOptions.clearSignalMask = true
+        spawnOptions.defaultSignals = RunSignals.forwarded + [SIGPIPE, SIGQUIT]
         if capture {
-            posix_spawn_file_actions_adddup2(&actions, outPipe[1], 1)
-            posix_spawn_file_actions_adddup2(&actions, errPipe[1], 2)
+            spawnOptions.stdout = .fd(outPipe[1])
+            spawnOptions.stderr = .fd(errPipe[1])
         }
-
-        var argv: [UnsafeMutablePointer<CChar>?] = command.map { strdup($0) }
-        argv.append(nil)
-        defer { for p in argv { free(p) } }
 
         // Block the forwarded signals until the child's pid is known, so none is lost between
         // the spawn and the handler learning whom to forward to.
         var oldMask = sigset_t()
         RunSignals.block(SIG_BLOCK, old: &oldMask)
-        var pid: pid_t = 0
-        let rc = posix_spawnp(&pid, argv[0]!, &actions, &attr, argv, environ)
-        if rc == 0 { RunSignals.child = pid }
+        let spawned = Subprocess.spawn(command, spawnOptions)
+        if case .success(let pid) = spawned { RunSignals.child = pid }
         sigprocmask(SIG_SETMASK, &oldMask, nil)
 
         if capture {
             close(outPipe[1])
             close(errPipe[1])
         }
-        guard rc == 0 else {
+        let pid: pid_t
+        switch spawned {
+        case .success(let p):
+            pid = p
+        case .failure(let error):
             if capture { close(outPipe[0]); close(errPipe[0]) }
-            return .spawnFailed(rc, rc == ENOENT ? 127 : 126)
+            return .spawnFailed(error.errno, error.errno == ENOENT ? 127 : 126)
         }
 
         var status: Int32 = 0
@@ -342,7 +332,7 @@ final class ProgressPublisher: @unchecked Sendable {
                 send(value, budget: done ? 2 : min(client.global.retryFor, 5))
             }
             if done { return }
-            System.sleep(seconds: interval)
+            Clock.sleep(seconds: interval, interrupted: System.interrupted)
         }
     }
 

@@ -4,39 +4,12 @@ import Glibc
 import Darwin
 #endif
 import DispatchCore
+import DispatchSystem
 import DispatchCLIKit
 
-/// The few system services the CLI needs, over plain libc (no Foundation: it costs start-up time).
+/// The few system services the CLI needs beyond DispatchSystem's, over plain libc (no Foundation:
+/// it costs start-up time).
 enum System {
-    /// Monotonic seconds, for timeouts and retry budgets.
-    static func monotonic() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-    }
-
-    /// Wall-clock seconds since the epoch, for "elapsed" next to server timestamps.
-    static func wallClock() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-    }
-
-    static func sleep(seconds: Double) {
-        guard seconds > 0 else { return }
-        var req = timespec(tv_sec: Int(seconds), tv_nsec: Int((seconds - Double(Int(seconds))) * 1e9))
-        var rem = timespec()
-        while nanosleep(&req, &rem) != 0 && errno == EINTR {
-            if interrupted() { return }
-            req = rem
-        }
-    }
-
-    static func environment(_ name: String) -> String? {
-        guard let v = getenv(name) else { return nil }
-        return String(cString: v)
-    }
-
     static func errorText(_ code: Int32) -> String {
         guard let s = strerror(code) else { return "error \(code)" }
         return String(cString: s).lowercased()
@@ -52,7 +25,7 @@ enum System {
     static func terminalWidth() -> Int {
         var ws = winsize()
         if ioctl(1, UInt(TIOCGWINSZ), &ws) == 0, ws.ws_col > 0 { return Int(ws.ws_col) }
-        if let c = environment("COLUMNS"), let n = Int(c), n > 0 { return n }
+        if let c = Subprocess.environment("COLUMNS"), let n = Int(c), n > 0 { return n }
         return 80
     }
 

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import DispatchCore
+import DispatchSystem
 import DispatchCLIKit
 
 /// `dispatch watch`: follows `GET /v1/activities/{id}/status` until the activity ends,
@@ -38,23 +39,23 @@ struct WatchCommand {
             case .reconnect(let connected, let pause, let reason):
                 if System.interrupted() { return interruptedExit(renderer) }
                 if connected || outageStarted == nil {
-                    outageStarted = System.monotonic()
+                    outageStarted = Clock.monotonic()
                     failures = 0
                 }
                 failures += 1
                 let retry = Double(pause ?? state.retryMilliseconds) / 1000
                 let policy = CLIRetryPolicy(budget: client.global.retryFor, initialDelay: retry, maxDelay: max(retry, 0.001))
-                let elapsed = System.monotonic() - outageStarted!
+                let elapsed = Clock.monotonic() - outageStarted!
                 guard let delay = policy.delay(failures: failures, elapsed: elapsed) else {
                     renderer.finish()
                     Output.fail("watch", "\(reason) (gave up after \(CLIProgress.duration(elapsed)))")
                     return CLIExitCode.unavailable.rawValue
                 }
                 renderer.note = "reconnecting…"
-                let wakeAt = System.monotonic() + delay
-                while System.monotonic() < wakeAt && !System.interrupted() {
+                let wakeAt = Clock.monotonic() + delay
+                while Clock.monotonic() < wakeAt && !System.interrupted() {
                     renderer.tick()
-                    System.sleep(seconds: min(0.25, wakeAt - System.monotonic()))
+                    Clock.sleep(seconds: min(0.25, wakeAt - Clock.monotonic()), interrupted: System.interrupted)
                 }
             }
         }
@@ -75,7 +76,7 @@ struct WatchCommand {
         let conn: HTTPConnection
         do {
             conn = try HTTPConnection.connect(to: client.global.endpoint, timeout: 10)
-            try conn.send(request, deadline: System.monotonic() + 10)
+            try conn.send(request, deadline: Clock.monotonic() + 10)
         } catch {
             if !error.transient && !System.interrupted() {
                 Output.fail("watch", error.message)
@@ -91,24 +92,24 @@ struct WatchCommand {
         /// Bytes arrived on this stream: only then does a later drop start a new outage, so a
         /// server that accepts and hangs up at once cannot keep the watch looping forever.
         var streamed = false
-        var lastActivity = System.monotonic()
+        var lastActivity = Clock.monotonic()
         let tick = renderer.enabled ? 0.25 : WatchCommand.idleTimeout
 
         while true {
-            let events: [CLIHTTPResponseEvent]?
+            let events: [HTTPResponseEvent]?
             do {
-                events = try conn.readEvents(until: System.monotonic() + tick)
+                events = try conn.readEvents(until: Clock.monotonic() + tick)
             } catch {
                 return .reconnect(connected: streamed, afterMilliseconds: nil, reason: error.message)
             }
             guard let events else {
                 renderer.tick()
-                if System.monotonic() - lastActivity > WatchCommand.idleTimeout {
+                if Clock.monotonic() - lastActivity > WatchCommand.idleTimeout {
                     return .reconnect(connected: streamed, afterMilliseconds: 0, reason: "the stream went silent")
                 }
                 continue
             }
-            lastActivity = System.monotonic()
+            lastActivity = Clock.monotonic()
             for event in events {
                 switch event {
                 case .head(let head):
@@ -241,7 +242,7 @@ final class LiveRenderer {
     private func draw() {
         guard enabled, var v = view else { return }
         if let note, !v.isTerminal { v.status = (v.status.map { $0 + " " } ?? "") + "(\(note))" }
-        let line = CLIProgress.liveLine(view: v, width: System.terminalWidth() - 1, now: System.wallClock(), frame: frame)
+        let line = CLIProgress.liveLine(view: v, width: System.terminalWidth() - 1, now: Clock.wallSeconds(), frame: frame)
         Output.outRaw("\r\u{1B}[2K" + line)
         drawn = true
     }

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import DispatchCore
+import DispatchSystem
 import DispatchCLIKit
 
 /// `dispatch`: the publishing and watching CLI. Parsing and every decision live in
@@ -10,7 +11,7 @@ import DispatchCLIKit
 let arguments = Array(CommandLine.arguments.dropFirst())
 let invocation: CLIInvocation
 do {
-    invocation = try CLIArguments.parse(arguments, environment: System.environment)
+    invocation = try CLIArguments.parse(arguments, environment: Subprocess.environment)
 } catch {
     Output.err("dispatch: \(error.message)")
     Output.err("Try 'dispatch \(error.command.map { "\($0) " } ?? "")--help'.")

@@ -129,7 +129,7 @@ func rawRequest(port: Int, _ request: String) throws -> (Int, [UInt8]) {
     guard rc == 0 else { throw SocketError(what: "connect") }
     let bytes = Array(request.utf8)
     guard send(fd, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count else { throw SocketError(what: "send") }
-    var parser = CLIHTTPResponseParser()
+    var parser = HTTPResponseParser()
     var status = 0
     var body: [UInt8] = []
     var buffer = [UInt8](repeating: 0, count: 65536)
@@ -225,7 +225,7 @@ final class LossyProxy: @unchecked Sendable {
         }
         guard connected == 0, send(upstream, request, request.count, Int32(MSG_NOSIGNAL)) == request.count else { return }
         var response: [UInt8] = []
-        var parser = CLIHTTPResponseParser()
+        var parser = HTTPResponseParser()
         reading: while true {
             let n = recv(upstream, &buffer, buffer.count, 0)
             let events = (n > 0 ? try? parser.feed(buffer[..<n]) : try? parser.finish()) ?? [.end]

@@ -9,34 +9,19 @@ import Glibc
 #endif
 
 /// Shares one server (real dispatchd, real PostgreSQL) among the tests that do not restart it.
-class SharedServerTestCase: XCTestCase {
-    nonisolated(unsafe) static var shared: TestServer?
-    nonisolated(unsafe) static var startError: Error?
-
-    override class func setUp() {
-        super.setUp()
-        do { shared = try TestServer.start() } catch { startError = error }
-    }
-
-    override class func tearDown() {
-        shared?.kill()  // cleanup only; graceful shutdown is the server tests' subject
-        shared = nil
-        super.tearDown()
-    }
+class CLIServerTestCase: SharedServerTestCase {
+    override class var sharedServerEnding: Ending { .kill }  // cleanup only; graceful shutdown is the server tests' subject
 
     var ctx: CLITestContext!
 
     override func setUpWithError() throws {
-        guard let server = Self.shared else {
-            throw Self.startError ?? XCTSkip("no server")
-        }
-        ctx = CLITestContext(server: server)
+        ctx = CLITestContext(server: try server())
     }
 
     func uniqueID(_ prefix: String = "CLI") -> String { "\(prefix)-\(UUID().uuidString.prefix(8))" }
 }
 
-final class CLIPublishIntegrationTests: SharedServerTestCase {
+final class CLIPublishIntegrationTests: CLIServerTestCase {
     /// The README example, through a real shell: `$(dispatch start ...)` yields just the id.
     func testStartOutputWorksInShellSubstitution() throws {
         let dir = (ctx.dispatch as NSString).deletingLastPathComponent
@@ -152,7 +137,7 @@ final class CLIPublishIntegrationTests: SharedServerTestCase {
     }
 }
 
-final class CLIWatchIntegrationTests: SharedServerTestCase {
+final class CLIWatchIntegrationTests: CLIServerTestCase {
     func testWatchPrintsOneLinePerEventAndExitsZeroOnCompletion() throws {
         let id = uniqueID()
         XCTAssertEqual(try ctx.run(["start", "--id", id, "--name", "ISO", "--machine", "shodan"]).0, 0)
@@ -217,7 +202,7 @@ final class CLIWatchIntegrationTests: SharedServerTestCase {
     }
 }
 
-final class CLIRunIntegrationTests: SharedServerTestCase {
+final class CLIRunIntegrationTests: CLIServerTestCase {
     func testRunCompletesAndPassesOutputThrough() throws {
         let id = uniqueID()
         let (code, out, err) = try ctx.run(["run", "--id", id, "--name", "nightly backup", "--", "/bin/sh", "-c", "echo backing up; exit 0"])
@@ -337,7 +322,7 @@ final class CLIRestartIntegrationTests: XCTestCase {
 }
 
 /// The case Idempotency-Key exists for: the server commits a publish but its answer is lost.
-final class CLIIdempotencyIntegrationTests: SharedServerTestCase {
+final class CLIIdempotencyIntegrationTests: CLIServerTestCase {
     func testARetryAfterALostAnswerIsNotAppliedTwice() throws {
         let id = uniqueID()
         XCTAssertEqual(try ctx.run(["start", "--id", id, "--name", "job"]).0, 0)

@@ -172,67 +172,6 @@ final class CLIEndpointAndHTTPTests: XCTestCase {
         XCTAssertEqual(CLIHTTP.encodeSegment("a/b c?é"), "a%2Fb%20c%3F%C3%A9")
     }
 
-    /// Feeds `text` to a parser in pieces of `step` bytes and returns the head and body.
-    private func parse(_ text: String, step: Int, closeAtEnd: Bool = false) throws -> (CLIHTTPResponseHead?, String, Bool) {
-        var p = CLIHTTPResponseParser()
-        var head: CLIHTTPResponseHead?
-        var body: [UInt8] = []
-        var ended = false
-        let bytes = Array(text.utf8)
-        var i = 0
-        func take(_ events: [CLIHTTPResponseEvent]) {
-            for e in events {
-                switch e {
-                case .head(let h): head = h
-                case .body(let b): body += b
-                case .end: ended = true
-                }
-            }
-        }
-        while i < bytes.count {
-            take(try p.feed(bytes[i..<min(i + step, bytes.count)]))
-            i += step
-        }
-        if closeAtEnd { take(try p.finish()) }
-        return (head, String(decoding: body, as: UTF8.self), ended)
-    }
-
-    func testResponseParserFramings() throws {
-        let fixed = "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"a\":\"bcd\"}"
-        let chunked = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\n"
-        for step in [1, 2, 7, 1000] {
-            let (h1, b1, e1) = try parse(fixed, step: step)
-            XCTAssertEqual(h1?.status, 201)
-            XCTAssertEqual(h1?.header("CONTENT-TYPE"), "application/json")
-            XCTAssertEqual(b1, "{\"a\":\"bcd\"}")
-            XCTAssertTrue(e1)
-            let (h2, b2, e2) = try parse(chunked, step: step)
-            XCTAssertEqual(h2?.status, 200)
-            XCTAssertEqual(b2, "hello world")
-            XCTAssertTrue(e2)
-        }
-        let (h3, b3, e3) = try parse("HTTP/1.0 200 OK\r\n\r\nuntil close", step: 3, closeAtEnd: true)
-        XCTAssertEqual(h3?.status, 200)
-        XCTAssertEqual(b3, "until close")
-        XCTAssertTrue(e3)
-        let (h4, b4, e4) = try parse("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", step: 5)
-        XCTAssertEqual(h4?.status, 204)
-        XCTAssertEqual(b4, "")
-        XCTAssertTrue(e4)
-    }
-
-    func testResponseParserErrors() {
-        var p = CLIHTTPResponseParser()
-        XCTAssertThrowsError(try p.feed(Array("SSH-2.0-OpenSSH\r\n\r\n".utf8))) { XCTAssertFalse(($0 as! CLIHTTPParseError).truncated) }
-        var q = CLIHTTPResponseParser()
-        XCTAssertNoThrow(try q.feed(Array("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc".utf8)))
-        XCTAssertThrowsError(try q.finish()) { XCTAssertTrue(($0 as! CLIHTTPParseError).truncated) }
-        var r = CLIHTTPResponseParser()
-        XCTAssertThrowsError(try r.feed(Array("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n".utf8)))
-        var s = CLIHTTPResponseParser()
-        XCTAssertThrowsError(try s.feed(Array("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n".utf8)))
-    }
-
     func testStatusToExitCode() {
         XCTAssertEqual(CLIHTTPDisposition.of(status: 200), .success)
         XCTAssertEqual(CLIHTTPDisposition.of(status: 201), .success)

@@ -55,6 +55,30 @@ final class JSONTests: XCTestCase {
         }
     }
 
+    /// An object of many keys is checked for duplicates in linear time: 20,000 keys would take
+    /// minutes with a scan per key. A duplicate anywhere among them is still refused, at its offset.
+    func testManyKeysParseFastAndADuplicateAmongThemIsRefused() throws {
+        let n = 20_000
+        let members = (0..<n).map { #""key-\#($0)":\#($0)"# }
+        guard case .object(let parsed) = try JSONParser.parse("{" + members.joined(separator: ",") + "}") else {
+            return XCTFail("not an object")
+        }
+        XCTAssertEqual(parsed.count, n)
+        XCTAssertEqual(parsed.last?.0, "key-\(n - 1)", "members keep their order")
+        for duplicate in [#""key-0":0"#, #""key-12345":0"#, #""key-19999":0"#] {
+            var withDuplicate = members
+            withDuplicate.insert(duplicate, at: 15_000)
+            let text = "{" + withDuplicate.joined(separator: ",") + "}"
+            XCTAssertThrowsError(try JSONParser.parse(text), duplicate) { error in
+                XCTAssertTrue((error as? JSONParseError)?.message.hasPrefix("duplicate key") == true, "\(error)")
+            }
+        }
+        // Also with the duplicate among the first few members (the scan, before the set).
+        XCTAssertThrowsError(try JSONParser.parse(#"{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"a":9}"#))
+        XCTAssertThrowsError(try JSONParser.parse(#"{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"a":9}"#))
+        XCTAssertThrowsError(try JSONParser.parse(#"{"a":1,"b":2,"b":3}"#))
+    }
+
     func testInvalidUTF8() {
         let table: [[UInt8]] = [
             [0x22, 0xFF, 0x22],

@@ -95,6 +95,22 @@ final class ValidationTests: XCTestCase {
         assertValidation(.start, #"{"taskName":"x","machine":false}"#, "invalid_field")
     }
 
+    /// One alphabet for key names, machines and activity ids (ids also allow `:` and 128 bytes).
+    func testTagAlphabet() {
+        for ok in ["a", "Xerxes_01.lan-2", r("m", 64)] {
+            XCTAssertTrue(Validation.isTag(ok), ok)
+            XCTAssertTrue(Validation.isValidActivityID(ok), ok)
+        }
+        for bad in ["", r("m", 65), "a:b", "a b", "a/b", "ñ", "a\u{0}"] { XCTAssertFalse(Validation.isTag(bad), bad) }
+        XCTAssertTrue(Validation.isTag("a:b", colon: true))
+        XCTAssertTrue(Validation.isValidActivityID("a:b"))
+        XCTAssertTrue(Validation.isValidActivityID(r("A", 128)))
+        XCTAssertFalse(Validation.isValidActivityID(r("A", 129)))
+        XCTAssertThrowsError(try KeySpec(name: "a:b", scopes: [.read], machine: nil))
+        XCTAssertThrowsError(try KeySpec(name: "ok", scopes: [.read], machine: "a:b"))
+        XCTAssertNoThrow(try KeySpec(name: "Key_1.a-b", scopes: [.read], machine: "Xerxes_01.lan-2"))
+    }
+
     func testCancelURL() {
         let long = "https://x.example/" + r("a", 2048 - 18)
         XCTAssertEqual(long.utf8.count, 2048)

@@ -449,11 +449,7 @@ final class StreamMemoryTests: XCTestCase {
         let s = try TestServer.start()
         defer { s.stop() }
         try s.startActivity("vanish")
-        func rss() throws -> Int {
-            let status = try String(contentsOfFile: "/proc/\(s.pid)/status", encoding: .utf8)
-            let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
-            return Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
-        }
+        func rss() throws -> Int { (ProcessFigures.residentBytes(of: s.pid) ?? 0) / 1024 }
         func round() throws {
             var streams: [SSEClient] = []
             for _ in 0..<2000 { streams.append(try s.stream("vanish")) }

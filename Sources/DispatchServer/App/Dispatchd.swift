@@ -7,6 +7,9 @@ import Glibc
 /// The `dispatchd` command: serve (as a supervisor of worker processes, or a single worker),
 /// `migrate`, `keys` and `webhooks`.
 public enum Dispatchd {
+    /// Commands that work on an existing database and must never create one.
+    static let adminCommands: Set<String> = ["keys", "webhooks"]
+
     public static func main(_ arguments: [String]) -> Int32 {
         var args = arguments
         if args.contains("--help") || args.contains("-h") || args.first == "help" {
@@ -57,10 +60,22 @@ public enum Dispatchd {
         let conninfo: String
         if let url = config.databaseURL {
             conninfo = url
+            if adminCommands.contains(command) { printError("dispatchd \(command): using DATABASE_URL") }
         } else {
+            // An admin command never creates a database: one made here would not be the server's.
+            if adminCommands.contains(command) {
+                guard EmbeddedPostgres.clusterExists(dataDir: config.dataDir) else {
+                    printError("""
+                        dispatchd \(command): no database: DATABASE_URL is not set and there is no embedded cluster under \
+                        \(Files.absolutePath(config.dataDir)) (run this where dispatchd runs, or pass --data-dir or --database-url)
+                        """)
+                    return 2
+                }
+                printError("dispatchd \(command): using the embedded PostgreSQL under \(Files.absolutePath(config.dataDir))")
+            }
             do {
                 let pg = try EmbeddedPostgres(dataDir: config.dataDir, log: log)
-                try pg.start()
+                try pg.start(exclusive: command == "serve")
                 embedded = pg
                 conninfo = pg.conninfo
             } catch {

@@ -12,7 +12,7 @@ public enum Migrations {
 
     public static func locateDirectory() -> String? {
         var candidates: [String] = []
-        if let env = getenv("DISPATCH_MIGRATIONS_DIR") { candidates.append(String(cString: env)) }
+        if let env = Subprocess.environment("DISPATCH_MIGRATIONS_DIR") { candidates.append(env) }
         candidates.append("./Migrations")
         var dir = Subprocess.executablePath().dropLastPathComponent
         for _ in 0..<5 {

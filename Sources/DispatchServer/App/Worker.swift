@@ -53,6 +53,7 @@ public final class Worker {
         }
         http.handler = { [unowned self] req in self.api.handle(req) }
         api.isReady = { [unowned self] in self.isReady }
+        api.onKeyRevoked = { [unowned self] id in self.keyRevoked(id) }
         publisher.onCommitted = { [unowned self] event, json, _ in
             if event.name == ActivityEvent.cancelRequested { self.webhooks?.kick() }
             self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name,
@@ -93,8 +94,12 @@ public final class Worker {
                 self.listenEstablished = true
                 self.metrics.dbConnected = true
                 self.auth.invalidateAll()
-                // NOTIFYs sent while the session was down are lost: catch up from history.
-                if restored { self.streams.listenRestored() }
+                // NOTIFYs sent while the session was down are lost: catch up from history, and
+                // end the streams of keys revoked meanwhile.
+                if restored {
+                    self.streams.listenRestored()
+                    self.closeStreamsOfRevokedKeys()
+                }
                 self.log.info("listen.ready", [("resync", restored)])
             }
         }
@@ -106,12 +111,31 @@ public final class Worker {
         }
         listener.onNotify = { [unowned self] channel, payload in
             self.metrics.notifyReceived += 1
-            if channel == Channel.keys { self.auth.invalidateAll(); return }
+            if channel == Channel.keys {
+                self.auth.invalidateAll()
+                if let id = Int64(payload) { self.keyRevoked(id) }
+                return
+            }
             guard let notice = ChangeNotice(payload: payload) else {
                 return self.log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
             }
             if notice.event == ActivityEvent.cancelRequested { self.webhooks?.kick() }
             self.streams.notified(notice)
+        }
+    }
+
+    /// A revoked key ends every stream it holds here.
+    private func keyRevoked(_ id: Int64) {
+        streams.closeStreams(ofKey: id)
+        log.info("keys.revoked_streams_closed", [("key_id", id)])
+    }
+
+    private func closeStreamsOfRevokedKeys() {
+        let held = streams.keysWithStreams
+        guard !held.isEmpty else { return }
+        db.read(KeySQL.revoked(among: held)) { [weak self] result in
+            guard let self, case .success(let r) = result else { return }
+            for row in r.rows { if let id = row.int64("id") { self.keyRevoked(id) } }
         }
     }
 

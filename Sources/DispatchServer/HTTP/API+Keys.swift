@@ -48,10 +48,11 @@ extension API {
                 switch result {
                 case .failure(let e): self.fail(req, e)
                 case .success(let r) where r.rows.isEmpty: self.fail(req, DispatchError(.notFound, "no active key named \(name)"))
-                case .success:
-                    // This worker stops accepting the key before it answers; the others hear the
-                    // NOTIFY sent in the same transaction.
+                case .success(let r):
+                    // This worker stops accepting the key and ends its streams before it answers;
+                    // the others hear the NOTIFY sent in the same transaction.
                     self.auth.invalidateAll()
+                    if let id = r.first?.int64("id") { self.onKeyRevoked(id) }
                     self.log.info("keys.revoked", [("name", name)])
                     self.reply(req, 200, Array(#"{"revoked":true}"#.utf8))
                 }

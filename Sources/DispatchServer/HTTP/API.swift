@@ -17,6 +17,8 @@ final class API {
     /// Readiness of the worker's sessions (the LISTEN session included).
     var isReady: () -> Bool = { false }
     var isShuttingDown = false
+    /// A key was revoked here: end what it holds open (its streams).
+    var onKeyRevoked: (Int64) -> Void = { _ in }
     var rng = SystemRandomNumberGenerator()
 
     init(config: ServerConfig, log: Logger, metrics: Metrics, db: Database, publisher: Publisher, streams: StreamService, auth: Auth) {
@@ -33,6 +35,11 @@ final class API {
     func handle(_ req: HTTPRequest) {
         guard let path = req.path else {
             return fail(req, DispatchError(.invalidField, "the path is not valid UTF-8"))
+        }
+        // evhttp reads the first of several Content-Length headers; disagreeing ones mean the
+        // request's framing is ambiguous (request smuggling through a proxy): refuse it.
+        if Set(req.headerValues("Content-Length")).count > 1 {
+            return fail(req, DispatchError(.invalidField, "conflicting Content-Length headers"), headers: [("Connection", "close")])
         }
         switch Route.match(method: req.method, path: path) {
         case .notFound:

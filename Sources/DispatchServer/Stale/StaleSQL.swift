@@ -15,7 +15,7 @@ enum StaleSQL {
               WHERE activity_id = $1 AND ended_ms IS NULL AND ($3::bigint IS NULL OR owner_key_id = $3::bigint)
               RETURNING 1
             )
-            SELECT (SELECT count(*) FROM t) AS touched, \(ActivityRepository.columns) FROM activities WHERE activity_id = $1
+            SELECT (SELECT count(*) FROM t) AS touched, \(ActivityRepository.columns) FROM activities a WHERE a.activity_id = $1
             """, [id, String(now), ownerKeyID.map { String($0) }], name: "touch_activity")
     }
 

@@ -72,14 +72,11 @@ struct StoredEvent {
 struct ActivityRepository {
     let db: Database
 
-    static let columns = """
-        activity_id, task_name, system_image, machine, cancel_url, state, progress, status, attempt, seq, \
-        cancel_requested, created_ms, updated_ms, ended_ms, error, last_event, owner_key_id, start_fingerprint, end_fingerprint, \
-        live_activity, stale_after_s, stale_at_ms
-        """
+    /// The columns `StoredActivity(row:)` reads, from `activities a`.
+    static let columns = "a.activity_id, a.task_name, a.system_image, a.machine, a.cancel_url, a.state, a.progress, a.status, a.attempt, a.seq, a.cancel_requested, a.created_ms, a.updated_ms, a.ended_ms, a.error, a.last_event, a.owner_key_id, a.start_fingerprint, a.end_fingerprint, a.live_activity, a.stale_after_s, a.stale_at_ms"
 
     func read(_ id: String, _ completion: @escaping (Result<StoredActivity?, DispatchError>) -> Void) {
-        db.read(PGQuery("SELECT \(Self.columns) FROM activities WHERE activity_id = $1", [id], name: "read_activity")) { result in
+        db.read(PGQuery("SELECT \(Self.columns) FROM activities a WHERE a.activity_id = $1", [id], name: "read_activity")) { result in
             completion(result.map { $0.first.flatMap(StoredActivity.init(row:)) })
         }
     }
@@ -116,7 +113,7 @@ struct ActivityRepository {
         }
         params.append(String(q.limit))
         let whereClause = conditions.isEmpty ? "" : "WHERE " + conditions.joined(separator: " AND ")
-        db.read(PGQuery("SELECT \(Self.columns) FROM activities \(whereClause) ORDER BY created_ms DESC, activity_id DESC LIMIT $\(params.count)", params)) { result in
+        db.read(PGQuery("SELECT \(Self.columns) FROM activities a \(whereClause) ORDER BY a.created_ms DESC, a.activity_id DESC LIMIT $\(params.count)", params)) { result in
             completion(result.map { $0.rows.compactMap { StoredActivity(row: $0)?.activity } })
         }
     }
@@ -136,18 +133,38 @@ struct ActivityRepository {
         }
     }
 
-    /// The row a publish is planned against, and the stored answer if this Idempotency-Key was
-    /// already applied to this activity.
+    /// A change already applied under an Idempotency-Key: its stored answer and what it was.
+    struct Replay {
+        let json: String
+        let event: String
+        let seq: Int64
+
+        /// Which call made it: the first event is the start's, `cancel_requested` a cancel's, a
+        /// terminal state an end's, anything else an update's.
+        var call: PublishCallKind {
+            if seq == 1 { return .start }
+            if event == ActivityEvent.cancelRequested { return .cancel }
+            if ActivityState(rawValue: event)?.isTerminal == true { return .end }
+            return .update
+        }
+    }
+
+    /// The row a publish is planned against, and what this Idempotency-Key already applied to
+    /// this activity, if anything.
     func readForPublish(_ id: String, idempotencyKey: String?,
-                        _ completion: @escaping (Result<(StoredActivity, replay: String?)?, DispatchError>) -> Void) {
+                        _ completion: @escaping (Result<(StoredActivity, replay: Replay?)?, DispatchError>) -> Void) {
         db.read(PGQuery("""
-            SELECT \(Self.columns),
-                   (SELECT data FROM activity_events e WHERE e.activity_id = a.activity_id AND e.idempotency_key = $2) AS replay
-            FROM activities a WHERE activity_id = $1
+            SELECT \(Self.columns), r.data AS replay, r.event AS replay_event, r.seq AS replay_seq
+            FROM activities a LEFT JOIN activity_events r ON r.activity_id = a.activity_id AND r.idempotency_key = $2
+            WHERE a.activity_id = $1
             """, [id, idempotencyKey], name: "read_for_publish")) { result in
             completion(result.map { r in
                 guard let row = r.first, let stored = StoredActivity(row: row) else { return nil }
-                return (stored, row["replay"])
+                var replay: Replay?
+                if let json = row["replay"], let event = row["replay_event"], let seq = row.int64("replay_seq") {
+                    replay = Replay(json: json, event: event, seq: seq)
+                }
+                return (stored, replay)
             })
         }
     }

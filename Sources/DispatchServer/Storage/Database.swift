@@ -47,7 +47,7 @@ enum Channel {
     /// Every committed change: `position \n id \n seq \n event \n snapshot-json` (json empty
     /// when too long).
     static let events = "dispatch_events"
-    /// A key was revoked: payload is its name.
+    /// A key was revoked: payload is its id.
     static let keys = "dispatch_keys"
 }
 

@@ -66,15 +66,26 @@ enum KeySQL {
     static func revoke(name: String) -> PGQuery {
         PGQuery("""
             WITH r AS (UPDATE api_keys SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL RETURNING id)
-            SELECT id, pg_notify('\(Channel.keys)', $1) FROM r
+            SELECT id, pg_notify('\(Channel.keys)', id::text) FROM r
             """, [name])
     }
 
-    /// The bootstrap or development admin key with exactly this secret.
+    /// Which of these keys are revoked (or gone): after a LISTEN session was lost, the
+    /// revocations it missed.
+    static func revoked(among ids: [Int64]) -> PGQuery {
+        PGQuery("""
+            SELECT k.id FROM unnest($1::bigint[]) AS k(id)
+            WHERE NOT EXISTS (SELECT 1 FROM api_keys a WHERE a.id = k.id AND a.revoked_at IS NULL)
+            """, ["{" + ids.map(String.init).joined(separator: ",") + "}"])
+    }
+
+    /// The bootstrap or development admin key with exactly this secret. A revoked one stays
+    /// revoked unless its secret changed: restarting must not undo a revocation.
     static func ensureAdmin(name: String, secretHash: String) -> PGQuery {
         PGQuery("""
-            INSERT INTO api_keys (name, secret_hash, scopes) VALUES ($1, $2, '{admin}')
-            ON CONFLICT (name) DO UPDATE SET secret_hash = EXCLUDED.secret_hash, scopes = '{admin}', revoked_at = NULL
+            INSERT INTO api_keys AS k (name, secret_hash, scopes) VALUES ($1, $2, '{admin}')
+            ON CONFLICT (name) DO UPDATE SET secret_hash = EXCLUDED.secret_hash, scopes = '{admin}',
+                revoked_at = CASE WHEN k.secret_hash = EXCLUDED.secret_hash THEN k.revoked_at END
             """, [name, secretHash])
     }
 }

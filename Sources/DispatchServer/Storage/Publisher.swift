@@ -1,6 +1,11 @@
 import DispatchCore
 import DispatchIO
 
+/// The kinds of call that change an activity (and may carry an Idempotency-Key).
+enum PublishCallKind: String {
+    case start, update, end, cancel
+}
+
 /// One publish request on its way to a commit.
 final class PublishOp {
     enum Kind {
@@ -52,9 +57,15 @@ final class PublishOp {
         self.completion = completion
     }
 
-    var isStart: Bool {
-        if case .start = kind { return true }
-        return false
+    var isStart: Bool { callKind == .start }
+
+    var callKind: PublishCallKind {
+        switch kind {
+        case .start: return .start
+        case .update: return .update
+        case .end: return .end
+        case .cancel: return .cancel
+        }
     }
 }
 
@@ -162,8 +173,16 @@ final class Publisher {
             case .success(nil):
                 self.finish(op, .failed(DispatchError(.notFound, "no activity \(op.activityID)")))
             case .success(let (current, replay)?):
-                if let replay { return self.finish(op, .replay(replay)) }
                 if !current.activity.state.isTerminal { self.remember(current) }
+                if let replay {
+                    // A stored answer goes only to the same key's owner, for the same call.
+                    if let denied = op.authorize(current) { return self.finish(op, .failed(denied)) }
+                    guard replay.call == op.callKind else {
+                        return self.finish(op, .failed(DispatchError(
+                            .conflict, "this Idempotency-Key was already used for a different request (\(replay.call.rawValue) of \(op.activityID))")))
+                    }
+                    return self.finish(op, .replay(replay.json))
+                }
                 self.decide(op, current)
             }
         }

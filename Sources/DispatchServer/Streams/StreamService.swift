@@ -373,6 +373,15 @@ final class StreamService: HTTPStreamDelegate {
         }
     }
 
+    /// Ends the streams opened with a key that was revoked.
+    func closeStreams(ofKey keyID: Int64) {
+        guard streamsPerKey[keyID] != nil else { return }
+        for (id, s) in sessions where s.keyID == keyID { close(id, reason: .revoked) }
+    }
+
+    /// The keys that hold streams here (to re-check after missed revocations).
+    var keysWithStreams: [Int64] { Array(streamsPerKey.keys) }
+
     /// Ends every stream (server shutdown); clients reconnect with Last-Event-ID elsewhere.
     func shutdown() {
         heartbeatTimer?.cancel()
