@@ -49,6 +49,8 @@ final class CancelTests: XCTestCase {
         let data = try JSONParser.parse(events.last?.data ?? "")
         XCTAssertEqual(data["cancelRequested"], .bool(true))
         XCTAssertEqual(data["state"], .string("processing"))
+        XCTAssertEqual(data["cancelReason"], .string("disk full"), "the publisher learns why from the stream")
+        XCTAssertEqual(try s.client.get("/v1/activities/owned").json?["cancelReason"], .string("disk full"))
         XCTAssertEqual(try Kit.sql(s, "SELECT cancel_reason FROM activities WHERE activity_id = 'owned'"), ["disk full"])
 
         // A repeat (from anyone allowed) is 202 and writes nothing.

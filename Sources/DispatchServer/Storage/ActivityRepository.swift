@@ -38,7 +38,8 @@ struct StoredActivity {
         activity = Activity(activityId: id, taskName: name, systemImage: r["system_image"], machine: r["machine"],
                             cancelURL: r["cancel_url"], state: state, progress: r.double("progress"), status: r["status"],
                             attempt: attempt, seq: seq, cancelRequested: r.bool("cancel_requested") ?? false,
-                            liveActivity: r.bool("live_activity") ?? false, createdAt: created, updatedAt: updated, endedAt: r.int64("ended_ms"), error: r["error"])
+                            liveActivity: r.bool("live_activity") ?? false, createdAt: created, updatedAt: updated, endedAt: r.int64("ended_ms"), error: r["error"],
+                            cancelReason: r["cancel_reason"])
         self.lastEvent = lastEvent
         ownerKeyID = r.int64("owner_key_id")
         startFingerprint = startFP
@@ -73,7 +74,7 @@ struct ActivityRepository {
     let db: Database
 
     /// The columns `StoredActivity(row:)` reads, from `activities a`.
-    static let columns = "a.activity_id, a.task_name, a.system_image, a.machine, a.cancel_url, a.state, a.progress, a.status, a.attempt, a.seq, a.cancel_requested, a.created_ms, a.updated_ms, a.ended_ms, a.error, a.last_event, a.owner_key_id, a.start_fingerprint, a.end_fingerprint, a.live_activity, a.stale_after_s, a.stale_at_ms"
+    static let columns = "a.activity_id, a.task_name, a.system_image, a.machine, a.cancel_url, a.state, a.progress, a.status, a.attempt, a.seq, a.cancel_requested, a.created_ms, a.updated_ms, a.ended_ms, a.error, a.last_event, a.owner_key_id, a.start_fingerprint, a.end_fingerprint, a.live_activity, a.stale_after_s, a.stale_at_ms, a.cancel_reason"
 
     func read(_ id: String, _ completion: @escaping (Result<StoredActivity?, DispatchError>) -> Void) {
         db.read(PGQuery("SELECT \(Self.columns) FROM activities a WHERE a.activity_id = $1", [id], name: "read_activity")) { result in

@@ -212,7 +212,7 @@ final class Publisher {
             case .failure(let e): return finish(op, .failed(e))
             }
         case .cancel(let reason):
-            switch ActivityMachine.cancel(current: current.activity, now: t) {
+            switch ActivityMachine.cancel(current: current.activity, reason: reason, now: t) {
             case .success(.alreadyRequested(let a)): return finish(op, .ok(a))
             case .success(.requested(let event)):
                 planned = event
