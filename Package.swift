@@ -45,7 +45,7 @@ let package = Package(
         // Executables.
         .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
         // Not named `dispatch`: its entry point would become `dispatch_main`, libdispatch's name.
-        .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCLIKit", "DispatchCore", "DispatchSystem"], path: "Sources/dispatch"),
+        .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCLIKit", "DispatchCore", "DispatchSystem", "DispatchCrypto"], path: "Sources/dispatch"),
         .executableTarget(name: "dispatch-bench", dependencies: ["DispatchBenchKit", "DispatchCore", "DispatchSystem", "CLibevent"]),
 
         // Tests: one unit-test target per library; the integration targets start real processes
