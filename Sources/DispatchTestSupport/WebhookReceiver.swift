@@ -1,23 +1,22 @@
 import DispatchCore
 import DispatchSystem
-import DispatchTestSupport
 import Glibc
 
 /// A real local HTTP receiver for cancel webhooks (Tests/tools/webhook_receiver.py): records
 /// every request and answers as scripted. It lives as long as this object holds its stdin.
-final class WebhookReceiver {
-    let pid: pid_t
-    let port: Int
+public final class WebhookReceiver: @unchecked Sendable {
+    public let pid: pid_t
+    public let port: Int
     private var stdinFD: Int32
 
-    struct Request {
-        let path: String
-        let headers: [String: String]
-        let body: String
-        let time: Double
+    public struct Request: Sendable {
+        public let path: String
+        public let headers: [String: String]
+        public let body: String
+        public let time: Double
     }
 
-    init() throws {
+    public init() throws {
         var input: [Int32] = [-1, -1], output: [Int32] = [-1, -1]
         guard pipe(&input) == 0, pipe(&output) == 0 else { throw TestError("pipe") }
         // Ours only: a dispatchd started later must not hold the receiver's stdin open.
@@ -54,23 +53,23 @@ final class WebhookReceiver {
 
     deinit { stop() }
 
-    func stop() {
+    public func stop() {
         guard stdinFD >= 0 else { return }
         close(stdinFD)
         stdinFD = -1
         if Subprocess.wait(pid, seconds: 5) == nil { kill(pid, SIGKILL); _ = Subprocess.wait(pid) }
     }
 
-    func url(_ path: String = "/hook") -> String { "http://127.0.0.1:\(port)\(path)" }
+    public func url(_ path: String = "/hook") -> String { "http://127.0.0.1:\(port)\(path)" }
 
     /// Answers in order, then `otherwise` for every request after: `{"status": 500}`,
     /// `{"action": "drop"}` (closed unanswered), `{"action": "delay", "seconds": S, "status": 200}`.
-    func script(_ respond: [String], otherwise: String = #"{"status":200}"#) throws {
+    public func script(_ respond: [String], otherwise: String = #"{"status":200}"#) throws {
         let r = try HTTPClient(port: port).post("/_script", #"{"respond":[\#(respond.joined(separator: ","))],"otherwise":\#(otherwise)}"#)
         guard r.status == 200 else { throw TestError("script: \(r.status) \(r.text)") }
     }
 
-    func requests() throws -> [Request] {
+    public func requests() throws -> [Request] {
         let r = try HTTPClient(port: port).get("/_requests")
         guard case .array(let items)? = r.json?["requests"] else { throw TestError("requests: \(r.text)") }
         return items.map { item in
@@ -87,11 +86,11 @@ final class WebhookReceiver {
         }
     }
 
-    func clear() throws { _ = try HTTPClient(port: port).request("DELETE", "/_requests") }
+    public func clear() throws { _ = try HTTPClient(port: port).request("DELETE", "/_requests") }
 
     /// Waits (bounded) until at least `count` requests arrived.
     @discardableResult
-    func waitForRequests(_ count: Int, timeout: Double = 30) throws -> [Request] {
+    public func waitForRequests(_ count: Int, timeout: Double = 30) throws -> [Request] {
         let deadline = Clock.monotonic() + timeout
         while true {
             let got = try requests()
