@@ -20,6 +20,10 @@ public struct CLIGlobalOptions: Equatable, Sendable {
 
     public var endpoint: CLIEndpoint
     public var token: String?
+    /// A file to read the token from (`--token-file`, `DISPATCH_TOKEN_FILE`) when none is given.
+    public var tokenFile: String?
+    /// The token came from `--token`: other users see it in `ps`; the CLI warns.
+    public var tokenOnCommandLine = false
     public var json: Bool
     /// Seconds during which transient failures are retried.
     public var retryFor: Double
@@ -153,7 +157,7 @@ public enum CLIArguments {
 
     /// Flag name (without `--`) -> whether it takes a value.
     public static let globalFlags: [String: Bool] = [
-        "url": true, "token": true, "json": false, "retry-for": true, "help": false,
+        "url": true, "token": true, "token-file": true, "json": false, "retry-for": true, "help": false,
     ]
 
     public static let commandFlags: [String: [String: Bool]] = [
@@ -346,8 +350,19 @@ public enum CLIArguments {
             }
             retryFor = v
         }
-        return CLIGlobalOptions(endpoint: endpoint, token: (token?.isEmpty ?? true) ? nil : token,
-                                json: switches.contains("json"), retryFor: retryFor)
+        var options = CLIGlobalOptions(endpoint: endpoint, token: (token?.isEmpty ?? true) ? nil : token,
+                                       json: switches.contains("json"), retryFor: retryFor)
+        options.tokenOnCommandLine = values["token"] != nil
+        if values["token"] == nil {
+            // --token-file wins over the environment's token; DISPATCH_TOKEN over DISPATCH_TOKEN_FILE.
+            if let file = values["token-file"] {
+                options.token = nil
+                options.tokenFile = file
+            } else if options.token == nil, let file = environment("DISPATCH_TOKEN_FILE"), !file.isEmpty {
+                options.tokenFile = file
+            }
+        }
+        return options
     }
 
     /// `--stale-after 10m`: whole seconds in the server's range (10 s to 7 days).

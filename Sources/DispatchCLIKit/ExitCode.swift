@@ -26,12 +26,14 @@ public enum CLIHTTPDisposition: Equatable, Sendable {
     case retry
     case fail(CLIExitCode)
 
-    /// The one place where HTTP statuses map to CLI outcomes.
-    public static func of(status: Int) -> CLIHTTPDisposition {
+    /// The one place where HTTP answers map to CLI outcomes. `body` tells a transient 409
+    /// (`concurrent_changes`: others kept changing the activity first) from a real conflict.
+    public static func of(status: Int, body: [UInt8] = []) -> CLIHTTPDisposition {
         switch status {
         case 200...299: return .success
         case 401, 403: return .fail(.auth)
         case 404: return .fail(.notFound)
+        case 409 where CLIServerError.code(in: body) == "concurrent_changes": return .retry
         case 409: return .fail(.conflict)
         case 408, 429: return .retry
         case 400...499: return .fail(.rejected)
@@ -61,6 +63,11 @@ public struct CLIServerError: Equatable, Sendable {
         if case .string(let m)? = obj["message"] { message = m }
         if code == nil && message == nil { return nil }
         return CLIServerError(code: code, message: message)
+    }
+
+    /// The error code of an answer body, if it has one.
+    public static func code(in body: [UInt8]) -> String? {
+        body.isEmpty ? nil : parse(body)?.code
     }
 
     /// One readable line: `activity not found (not_found, HTTP 404)`. Control characters from the

@@ -23,6 +23,8 @@ public enum CLIHelp {
       --url URL          server, http://host[:port][/prefix]  [env DISPATCH_URL, default http://127.0.0.1:8080]
                          (plain HTTP only: no TLS; use a local TLS proxy for a remote server)
       --token KEY        API key sent as "Authorization: Bearer KEY"  [env DISPATCH_TOKEN]
+                         (other users see command lines in ps: prefer the variable or a file)
+      --token-file PATH  read the API key from a file  [env DISPATCH_TOKEN_FILE]
       --json             print the server's JSON answer (the activity snapshot) instead of text
       --retry-for SECS   retry transient failures (connection refused, 429, 5xx) for this long  [default 30]
       -h, --help         show help

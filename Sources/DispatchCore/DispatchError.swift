@@ -10,6 +10,8 @@ public struct DispatchError: Error, Equatable, Sendable {
         case alreadyFinished = "already_finished"
         case conflict = "conflict"
         case invalidTransition = "invalid_transition"
+        /// Others kept changing the activity first: transient, retry (with Retry-After).
+        case concurrentChanges = "concurrent_changes"
         case bodyTooLarge = "body_too_large"
         case unsupportedMediaType = "unsupported_media_type"
         case unauthorized = "unauthorized"
@@ -41,7 +43,7 @@ public struct DispatchError: Error, Equatable, Sendable {
         case .forbidden: return 403
         case .notFound: return 404
         case .methodNotAllowed: return 405
-        case .alreadyFinished, .conflict, .invalidTransition: return 409
+        case .alreadyFinished, .conflict, .invalidTransition, .concurrentChanges: return 409
         case .bodyTooLarge: return 413
         case .unsupportedMediaType: return 415
         case .rateLimited, .tooManyStreams: return 429

@@ -75,6 +75,10 @@ public struct SSEParser {
     public private(set) var lastEventID: String?
     public private(set) var retryMilliseconds: Int?
     public private(set) var commentCount = 0
+    /// A line or an event passed `maxEventBytes`: the stream is not one this client reads
+    /// (memory stays bounded; what arrives after is ignored).
+    public private(set) var overflowed = false
+    public let maxEventBytes: Int
 
     private var line: [UInt8] = []
     private var sawCR = false
@@ -83,12 +87,19 @@ public struct SSEParser {
     private var eventName: String = ""
     private var pendingID: String?
 
-    public init() {}
+    public init(maxEventBytes: Int = 1 << 20) { self.maxEventBytes = maxEventBytes }
 
     /// Feeds bytes; returns the events they completed.
     public mutating func feed<C: Collection>(_ bytes: C) -> [SSEEvent] where C.Element == UInt8 {
         var events: [SSEEvent] = []
+        if overflowed { return events }
         for b in bytes {
+            if line.count + dataBuffer.count >= maxEventBytes {
+                overflowed = true
+                line = []
+                dataBuffer = []
+                return events
+            }
             if sawCR {
                 sawCR = false
                 if b == 0x0A { continue }

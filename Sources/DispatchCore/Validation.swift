@@ -74,10 +74,18 @@ public enum Validation {
         }
     }
 
+    /// Text fields are limited in characters (as people count them) and in bytes, at four per
+    /// character: one extended grapheme cluster can be kilobytes of combining marks.
+    static func fitsLimit(_ s: String, characters max: Int) -> Bool {
+        s.utf8.count <= max * 4 && s.count <= max
+    }
+
     static func status(_ fields: [String: JSONValue], key: String = "status", max: Int = 200) throws(DispatchError) -> Patch<String> {
         guard let value = try optionalString(fields, key) else { return .keep }
         guard let s = value else { return .set(nil) }
-        guard s.count <= max else { throw DispatchError(.invalidField, "\(key) must be at most \(max) characters") }
+        guard fitsLimit(s, characters: max) else {
+            throw DispatchError(.invalidField, "\(key) must be at most \(max) characters and \(max * 4) bytes")
+        }
         guard !hasControlCharacters(s) else {
             throw DispatchError(.invalidField, "\(key) must be one line without control characters")
         }
@@ -115,7 +123,9 @@ public enum Validation {
         }
         let name = trimmed(rawName)
         guard !hasControlCharacters(name) else { throw DispatchError(.invalidField, "taskName must not contain control characters") }
-        guard (1...200).contains(name.count) else { throw DispatchError(.invalidField, "taskName must be 1-200 characters") }
+        guard !name.isEmpty, fitsLimit(name, characters: 200) else {
+            throw DispatchError(.invalidField, "taskName must be 1-200 characters and at most 800 bytes")
+        }
         cmd.taskName = name
         if let v = try optionalString(f, "systemImage"), let s = v {
             guard (1...100).contains(s.utf8.count), charset(s, { (0x61...0x7A).contains($0) || (0x30...0x39).contains($0) || $0 == 0x2E })

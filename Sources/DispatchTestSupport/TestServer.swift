@@ -75,6 +75,8 @@ public final class TestServer: @unchecked Sendable {
     public let conninfo: String
     public let adminKey = "test-admin-key-0123456789"
     public var environment: [String: String]
+    /// Shell commands run before dispatchd starts (e.g. `ulimit -n 256;`).
+    public var shell = ""
     public private(set) var pid: pid_t = 0
     public var baseURL: String { "http://127.0.0.1:\(port)" }
     public let logPath: String
@@ -88,7 +90,7 @@ public final class TestServer: @unchecked Sendable {
         return s
     }
 
-    init(port: Int, conninfo: String, environment: [String: String]) {
+    public init(port: Int, conninfo: String, environment: [String: String]) {
         self.port = port
         self.conninfo = conninfo
         self.environment = environment
@@ -104,7 +106,7 @@ public final class TestServer: @unchecked Sendable {
         env["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
         env["DISPATCH_LOG_LEVEL"] = "info"
         for (k, v) in environment { env[k] = v }
-        let cmd = "exec \(TestPaths.binary("dispatchd")) >> \(logPath) 2>&1"
+        let cmd = "\(shell) exec \(TestPaths.binary("dispatchd")) >> \(logPath) 2>&1"
         guard let p = Subprocess.start(["/bin/sh", "-c", cmd], environment: env) else {
             throw TestError("cannot start dispatchd")
         }

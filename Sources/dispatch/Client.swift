@@ -37,7 +37,7 @@ struct Client {
             var retryAfter: Double?
             do {
                 let response = try HTTPConnection.exchange(endpoint: global.endpoint, request: request, timeout: attemptTimeout)
-                switch CLIHTTPDisposition.of(status: response.head.status) {
+                switch CLIHTTPDisposition.of(status: response.head.status, body: response.body) {
                 case .success, .fail:
                     return .answered(response)
                 case .retry:
@@ -67,7 +67,7 @@ struct Client {
             Output.fail(command, message)
             return code
         case .answered(let response):
-            switch CLIHTTPDisposition.of(status: response.head.status) {
+            switch CLIHTTPDisposition.of(status: response.head.status, body: response.body) {
             case .success:
                 onSuccess(response)
                 return .success

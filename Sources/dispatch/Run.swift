@@ -199,7 +199,10 @@ enum ChildProcess {
 
         // The child starts with no signal blocked, and with the signals we forward (and SIGPIPE,
         // SIGQUIT) at their defaults, whatever this process does with them.
-        var spawnOptions = Subprocess.Options()
+        // The command gets our environment without our API key: it is not its to use.
+        var environment = Subprocess.currentEnvironment()
+        environment["DISPATCH_TOKEN"] = nil
+        var spawnOptions = Subprocess.Options(environment: environment)
         let ownGroup = RunChild.shouldLeadGroup()
         spawnOptions.newProcessGroup = ownGroup
         spawnOptions.clearSignalMask = true

@@ -135,6 +135,11 @@ struct WatchCommand {
                             if let r = sse.retryMilliseconds { state.retryAdvised(milliseconds: r) }
                             if let code = perform(state.received(sseEvent), raw: sseEvent.data, renderer: renderer) { return .finished(code) }
                         }
+                        if sse.overflowed {
+                            renderer.finish()
+                            Output.fail("watch", "the server sent an event larger than \(sse.maxEventBytes >> 20) MiB; this is not a Dispatch stream")
+                            return .finished(.unavailable)
+                        }
                         if let r = sse.retryMilliseconds { state.retryAdvised(milliseconds: r) }
                     } else if errorBody.count < 64 * 1024 {
                         errorBody.append(contentsOf: bytes)
@@ -196,7 +201,7 @@ struct WatchCommand {
                   let view = CLIActivityView(json: value) else {
                 renderer.finish()
                 Output.fail("watch", CLIServerError.describe(status: response.head.status, body: response.body))
-                if case .fail(let code) = CLIHTTPDisposition.of(status: response.head.status) { return .finished(code) }
+                if case .fail(let code) = CLIHTTPDisposition.of(status: response.head.status, body: response.body) { return .finished(code) }
                 return .finished(.unavailable)
             }
             let actions = state.snapshotFetched(view)

@@ -25,7 +25,17 @@ case .help(let topic):
 case .version:
     Output.out(CLIHelp.version)
     exit(0)
-case .command(let global, let command):
+case .command(var global, let command):
+    if global.tokenOnCommandLine {
+        Output.err("dispatch: warning: --token is visible to other users in ps; prefer DISPATCH_TOKEN or --token-file")
+    }
+    if let file = global.tokenFile {
+        guard let text = Files.read(file)?.trimmingNewlines, !text.isEmpty else {
+            Output.err("dispatch: cannot read a token from \(file)")
+            exit(CLIExitCode.usage.rawValue)
+        }
+        global.token = text
+    }
     let client = Client(global: global)
     let code: Int32
     switch command {

@@ -38,6 +38,7 @@ final class CLIProcess {
     }
 
     var pid: pid_t { process.processIdentifier }
+    var isRunning: Bool { process.isRunning }
     var stdout: String { (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? "" }
     var stderr: String { (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? "" }
     var stdoutLines: [String] { stdout.split(separator: "\n").map(String.init) }

@@ -173,6 +173,9 @@ final class CLIEndpointAndHTTPTests: XCTestCase {
     }
 
     func testStatusToExitCode() {
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 409, body: Array(#"{"error":{"code":"concurrent_changes","message":"retry"}}"#.utf8)), .retry,
+                       "a transient conflict is retried like a 503")
+        XCTAssertEqual(CLIHTTPDisposition.of(status: 409, body: Array(#"{"error":{"code":"already_finished","message":"done"}}"#.utf8)), .fail(.conflict))
         XCTAssertEqual(CLIHTTPDisposition.of(status: 200), .success)
         XCTAssertEqual(CLIHTTPDisposition.of(status: 201), .success)
         XCTAssertEqual(CLIHTTPDisposition.of(status: 400), .fail(.rejected))

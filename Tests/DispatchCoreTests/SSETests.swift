@@ -152,4 +152,18 @@ final class SSETests: XCTestCase {
         var trickle = SSEParser()
         XCTAssertEqual(stream.flatMap { trickle.feed([$0]) }, want)
     }
+
+    /// A line (or an event) past the limit stops the parser instead of growing its buffer.
+    func testAnEndlessLineIsCutOff() {
+        var p = SSEParser(maxEventBytes: 1000)
+        XCTAssertEqual(p.feed(Array("data: ok\n\n".utf8)).map(\.data), ["ok"])
+        XCTAssertTrue(p.feed([UInt8](repeating: UInt8(ascii: "x"), count: 5000)).isEmpty)
+        XCTAssertTrue(p.overflowed)
+        XCTAssertTrue(p.feed(Array("\n\ndata: late\n\n".utf8)).isEmpty, "nothing after an overflow")
+        var q = SSEParser(maxEventBytes: 1000)
+        var events: [SSEEvent] = []
+        for _ in 0..<20 { events += q.feed(Array("data: \(String(repeating: "y", count: 100))\n".utf8)) }
+        XCTAssertTrue(q.overflowed, "an event of many data lines counts too")
+        XCTAssertTrue(events.isEmpty)
+    }
 }

@@ -38,6 +38,9 @@ final class ValidationTests: XCTestCase {
             (#"{"taskName":"\#(r("é", 200))"}"#, nil),
             (#"{"taskName":"日本語 🚀"}"#, nil),
             (#"{"taskName":"\#(r("n", 201))"}"#, "invalid_field"),
+            // One character (an extended grapheme cluster) of 10 KB: within 200 characters, over 800 bytes.
+            (#"{"taskName":"e\#(r("\u{0301}", 5000))"}"#, "invalid_field"),
+            (#"{"taskName":"\#(r("🚀", 200))"}"#, nil),
             (#"{"taskName":""}"#, "invalid_field"),
             (#"{"taskName":"   "}"#, "invalid_field"),
             (#"{"taskName":"\t\n"}"#, "invalid_field"),
@@ -170,6 +173,8 @@ final class ValidationTests: XCTestCase {
             (r("é", 200), nil),
             ("🚀 launch", nil),
             (r("s", 201), "invalid_field"),
+            ("e" + r("\u{0301}", 5000), "invalid_field"),
+            (r("🚀", 200), nil),
             ("line\nbreak", "invalid_field"),
             ("line\rbreak", "invalid_field"),
             ("line\r\nbreak", "invalid_field"),
@@ -203,6 +208,7 @@ final class ValidationTests: XCTestCase {
             (#"{"error":"\#(r("e", 500))"}"#, nil),
             (#"{"error":null}"#, nil),
             (#"{"error":"\#(r("e", 501))"}"#, "invalid_field"),
+            (#"{"error":"e\#(r("\u{0301}", 1000))"}"#, "invalid_field"),
             (#"{"error":"a\nb"}"#, "invalid_field"),
             (#"{"error":5}"#, "invalid_field"),
         ]

@@ -55,6 +55,9 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_PUBLISH_RATE", "--publish-rate", "0", { $0.publishRatePerSecond == 0 }),
             ("DISPATCH_MAX_STREAMS_PER_KEY", "--max-streams-per-key", "5", { $0.maxStreamsPerKey == 5 }),
             ("DISPATCH_STALE_AFTER", "--stale-after", "600", { $0.staleAfterSeconds == 600 }),
+            ("DISPATCH_REQUEST_DEADLINE", "--request-deadline", "5", { $0.requestDeadlineSeconds == 5 }),
+            ("DISPATCH_SHUTDOWN_TIMEOUT", "--shutdown-timeout", "3", { $0.shutdownTimeoutSeconds == 3 }),
+            ("DISPATCH_MAX_PENDING_PER_CLIENT", "--max-pending-per-client", "4", { $0.maxPendingPerClient == 4 }),
             ("DISPATCH_WEBHOOK_SECRET", "--webhook-secret", key, { $0.webhookSecret == key }),
             ("DISPATCH_WEBHOOK_ALLOW_PRIVATE", "--webhook-allow-private", "1", { $0.webhookAllowPrivate }),
         ]
@@ -107,7 +110,7 @@ final class ConfigTests: XCTestCase {
             (["DISPATCH_STREAM_BACKLOG": "4095"], []), (["DISPATCH_STREAM_BACKLOG": "67108865"], []),
             (["DISPATCH_RETENTION_DAYS": "0"], []), (["DISPATCH_RETENTION_DAYS": "-1"], []),
             (["DISPATCH_PUBLISH_RATE": "-1"], []), (["DISPATCH_PUBLISH_RATE": "inf"], []),
-            (["DISPATCH_MAX_STREAMS_PER_KEY": "0"], []), (["DISPATCH_LOG_LEVEL": "verbose"], []), (["DISPATCH_LOG_FORMAT": "xml"], []), (["DISPATCH_STALE_AFTER": "5"], []),
+            (["DISPATCH_MAX_STREAMS_PER_KEY": "0"], []), (["DISPATCH_LOG_LEVEL": "verbose"], []), (["DISPATCH_LOG_FORMAT": "xml"], []), (["DISPATCH_STALE_AFTER": "5"], []), (["DISPATCH_REQUEST_DEADLINE": "0"], []), (["DISPATCH_MAX_PENDING_PER_CLIENT": "0"], []),
             (["DISPATCH_BOOTSTRAP_KEY": "short"], []), (["DISPATCH_BOOTSTRAP_KEY": "has a space in it ok"], []),
             (["DISPATCH_DATA_DIR": ""], []),
             (["DISPATCH_WEBHOOK_SECRET": "too-short"], []), (["DISPATCH_WEBHOOK_SECRET": "has a space in it, ok?"], []),

@@ -197,3 +197,214 @@ final class RevocationTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(try s.metric("dispatch_stream_closes_total", labels: "reason=\"revoked\""), 1)
     }
 }
+
+/// Only the workers of one server share its address.
+final class ListenAddressTests: XCTestCase {
+    func run(_ env: [String: String], timeout: Double = 20) -> (status: Int32?, output: String) {
+        var e = Subprocess.currentEnvironment()
+        e["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
+        for (k, v) in env { e[k] = v }
+        let log = "/tmp/dispatchd-listen-\(getpid())-\(Int.random(in: 0..<1_000_000)).log"
+        defer { unlink(log) }
+        guard let pid = Subprocess.start(["/bin/sh", "-c", "exec \(TestPaths.binary("dispatchd")) > \(log) 2>&1"], environment: e) else {
+            return (nil, "cannot start")
+        }
+        let status = Subprocess.wait(pid, seconds: timeout)
+        if status == nil { kill(pid, SIGKILL); _ = Subprocess.wait(pid) }
+        return (status, Files.read(log) ?? "")
+    }
+
+    /// A second dispatchd on the same address (its own database) must not start and split the
+    /// port with the first.
+    func testASecondServerOnTheSameAddressFailsAtStart() throws {
+        let first = try TestServer.start(environment: ["DISPATCH_WORKERS": "2"])
+        defer { first.stop() }
+        let other = try TestPostgres.shared().freshDatabase()
+        let r = run(["DATABASE_URL": other, "DISPATCH_LISTEN": "127.0.0.1:\(first.port)", "DISPATCH_WORKERS": "2"])
+        XCTAssertNotNil(r.status, "the second server kept running")
+        XCTAssertNotEqual(r.status, 0, r.output)
+        XCTAssertTrue(r.output.contains("address in use"), r.output)
+        XCTAssertFalse(r.output.contains("worker_started"), "it forked workers: \(r.output)")
+        for _ in 0..<20 { XCTAssertEqual(try first.client.get("/v1/activities").status, 200, "every request reaches the first server") }
+    }
+
+    /// A port another program holds: one clear failure, non-zero, before any worker starts.
+    func testAnAddressTakenByAnotherProgramFailsOnceNonZero() throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &addr) { p in p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 } }
+        listen(fd, 16)
+        let port = Int(UInt16(bigEndian: addr.sin_port))
+        let started = Clock.monotonic()
+        let r = run(["DATABASE_URL": try TestPostgres.shared().freshDatabase(), "DISPATCH_LISTEN": "127.0.0.1:\(port)", "DISPATCH_WORKERS": "2"])
+        XCTAssertNotEqual(r.status ?? 0, 0, r.output)
+        XCTAssertTrue(r.output.contains("address in use"), r.output)
+        XCTAssertFalse(r.output.contains("giving_up") || r.output.contains("worker_crashed"), r.output)
+        XCTAssertLessThan(Clock.monotonic() - started, 15, "it failed once, not after restart cycles")
+    }
+
+    /// Port 0: the server picks one port and every worker serves it.
+    func testPortZeroIsOnePortForEveryWorker() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_WORKERS": "2"])
+        defer { s.stop() }
+        let r = run(["DATABASE_URL": s.conninfo, "DISPATCH_LISTEN": "127.0.0.1:0", "DISPATCH_WORKERS": "2"], timeout: 3)
+        XCTAssertNil(r.status, "the server exited: \(r.output)")
+        let ports = Set(r.output.split(separator: "\n").filter { $0.contains("worker.listening") }.compactMap { line in
+            line.split(separator: " ").first { $0.hasPrefix("listen=") }.map(String.init)
+        })
+        XCTAssertEqual(ports.count, 1, r.output)
+    }
+}
+
+/// Slow, unauthenticated clients cannot hold the server: a whole-request deadline, and a cap
+/// per client address on connections that have not completed a request.
+final class SlowClientTests: XCTestCase {
+    /// Headers trickled a line at a time forever (slowloris), hundreds of connections, on a
+    /// server with few descriptors: health checks keep working and every trickler is cut.
+    func testTricklingConnectionsAreCutAndHealthChecksKeepWorking() throws {
+        let s = TestServer(port: try TestServer.freePort(), conninfo: try TestPostgres.shared().freshDatabase(), environment: [
+            "DISPATCH_REQUEST_DEADLINE": "4", "DISPATCH_MAX_PENDING_PER_CLIENT": "16",
+        ])
+        s.shell = "ulimit -n 256;"  // few descriptors: the flood would exhaust them
+        try s.launch()
+        defer { s.stop() }
+        var sockets: [TestSocket] = []
+        for _ in 0..<300 {
+            guard let sock = try? TestSocket.connect(port: s.port) else { break }
+            try? sock.send("GET /v1/activities HTTP/1.1\r\nHost: x\r\n")
+            sockets.append(sock)
+        }
+        defer { for sock in sockets { sock.close() } }
+        var healthy = 0, sick = 0
+        let started = Clock.monotonic()
+        while Clock.monotonic() - started < 9 {
+            for sock in sockets { try? sock.send("X-Trickle: 1\r\n") }
+            if (try? HTTPClient(port: s.port).get("/healthz").status) == 200 { healthy += 1 } else { sick += 1 }
+            usleep(500_000)
+        }
+        // Within a few seconds (the cap cuts the flood after its grace) health checks answer.
+        XCTAssertGreaterThan(healthy, 10, "healthy \(healthy), failing \(sick)")
+        let closed = AuthKit.waitForClose(sockets, timeout: 10)
+        XCTAssertEqual(closed.stillOpen, 0, "trickling connections outlived the request deadline")
+        XCTAssertFalse(closed.sawSuccess)
+        XCTAssertGreaterThanOrEqual(try s.metric("dispatch_connections_cut_total"), 250)
+    }
+}
+
+/// A database that refuses writes (read-only, a full disk): reads and streams keep working,
+/// publishes get a clear 503, and /readyz says why.
+final class ReadOnlyDatabaseTests: XCTestCase {
+    func testReadsAndStreamsWorkOnADatabaseThatRefusesWrites() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_HEARTBEAT": "0.5"])
+        defer { s.stop() }
+        try s.startActivity("RO-1")
+        let reader = try AuthKit.createKey(s, "ro-reader", ["read"])   // never used yet: not cached
+        let pg = try TestPostgres.shared()
+        let dbName = try XCTUnwrap(pg.sql(s.conninfo, "SELECT current_database()").first?.first ?? nil)
+        _ = try pg.sql(s.conninfo, "ALTER DATABASE \"\(dbName)\" SET default_transaction_read_only = on")
+        // The test's own session stays writable to undo it.
+        let writable = s.conninfo + " options='-c default_transaction_read_only=off'"
+        defer { _ = try? pg.sql(writable, "ALTER DATABASE \"\(dbName)\" RESET default_transaction_read_only") }
+        // The server's sessions pick the setting up when they reconnect.
+        _ = try pg.sql(s.conninfo, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        XCTAssertTrue(waitUntil(20) { (try? HTTPClient(port: s.port).get("/readyz").text.contains("writes_refused")) == true },
+                      (try? HTTPClient(port: s.port).get("/readyz").text) ?? "")
+        XCTAssertEqual(try HTTPClient(port: s.port).get("/readyz").status, 503)
+
+        let c = HTTPClient(port: s.port, token: reader)
+        XCTAssertEqual(try c.get("/v1/activities").status, 200, "authentication must not need a write")
+        XCTAssertEqual(try c.get("/v1/activities/RO-1").status, 200)
+        let stream = try SSEClient(port: s.port, path: "/v1/activities/RO-1/status", token: reader)
+        XCTAssertEqual(try stream.waitForEvents(1).map(\.event), ["processing"])
+        let refused = try s.update("RO-1")
+        AuthKit.assertError(refused, 503, "database_unavailable", "a publish on a read-only database")
+
+        _ = try pg.sql(writable, "ALTER DATABASE \"\(dbName)\" RESET default_transaction_read_only")
+        _ = try pg.sql(writable, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        XCTAssertTrue(waitUntil(20) { (try? HTTPClient(port: s.port).get("/readyz").status) == 200 })
+        XCTAssertTrue(waitUntil(10) { (try? s.update("RO-1").status) == 200 })
+    }
+}
+
+/// A `read` key cannot grow a worker's memory: finished query results are released with
+/// their batch, and a long replay is read page by page only as fast as its client reads.
+final class ReplayMemoryTests: XCTestCase {
+    /// A history of `count` events of about 500 bytes, written straight into the database.
+    func makeHistory(_ s: TestServer, id: String, count: Int) throws {
+        try s.startActivity(id)
+        let pg = try TestPostgres.shared()
+        let filler = String(repeating: "x", count: 420)
+        _ = try pg.sql(s.conninfo, """
+            INSERT INTO activity_events (activity_id, seq, event, data, created_ms, position)
+            SELECT $1, g, 'processing', '{"activityId":"' || $1 || '","seq":' || g || ',"status":"\(filler)"}', 0, nextval('feed_positions')
+            FROM generate_series(2, $2::int) g
+            """, [id, String(count)])
+        _ = try pg.sql(s.conninfo, "UPDATE activities SET seq = $2::bigint WHERE activity_id = $1", [id, String(count)])
+    }
+
+    func rssMB(_ s: TestServer) -> Int { (ProcessFigures.residentBytes(of: s.pid) ?? 0) >> 20 }
+
+    /// 60 reads of 1,000 events each (before: +400 MB that stayed).
+    func testHistoryReadsDoNotAccumulate() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        try makeHistory(s, id: "LONG-READS", count: 3000)
+        XCTAssertEqual(try s.client.get("/v1/activities/LONG-READS/events?limit=1000").status, 200)
+        let before = rssMB(s)
+        for i in 0..<60 {
+            let r = try s.client.get("/v1/activities/LONG-READS/events?after=\(i % 3 * 1000)&limit=1000")
+            XCTAssertEqual(r.status, 200)
+        }
+        XCTAssertLessThan(rssMB(s) - before, 48, "RSS grew \(rssMB(s) - before) MB over 60 history reads")
+    }
+
+    /// Replays that never read (before: about 60 MB per stream, fetched regardless): the server
+    /// holds about one page for each, and the reading ones get everything.
+    func testStalledReplaysHoldAboutOnePage() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        try makeHistory(s, id: "LONG-REPLAY", count: 3000)
+        let before = rssMB(s)
+        var stalled: [SSEClient] = []
+        for _ in 0..<40 {
+            stalled.append(try SSEClient(port: s.port, path: "/v1/activities/LONG-REPLAY/status", token: s.adminKey, lastEventID: 0, smallBuffer: true))
+        }
+        defer { for st in stalled { st.close() } }
+        let reader = try s.stream("LONG-REPLAY", lastEventID: 0)
+        XCTAssertTrue(try reader.pump(timeout: 30) { $0.events.count >= 3000 }, "the reading client got \(reader.events.count) events")
+        assertConsecutive(reader.ids, from: 1, through: 3000)
+        usleep(500_000)
+        let grown = rssMB(s) - before
+        XCTAssertLessThan(grown, 40, "RSS grew \(grown) MB with 40 stalled replays")
+        XCTAssertEqual(try s.metric("dispatch_streams_active"), 41, "stalled replays wait; they are not dropped")
+    }
+}
+
+/// A worker listens only once its database sessions are up: a publish that reaches the server
+/// right after start is answered, not refused with 503.
+final class StartupTests: XCTestCase {
+    func testTheFirstRequestsAfterStartAreServed() throws {
+        let s = TestServer(port: try TestServer.freePort(), conninfo: try TestPostgres.shared().freshDatabase(),
+                           environment: ["DISPATCH_WORKERS": "2"])
+        var env = Subprocess.currentEnvironment()
+        env["DATABASE_URL"] = s.conninfo
+        env["DISPATCH_LISTEN"] = "127.0.0.1:\(s.port)"
+        env["DISPATCH_BOOTSTRAP_KEY"] = s.adminKey
+        env["DISPATCH_WORKERS"] = "2"
+        env["DISPATCH_MIGRATIONS_DIR"] = TestPaths.repositoryRoot + "/Migrations"
+        let pid = try XCTUnwrap(Subprocess.start(["/bin/sh", "-c", "exec \(TestPaths.binary("dispatchd")) > /dev/null 2>&1"], environment: env))
+        defer { kill(pid, SIGTERM); _ = Subprocess.wait(pid, seconds: 20) }
+        // The first moment anything answers, publish through many new connections.
+        XCTAssertTrue(waitUntil(30) { (try? TestSocket.connect(port: s.port)) != nil })
+        var statuses: [Int] = []
+        for i in 0..<40 {
+            let r = try s.client.post("/v1/activities/start", #"{"activityId":"EARLY-\#(i)","taskName":"x"}"#)
+            statuses.append(r.status)
+        }
+        XCTAssertEqual(Set(statuses), [201], "\(statuses)")
+    }
+}

@@ -48,7 +48,12 @@ public enum Dispatchd {
         let log = Logger(level: Logger.Level(name: config.logLevel) ?? .info, format: config.logFormat)
         if let index = env["DISPATCH_WORKER_INDEX"].flatMap({ Int($0) }), let conninfo = env["DISPATCH_WORKER_CONNINFO"] {
             log.staticFields = [("worker", String(index))]
-            return runWorker(config: config, conninfo: conninfo, index: index, log: log, supervisor: getppid())
+            var workerConfig = config
+            // The supervisor reserved the addresses (and chose the ports asked as 0).
+            if let listen = env["DISPATCH_WORKER_LISTEN"], let addresses = try? ServerConfig.parseListen(listen) {
+                workerConfig.listen = addresses
+            }
+            return runWorker(config: workerConfig, conninfo: conninfo, index: index, log: log, supervisor: getppid())
         }
         switch command {
         case "serve", "migrate", "keys", "webhooks": break
@@ -118,10 +123,28 @@ public enum Dispatchd {
             log.error("webhooks.secret_failed", [("error", "\(error)")])
             return 1
         }
-        if config.workers == 1 {
-            return runWorker(config: config, conninfo: conninfo, index: 0, log: log)
+        // Only this server's workers may share its addresses: reserve them before any worker
+        // binds, and fail once, clearly, when something else holds one.
+        let reservations: [PortReservation]
+        do {
+            reservations = try config.listen.map { a throws(SystemError) in try PortReservation(host: a.host, port: a.port) }
+        } catch {
+            log.error("listen.failed", [("error", "\(error)")])
+            printError("dispatchd: \(error)")
+            return 1
         }
-        return Supervisor(config: config, conninfo: conninfo, log: log).run()
+        var serving = config
+        serving.listen = reservations.map { ServerConfig.Address(host: $0.host, port: $0.port) }
+        let files = PortReservation.raiseOpenFileLimit()
+        log.info("server.limits", [("open_files", files)])
+        let code: Int32
+        if config.workers == 1 {
+            code = runWorker(config: serving, conninfo: conninfo, index: 0, log: log)
+        } else {
+            code = Supervisor(config: serving, conninfo: conninfo, log: log).run()
+        }
+        withExtendedLifetime(reservations) {}
+        return code
     }
 
     static func runWorker(config: ServerConfig, conninfo: String, index: Int, log: Logger, supervisor: pid_t? = nil) -> Int32 {

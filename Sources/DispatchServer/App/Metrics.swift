@@ -21,6 +21,8 @@ public final class Metrics {
     public var webhookDeliveries: [String: Int] = [:]
     /// Pending rows in the webhook outbox, as last counted by this worker's sender (-1: not counted here).
     public var webhookOutboxPending = -1
+    /// Read at render time: connections cut by the request deadline or the per-address cap.
+    public var connectionsCut: () -> Int = { 0 }
     let bucketBounds: [Double] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
     var bucketCounts: [Int]
     var querySum = 0.0
@@ -65,6 +67,8 @@ public final class Metrics {
         }
         line("dispatch_db_up", "gauge", "1 when the database connections are up.", [(w, dbConnected ? "1" : "0")])
         line("dispatch_db_reconnects_total", "counter", "Database connections lost.", [(w, "\(dbReconnects)")])
+        line("dispatch_connections_cut_total", "counter", "Client connections cut: whole-request deadline or per-address cap.",
+             [(w, "\(connectionsCut())")])
         s += "# HELP dispatch_db_query_seconds Database round trips (one pipeline batch each).\n# TYPE dispatch_db_query_seconds histogram\n"
         for (i, b) in bucketBounds.enumerated() { s += "dispatch_db_query_seconds_bucket{\(w),le=\"\(b)\"} \(bucketCounts[i])\n" }
         s += "dispatch_db_query_seconds_bucket{\(w),le=\"+Inf\"} \(queryCount)\n"

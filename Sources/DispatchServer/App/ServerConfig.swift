@@ -5,6 +5,11 @@ public struct ServerConfig: Equatable, Sendable {
     public struct Address: Equatable, Sendable {
         public var host: String
         public var port: Int
+
+        public init(host: String, port: Int) {
+            self.host = host
+            self.port = port
+        }
     }
 
     public var listen: [Address] = [Address(host: "127.0.0.1", port: 8080)]
@@ -19,6 +24,12 @@ public struct ServerConfig: Equatable, Sendable {
     public var retentionDays: Double = 7
     public var publishRatePerSecond: Double = 200
     public var maxStreamsPerKey = 20_000
+    /// Seconds a client may take to deliver a whole request (headers and body).
+    public var requestDeadlineSeconds: Double = 30
+    /// Connections per client address that may wait for their first complete request.
+    public var maxPendingPerClient = 32
+    /// Seconds a stop (SIGTERM) may take: streams told to come back, publishes answered.
+    public var shutdownTimeoutSeconds: Double = 10
     /// `staleAfter` of starts that give none (seconds; 0: never).
     public var staleAfterSeconds = 86_400
     /// Signs cancel webhooks; nil: generated under the data dir for the embedded database,
@@ -45,6 +56,9 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_STREAM_BACKLOG", flag: "--stream-backlog", help: "bytes queued for one slow stream before it is cut off (default 262144)"),
         Setting(env: "DISPATCH_RETENTION_DAYS", flag: "--retention-days", help: "days a finished activity and its history are kept (default 7)"),
         Setting(env: "DISPATCH_PUBLISH_RATE", flag: "--publish-rate", help: "publishes per second per publish key and worker, 0 for no limit (default 200)"),
+        Setting(env: "DISPATCH_REQUEST_DEADLINE", flag: "--request-deadline", help: "seconds a client may take to send a whole request, headers and body (default 30)"),
+        Setting(env: "DISPATCH_MAX_PENDING_PER_CLIENT", flag: "--max-pending-per-client", help: "connections one client address may hold before completing a request (default 32)"),
+        Setting(env: "DISPATCH_SHUTDOWN_TIMEOUT", flag: "--shutdown-timeout", help: "seconds a graceful stop may take before what is left is cut (default 10)"),
         Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
         Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait)"),
         Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
@@ -110,6 +124,18 @@ public struct ServerConfig: Equatable, Sendable {
             guard let d = Double(v), d.isFinite, d >= 0 else { throw ConfigError("DISPATCH_PUBLISH_RATE must be a number >= 0") }
             c.publishRatePerSecond = d
         }
+        if let v = values["DISPATCH_REQUEST_DEADLINE"] {
+            guard let d = Double(v), d.isFinite, d >= 1, d <= 3600 else { throw ConfigError("DISPATCH_REQUEST_DEADLINE must be seconds from 1 to 3600, not \(v)") }
+            c.requestDeadlineSeconds = d
+        }
+        if let v = values["DISPATCH_MAX_PENDING_PER_CLIENT"] {
+            guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_PENDING_PER_CLIENT must be a positive integer, not \(v)") }
+            c.maxPendingPerClient = n
+        }
+        if let v = values["DISPATCH_SHUTDOWN_TIMEOUT"] {
+            guard let d = Double(v), d.isFinite, d >= 0.5, d <= 600 else { throw ConfigError("DISPATCH_SHUTDOWN_TIMEOUT must be seconds from 0.5 to 600, not \(v)") }
+            c.shutdownTimeoutSeconds = d
+        }
         if let v = values["DISPATCH_STALE_AFTER"] {
             guard let n = Int(v), n == 0 || (10...604_800).contains(n) else {
                 throw ConfigError("DISPATCH_STALE_AFTER must be 0 (never) or seconds from 10 to 604800, not \(v)")
@@ -136,7 +162,7 @@ public struct ServerConfig: Equatable, Sendable {
         return c
     }
 
-    static func parseListen(_ text: String) throws(ConfigError) -> [Address] {
+    public static func parseListen(_ text: String) throws(ConfigError) -> [Address] {
         var out: [Address] = []
         for part in text.split(separator: ",") {
             let p = part.trimmingCharactersSpace

@@ -14,6 +14,8 @@ final class Supervisor {
     private var stopping = false
     private var restarts: [Int: [Double]] = [:]
     private var watchers: [Timer] = []
+    /// A worker kept dying at start: the server stopped, and exits non-zero.
+    private var gaveUp = false
 
     init(config: ServerConfig, conninfo: String, log: Logger) {
         self.config = config
@@ -29,14 +31,15 @@ final class Supervisor {
         watchers.append(loop.onSignal(SIGINT) { [unowned self] in self.stop(SIGTERM) })
         log.info("supervisor.started", [("workers", config.workers)])
         loop.run()
-        log.info("supervisor.stopped")
-        return 0
+        log.info("supervisor.stopped", [("gave_up", gaveUp)])
+        return gaveUp ? 1 : 0
     }
 
     private func spawn(_ index: Int) {
         var env = Subprocess.currentEnvironment()
         env["DISPATCH_WORKER_INDEX"] = String(index)
         env["DISPATCH_WORKER_CONNINFO"] = conninfo
+        env["DISPATCH_WORKER_LISTEN"] = config.listen.map { "\($0.host.contains(":") ? "[\($0.host)]" : $0.host):\($0.port)" }.joined(separator: ",")
         guard let pid = Subprocess.start([Subprocess.executablePath()] + Array(CommandLine.arguments.dropFirst()), environment: env) else {
             log.error("supervisor.spawn_failed", [("worker", index)])
             return
@@ -64,6 +67,7 @@ final class Supervisor {
             restarts[index] = recent
             if recent.count > 5 || code == 2 {
                 log.error("supervisor.giving_up", [("worker", index)])
+                gaveUp = true
                 stop(SIGTERM)
                 continue
             }
@@ -77,7 +81,8 @@ final class Supervisor {
             stopping = true
             log.info("supervisor.stopping", [("workers", children.count)])
             for pid in children.keys { kill(pid, sig) }
-            loop.timer(after: 15) { [unowned self] in
+            // Workers stop within their shutdown timeout; what is left after that is killed.
+            loop.timer(after: config.shutdownTimeoutSeconds + 2) { [unowned self] in
                 for pid in self.children.keys { kill(pid, SIGKILL) }
             }
         }

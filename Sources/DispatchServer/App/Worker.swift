@@ -24,6 +24,9 @@ public final class Worker {
     private var timers: [Timer] = []
     private var shuttingDown = false
     private var listenEstablished = false
+    private var databaseReadOnly = false
+    private var accepting = false
+    private var listenFailure: Error?
     /// The supervisor that started this worker; if it dies (even by SIGKILL), so does the worker.
     var supervisor: pid_t?
 
@@ -34,7 +37,9 @@ public final class Worker {
         metrics = Metrics(worker: index)
         var limits = HTTPLimits()
         limits.streamWriteTimeoutSeconds = max(60, config.heartbeatSeconds * 4)
+        limits.connections = ConnectionPolicy(requestDeadline: config.requestDeadlineSeconds, maxPendingPerClient: config.maxPendingPerClient)
         http = HTTPServer(loop: loop, limits: limits)
+        metrics.connectionsCut = { [http] in http.connectionsCut }
         db = Database(loop: loop, conninfo: conninfo, log: log, metrics: metrics)
         listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log)
         publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
@@ -48,18 +53,18 @@ public final class Worker {
     /// Binds, connects, and runs the loop until SIGTERM/SIGINT.
     public func run() throws {
         signal(SIGPIPE, SIG_IGN)
-        for a in config.listen {
-            try http.listen(host: a.host, port: a.port, reusePort: true)
-        }
         http.handler = { [unowned self] req in self.api.handle(req) }
-        api.isReady = { [unowned self] in self.isReady }
+        api.readiness = { [unowned self] in self.readiness }
         api.onKeyRevoked = { [unowned self] id in self.keyRevoked(id) }
         publisher.onCommitted = { [unowned self] event, json, _ in
             if event.name == ActivityEvent.cancelRequested { self.webhooks?.kick() }
             self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name,
                                    json: String(decoding: json, as: UTF8.self))
         }
-        db.writer.onReady = { [unowned self] in self.publisher.writerReady() }
+        db.writer.onReady = { [unowned self] in
+            self.publisher.writerReady()
+            self.acceptWhenReady()
+        }
         wireListener()
         db.start()
         listener.start()
@@ -77,11 +82,16 @@ public final class Worker {
                 }
             })
         }
+        timers.append(loop.timer(after: 5, repeating: true) { [unowned self] in self.probeWritable() })
+        db.reader.onReady = { [unowned self] in
+            self.probeWritable()
+            self.acceptWhenReady()
+        }
         timers.append(loop.onSignal(SIGTERM) { [unowned self] in self.shutdown() })
         timers.append(loop.onSignal(SIGINT) { [unowned self] in self.shutdown() })
-        let addresses = config.listen.map { "\($0.host):\(http.boundPort() ?? $0.port)" }.joined(separator: ",")
-        log.info("worker.listening", [("listen", addresses), ("heartbeat_s", config.heartbeatSeconds)])
+        log.info("worker.started", [("heartbeat_s", config.heartbeatSeconds)])
         loop.run()
+        if let failure = listenFailure { throw failure }
         for t in timers { t.cancel() }
         log.info("worker.stopped")
     }
@@ -101,6 +111,7 @@ public final class Worker {
                     self.closeStreamsOfRevokedKeys()
                 }
                 self.log.info("listen.ready", [("resync", restored)])
+                self.acceptWhenReady()
             }
         }
         listener.onLost = { [unowned self] reason in
@@ -124,6 +135,22 @@ public final class Worker {
         }
     }
 
+    /// Starts listening once every database session is up: with SO_REUSEPORT the kernel hands
+    /// connections to any listening worker, so one that cannot answer yet must not listen.
+    private func acceptWhenReady() {
+        guard !accepting, isReady, !shuttingDown else { return }
+        accepting = true
+        do {
+            for a in config.listen { try http.listen(host: a.host, port: a.port, reusePort: true) }
+        } catch {
+            log.error("worker.listen_failed", [("error", "\(error)")])
+            listenFailure = error
+            return shutdown()
+        }
+        let addresses = config.listen.map { "\($0.host):\(http.boundPort() ?? $0.port)" }.joined(separator: ",")
+        log.info("worker.listening", [("listen", addresses)])
+    }
+
     /// A revoked key ends every stream it holds here.
     private func keyRevoked(_ id: Int64) {
         streams.closeStreams(ofKey: id)
@@ -139,22 +166,31 @@ public final class Worker {
         }
     }
 
-    /// Stops accepting, ends every stream, lets pending answers flush, then leaves the loop.
+    /// Stops accepting, ends every stream (each told when to come back), answers the publishes
+    /// in flight, then leaves the loop; whatever is left at DISPATCH_SHUTDOWN_TIMEOUT is cut.
     func shutdown() {
         guard !shuttingDown else { return }
         shuttingDown = true
         api.isShuttingDown = true
+        let started = Clock.monotonic()
         log.info("worker.shutdown", [("streams", streams.openStreams)])
         http.stopListening()
         streams.shutdown()
         auth.flushUsed()
         staleSweeper?.stop()
         webhooks?.stop()
-        loop.timer(after: 0.3) { [unowned self] in
-            self.db.close()
-            self.listener.close()
-            self.loop.stop()
+        func finish() {
+            db.close()
+            listener.close()
+            loop.stop()
         }
+        // Give the streams' last bytes and the publishes in flight their time, then go.
+        timers.append(loop.timer(after: 0.1, repeating: true) { [unowned self] in
+            let late = Clock.monotonic() - started >= self.config.shutdownTimeoutSeconds
+            guard late || (self.publisher.isIdle && Clock.monotonic() - started >= 0.3) else { return }
+            if late { self.log.warning("worker.shutdown_timeout", [("after_s", self.config.shutdownTimeoutSeconds)]) }
+            finish()
+        })
     }
 
     /// Contract §5.3-5.4: one sender and one sweeper per server process; both are safe with
@@ -180,4 +216,24 @@ public final class Worker {
     }
 
     var isReady: Bool { db.isReady && listener.isReady && listenEstablished }
+
+    var readiness: Readiness {
+        guard isReady else { return .databaseUnavailable }
+        return publisher.writesRefused || databaseReadOnly ? .writesRefused : .ready
+    }
+
+    /// Asks the database every few seconds whether it would refuse writes (a read-only
+    /// setting, a standby); a refused publish says so at once (out of space).
+    private func probeWritable() {
+        guard db.reader.isReady else { return }
+        db.read(Database.writableProbe) { [weak self] result in
+            guard let self, case .success(let r) = result else { return }
+            let readOnly = r.first?.bool("read_only") ?? false
+            if readOnly != self.databaseReadOnly {
+                self.log.warning("database.writable", [("writable", !readOnly)])
+                if !readOnly { self.publisher.writesRefused = false }
+            }
+            self.databaseReadOnly = readOnly
+        }
+    }
 }

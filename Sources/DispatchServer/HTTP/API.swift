@@ -14,8 +14,8 @@ final class API {
     let publisher: Publisher
     let streams: StreamService
     let auth: Auth
-    /// Readiness of the worker's sessions (the LISTEN session included).
-    var isReady: () -> Bool = { false }
+    /// Readiness of this worker: its sessions (the LISTEN session included) and writes.
+    var readiness: () -> Readiness = { .databaseUnavailable }
     var isShuttingDown = false
     /// A key was revoked here: end what it holds open (its streams).
     var onKeyRevoked: (Int64) -> Void = { _ in }
@@ -50,6 +50,7 @@ final class API {
         case .invalidActivityID:
             fail(req, DispatchError(.invalidField, "activity id must be 1-128 characters of A-Z a-z 0-9 . _ : -"))
         case .route(let route):
+            req.route = route.pattern
             dispatch(req, route)
         }
     }
@@ -57,7 +58,7 @@ final class API {
     private func dispatch(_ req: HTTPRequest, _ route: Route) {
         switch route {
         case .healthz: reply(req, 200, Array(#"{"status":"ok"}"#.utf8))
-        case .readyz: readiness(req)
+        case .readyz: self.readiness(req)
         case .metrics: metricsPage(req)
         case .startActivity: publish(req, .start)
         case .update(let id): publish(req, .update(id))
@@ -86,6 +87,16 @@ final class API {
         var h = headers
         h.append(("Content-Type", contentType))
         req.respond(status: status, headers: h, body: body)
+        logRequest(req, status: status, bytes: body.count)
+    }
+
+    /// One line per answer at info: the route's pattern (never the raw path with its ids),
+    /// never a secret or an access_token.
+    func logRequest(_ req: HTTPRequest, status: Int, bytes: Int) {
+        guard log.enabled(.info) else { return }
+        log.info("http.request", [("method", req.method?.rawValue ?? "OTHER"), ("route", req.route ?? "unmatched"),
+                                  ("status", status), ("duration_ms", Int(((Clock.monotonic() - req.received) * 1000).rounded())),
+                                  ("bytes", bytes), ("key", req.keyName ?? "-")])
     }
 
     func fail(_ req: HTTPRequest, _ error: DispatchError, headers: [(String, String)] = []) {
@@ -99,7 +110,9 @@ final class API {
     func authenticated(_ req: HTTPRequest, _ scope: Scope, allowQuery: Bool = false, _ body: @escaping (APIKey) -> Void) {
         auth.authenticate(Auth.secret(from: req, allowQuery: allowQuery), needs: scope) { [weak self] result in
             switch result {
-            case .success(let key): body(key)
+            case .success(let key):
+                req.keyName = key.name
+                body(key)
             case .failure(let e): self?.fail(req, e)
             }
         }
@@ -118,8 +131,12 @@ final class API {
     // MARK: - Health
 
     private func readiness(_ req: HTTPRequest) {
-        let ready = isReady()
-        reply(req, ready ? 200 : 503, Array((ready ? #"{"status":"ready"}"# : #"{"status":"unavailable","reason":"database"}"#).utf8))
+        switch readiness() {
+        case .ready: reply(req, 200, Array(#"{"status":"ready"}"#.utf8))
+        case .databaseUnavailable: reply(req, 503, Array(#"{"status":"unavailable","reason":"database"}"#.utf8))
+        case .writesRefused:
+            reply(req, 503, Array(#"{"status":"unavailable","reason":"writes_refused","detail":"the database refuses writes; reads and streams still work"}"#.utf8))
+        }
     }
 
     private func metricsPage(_ req: HTTPRequest) {

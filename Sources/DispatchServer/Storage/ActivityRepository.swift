@@ -23,6 +23,14 @@ struct StoredActivity {
         self.staleAfter = staleAfter
     }
 
+    /// Roughly what this takes in memory (cache budgets).
+    var approximateBytes: Int {
+        let a = activity
+        return 256 + a.activityId.utf8.count + a.taskName.utf8.count + (a.systemImage?.utf8.count ?? 0) + (a.machine?.utf8.count ?? 0)
+            + (a.cancelURL?.utf8.count ?? 0) + (a.status?.utf8.count ?? 0) + (a.error?.utf8.count ?? 0)
+            + startFingerprint.utf8.count + (endFingerprint?.utf8.count ?? 0)
+    }
+
     /// When this activity goes stale after a change at `now` (ms since epoch); nil: never.
     func staleAt(after snapshot: Activity) -> Int64? {
         guard staleAfter > 0, !snapshot.state.isTerminal else { return nil }

@@ -40,6 +40,30 @@ final class Database {
     }
 
     static let unavailable = DispatchError(.databaseUnavailable, "the database is unavailable, retry shortly")
+    static let refusesWrites = DispatchError(.databaseUnavailable, "the database refuses writes (read-only or out of space); reads still work")
+
+    /// Whether the database was reachable but refused a write: a read-only server or replica
+    /// (25006), or no space left (53100) or other insufficient resources (class 53).
+    static func refusedWrite(_ sqlState: String?) -> Bool {
+        guard let s = sqlState else { return false }
+        return s == "25006" || s.hasPrefix("53")
+    }
+
+    /// Whether writes would be refused right now (a read-only session or a standby).
+    static let writableProbe = PGQuery(
+        "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean AS read_only", name: "writable_probe")
+}
+
+/// What `/readyz` says of one worker.
+enum Readiness: Equatable {
+    case ready
+    /// A database session is down (or the LISTEN session is not established).
+    case databaseUnavailable
+    /// The database answers but refuses writes: reads and streams work, publishes do not.
+    case writesRefused
+}
+
+extension Database {
 }
 
 /// NOTIFY channels: constants, never built from input.

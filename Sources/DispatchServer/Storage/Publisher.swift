@@ -83,13 +83,16 @@ final class Publisher {
     let now: () -> Int64
     /// `staleAfter` for starts that do not give one (seconds; 0: never).
     let defaultStaleAfter: Int
+    /// The last batch was refused by a database that does not take writes (readiness).
+    var writesRefused = false
     /// Mark the push outbox in each batch (APNs is configured).
     var pushes = false
     /// Called after each commit with the event and its feed position, before the publisher is answered.
     var onCommitted: ((ActivityEvent, [UInt8], Int64) -> Void)?
 
-    /// Live activities this worker has seen lately, kept current by its commits and by NOTIFY.
-    private var cache: [String: StoredActivity] = [:]
+    /// Live activities this worker has seen lately, kept current by its commits and by NOTIFY;
+    /// bounded by bytes (a snapshot may be a few hundred bytes or several kilobytes).
+    private var cache = BoundedCache<String, StoredActivity>(maxBytes: 32 << 20)
     private var busy: Set<String> = []
     private var waiting: [String: [PublishOp]] = [:]
     private var writeQueue: [PublishOp] = []
@@ -108,6 +111,9 @@ final class Publisher {
     /// The writer (re)connected: send what waited.
     func writerReady() { flushWrites() }
 
+    /// Nothing is being planned, waiting or written: every publisher has its answer.
+    var isIdle: Bool { busy.isEmpty && writeQueue.isEmpty && !writing }
+
     // MARK: - Cache
 
     /// Whether the cache holds `id` at an older seq than a change just heard of.
@@ -116,19 +122,18 @@ final class Publisher {
         return entry.activity.seq < seq
     }
 
-    func forget(_ id: String) { cache[id] = nil }
+    func forget(_ id: String) { cache.remove(id) }
 
     func observe(_ event: ActivityEvent) {
         guard var entry = cache[event.snapshot.activityId], entry.activity.seq < event.seq else { return }
-        if event.snapshot.state.isTerminal { cache[event.snapshot.activityId] = nil; return }
+        if event.snapshot.state.isTerminal { cache.remove(event.snapshot.activityId); return }
         entry.activity = event.snapshot
         entry.lastEvent = event.name
-        cache[event.snapshot.activityId] = entry
+        remember(entry)
     }
 
     private func remember(_ s: StoredActivity) {
-        if cache.count > 100_000 { cache.removeAll(keepingCapacity: true) }
-        cache[s.activity.activityId] = s
+        cache.set(s.activity.activityId, s, bytes: s.approximateBytes)
     }
 
     // MARK: - Publishing
@@ -276,8 +281,9 @@ final class Publisher {
             self.writing = false
             switch result {
             case .failure:
-                for op in ops { self.cache[op.activityID] = nil; self.finish(op, .failed(Database.unavailable)) }
+                for op in ops { self.cache.remove(op.activityID); self.finish(op, .failed(Database.unavailable)) }
             case .success(let rs) where rs.allSatisfy(\.ok):
+                self.writesRefused = false
                 var positions: [String: Int64] = [:]
                 for row in rs[rs.count - 1].rows {
                     if let id = row["activity_id"], let position = row.int64("position") { positions[id] = position }
@@ -286,6 +292,12 @@ final class Publisher {
             case .success(let rs):
                 // The batch rolled back: fail a change that erred, replay the others (a few
                 // times at most, in case the cause is not theirs to fix).
+                if let refused = rs.first(where: { Database.refusedWrite($0.sqlState) }) {
+                    self.writesRefused = true
+                    self.log.warning("publish.writes_refused", [("error", (refused.errorMessage ?? "").trimmingNewlines)])
+                    for op in ops { self.finish(op, .failed(Database.refusesWrites)) }
+                    return self.flushWrites()
+                }
                 for (op, r) in zip(ops, rs) {
                     op.replays += 1
                     if r.sqlState != nil || op.replays > 3 {
@@ -306,11 +318,13 @@ final class Publisher {
     private func settle(_ op: PublishOp, _ r: PGResult, json: [UInt8], position: Int64?) {
         guard r.rows.count == 1, let event = op.planned, let position else {
             // Someone else changed it first (or this request was already applied): re-read, re-plan.
-            cache[op.activityID] = nil
+            cache.remove(op.activityID)
             op.attempts += 1
             metrics.casRetries += 1
             guard op.attempts <= 20 else {
-                return finish(op, .failed(DispatchError(.conflict, "too many concurrent changes to \(op.activityID); retry")))
+                var busy = DispatchError(.concurrentChanges, "too many concurrent changes to \(op.activityID); retry")
+                busy.retryAfterSeconds = 1
+                return finish(op, .failed(busy))
             }
             return plan(op)
         }

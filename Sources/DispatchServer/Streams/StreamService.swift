@@ -46,7 +46,8 @@ final class StreamService: HTTPStreamDelegate {
     private var hub = Hub<Int, WireEvent>()
     private var sessions: [Int: StreamSession] = [:]
     private var streamsPerKey: [Int64: Int] = [:]
-    private var terminalCache: [String: WireEvent] = [:]
+    /// Final events of finished activities, answered from memory; bounded by bytes.
+    private var terminalCache = BoundedCache<String, WireEvent>(maxBytes: 32 << 20)
     private var nextID = 1
     private var heartbeatTimer: Timer?
     static let retryMilliseconds = 3000
@@ -85,6 +86,7 @@ final class StreamService: HTTPStreamDelegate {
         sessions[session.id] = session
         streamsPerKey[keyID, default: 0] += 1
         metrics.streamsActive = sessions.count
+        log.info("stream.open", [("activity", activityID), ("stream", session.id), ("resume_after", lastEventID.map { String($0) } ?? "-")])
         http.tag = session.id
         http.drainMark = session.outbox.lowWater
         http.delegate = self
@@ -155,7 +157,7 @@ final class StreamService: HTTPStreamDelegate {
     /// A committed event: from this worker's own publish, or NOTIFY from any worker.
     func committed(activityID: String, seq: Int64, name: String, json: String) {
         // A new start for an id (reused after its old activity was pruned) outdates the cache.
-        if seq == 1 { terminalCache[activityID] = nil }
+        if seq == 1 { terminalCache.remove(activityID) }
         let terminal = WireEvent.terminalName(name)
         guard terminal || hub.wants(topic: activityID, seq: seq) else { return }
         let event = WireEvent(seq: seq, name: name, terminal: terminal, json: json)
@@ -166,7 +168,7 @@ final class StreamService: HTTPStreamDelegate {
     /// A change heard through NOTIFY (`ChangeNotice`).
     func notified(_ notice: ChangeNotice) {
         let id = notice.activityID, seq = notice.seq, name = notice.event
-        if seq == 1 { terminalCache[id] = nil }
+        if seq == 1 { terminalCache.remove(id) }
         let terminal = WireEvent.terminalName(name)
         let observe = publisher.isStale(id, seq: seq)
         // Most NOTIFYs concern nothing held here (or echo this worker's own commit): skip them cheaply.
@@ -193,8 +195,7 @@ final class StreamService: HTTPStreamDelegate {
     }
 
     private func rememberTerminal(_ id: String, _ e: WireEvent) {
-        if terminalCache.count >= 50_000 { terminalCache.removeAll(keepingCapacity: true) }
-        terminalCache[id] = e
+        terminalCache.set(id, e, bytes: e.payload.size + id.utf8.count + 128)
     }
 
     // MARK: - Performing the hub's decisions
@@ -354,6 +355,10 @@ final class StreamService: HTTPStreamDelegate {
         streamsPerKey[session.keyID] = remaining > 0 ? remaining : nil
         metrics.streamsActive = sessions.count
         metrics.streamCloses[reason, default: 0] += 1
+        if log.enabled(.info) {
+            log.info("stream.close", [("activity", session.activityID), ("stream", id), ("reason", reason.rawValue),
+                                      ("duration_s", ((Clock.monotonic() - session.opened) * 1000).rounded() / 1000)])
+        }
         let http = session.http
         http.delegate = nil
         switch reason {
@@ -382,9 +387,26 @@ final class StreamService: HTTPStreamDelegate {
     /// The keys that hold streams here (to re-check after missed revocations).
     var keysWithStreams: [Int64] { Array(streamsPerKey.keys) }
 
-    /// Ends every stream (server shutdown); clients reconnect with Last-Event-ID elsewhere.
+    /// Ends every stream (server shutdown). Each is told first to reconnect after its own
+    /// delay, spread over a window that grows with the number of streams, so that tens of
+    /// thousands of clients do not all come back in the same second; they resume with
+    /// Last-Event-ID and lose nothing.
     func shutdown() {
         heartbeatTimer?.cancel()
-        for id in Array(sessions.keys) { close(id, reason: .shutdown) }
+        let window = StreamService.reconnectWindow(streams: sessions.count)
+        var rng = SystemRandomNumberGenerator()
+        for (id, session) in sessions {
+            if session.http.started {
+                let delay = 500 + Int(Double.random(in: 0..<window, using: &rng) * 1000)
+                offer(id, StreamPayload(SSE.retry(milliseconds: delay)), delivered: 0)
+            }
+            close(id, reason: .shutdown)
+        }
+    }
+
+    /// Seconds over which streams ended by a shutdown are asked to come back: about 2,000
+    /// reconnects a second, at least 2 s, at most 30 s.
+    static func reconnectWindow(streams: Int) -> Double {
+        min(30, max(2, Double(streams) / 2000))
     }
 }

@@ -1,0 +1,141 @@
+import CLibevent
+import DispatchCore
+import DispatchSystem
+import Glibc
+
+/// Watches every client connection from its accept, for what evhttp 2.1 cannot do itself: a
+/// whole-request deadline (its timeout is per read, so a header line every few seconds keeps
+/// a connection forever) and a per-address cap on connections that have not completed a
+/// request. The decisions are `ConnectionPolicy`'s; a connection is cut by shutting its socket
+/// down, so evhttp frees it on its own path.
+///
+/// Ownership: the guard creates each connection's bufferevent (evhttp's bevcb) and holds a
+/// reference on it until evhttp closes the connection (its close callback) or, for one that
+/// never completed a request, until the sweep sees evhttp dropped it. So a pointer the guard
+/// holds is never freed under it.
+final class ConnectionGuard {
+    struct Tracked {
+        let id: Int
+        var evcon: OpaquePointer?
+        var since: Double
+        var requests = 0
+        var peer: String?
+        /// A request arrived and is not answered yet.
+        var answering = false
+        weak var stream: HTTPStream?
+    }
+
+    private let loop: EventLoop
+    var policy: ConnectionPolicy
+    private var tracked: [OpaquePointer: Tracked] = [:]
+    private var nextID = 1
+    private var sweeper: Timer?
+    private(set) var cut = 0
+
+    init(loop: EventLoop, policy: ConnectionPolicy) {
+        self.loop = loop
+        self.policy = policy
+        sweeper = loop.timer(after: 0.5, repeating: true) { [weak self] in self?.sweep() }
+    }
+
+    var count: Int { tracked.count }
+
+    /// evhttp asks for a new connection's bufferevent (no socket yet).
+    func newConnection(base: OpaquePointer) -> OpaquePointer? {
+        guard let bev = bufferevent_socket_new(base, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else { return nil }
+        bufferevent_incref(bev)
+        tracked[bev] = Tracked(id: nextID, since: Clock.monotonic())
+        nextID += 1
+        return bev
+    }
+
+    /// A request arrived complete on `evcon`: the server holds it until it answers; watch for
+    /// the connection's close.
+    func requestCompleted(_ evcon: OpaquePointer, closed: @escaping @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void,
+                          arg: UnsafeMutableRawPointer) {
+        guard let bev = evhttp_connection_get_bufferevent(evcon), tracked[bev] != nil else { return }
+        if tracked[bev]?.evcon == nil { evhttp_connection_set_closecb(evcon, closed, arg) }
+        tracked[bev]?.evcon = evcon
+        tracked[bev]?.requests += 1
+        tracked[bev]?.answering = true
+    }
+
+    /// The server answered on `evcon`: the next request's deadline starts now.
+    func answered(_ evcon: OpaquePointer) {
+        guard let bev = evhttp_connection_get_bufferevent(evcon) else { return }
+        tracked[bev]?.answering = false
+        tracked[bev]?.since = Clock.monotonic()
+    }
+
+    /// A stream took the connection over (never cut here), or gave it back (keep-alive).
+    func setStream(_ stream: HTTPStream?, on evcon: OpaquePointer) {
+        guard let bev = evhttp_connection_get_bufferevent(evcon) else { return }
+        tracked[bev]?.stream = stream
+        tracked[bev]?.answering = false
+        if stream == nil { tracked[bev]?.since = Clock.monotonic() }
+    }
+
+    /// evhttp is closing `evcon` (its close callback): tell its stream, drop our reference.
+    func connectionClosing(_ evcon: OpaquePointer) {
+        guard let bev = evhttp_connection_get_bufferevent(evcon), let t = tracked.removeValue(forKey: bev) else { return }
+        t.stream?.peerClosed()
+        // evhttp still holds its own reference and frees the bufferevent right after this.
+        bufferevent_decref(bev)
+    }
+
+    private func sweep() {
+        let now = Clock.monotonic()
+        var snapshot: [ConnectionPolicy.Connection] = []
+        var byID: [Int: OpaquePointer] = [:]
+        for (bev, t) in tracked {
+            // evhttp dropped a connection that never completed a request (no close callback
+            // was set for it): our reference is the last one.
+            var readcb: bufferevent_data_cb?
+            bufferevent_getcb(bev, &readcb, nil, nil, nil)
+            if readcb == nil && t.requests == 0 {
+                tracked[bev] = nil
+                bufferevent_decref(bev)
+                continue
+            }
+            var peer = t.peer
+            if peer == nil {
+                peer = ConnectionGuard.peerAddress(Int32(bufferevent_getfd(bev)))
+                tracked[bev]?.peer = peer
+            }
+            snapshot.append(.init(id: t.id, peer: peer, since: t.since, requestsCompleted: t.requests, held: t.answering || t.stream != nil))
+            byID[t.id] = bev
+        }
+        for id in policy.connectionsToCut(snapshot, now: now) {
+            guard let bev = byID[id] else { continue }
+            let fd = Int32(bufferevent_getfd(bev))
+            if fd >= 0 { shutdown(fd, Int32(SHUT_RDWR)) }
+            cut += 1
+        }
+    }
+
+    /// Stops sweeping and gives back every reference (the server is being freed).
+    func close() {
+        sweeper?.cancel()
+        sweeper = nil
+        for (bev, _) in tracked { bufferevent_decref(bev) }
+        tracked.removeAll()
+    }
+
+    static func peerAddress(_ fd: Int32) -> String? {
+        guard fd >= 0 else { return nil }
+        var storage = sockaddr_storage()
+        var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let r = withUnsafeMutablePointer(to: &storage) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(fd, $0, &len) } }
+        guard r == 0 else { return nil }
+        var text = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
+        let ok: Bool = withUnsafeBytes(of: storage) { raw in
+            if storage.ss_family == sa_family_t(AF_INET) {
+                var a = raw.load(as: sockaddr_in.self).sin_addr
+                return inet_ntop(AF_INET, &a, &text, socklen_t(text.count)) != nil
+            }
+            var a = raw.load(as: sockaddr_in6.self).sin6_addr
+            return inet_ntop(AF_INET6, &a, &text, socklen_t(text.count)) != nil
+        }
+        return ok ? String(decoding: text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
+    }
+}
