@@ -202,7 +202,8 @@ public final class Worker {
         guard let secret = WebhookSecret.resolve(config) else {
             return log.warning("webhooks.disabled", [("why", "no DISPATCH_WEBHOOK_SECRET"), ("effect", "cancel webhooks wait in the outbox")])
         }
-        let sender = WebhookService(loop: loop, db: db, secret: secret, allowPrivateAddresses: config.webhookAllowPrivate, log: log, metrics: metrics)
+        let sender = WebhookService(loop: loop, db: db, secret: secret, allowPrivateAddresses: config.webhookAllowPrivate,
+                                    retentionDays: config.retentionDays, log: log, metrics: metrics)
         sender.start()
         webhooks = sender
     }

@@ -72,6 +72,16 @@ enum WebhookSQL {
                   "{" + ds.map { String($0.attempt) }.joined(separator: ",") + "}"], name: "webhook_release")
     }
 
+    /// Forgets up to 5,000 finished deliveries (delivered or failed) older than `days`, as
+    /// retention forgets finished activities.
+    static func prune(olderThanDays days: Double) -> PGQuery {
+        PGQuery("""
+            DELETE FROM webhook_outbox WHERE id IN (
+              SELECT id FROM webhook_outbox WHERE state <> 'pending' AND created_at < now() - make_interval(secs => $1::float8)
+              LIMIT 5000)
+            """, [String(days * 86_400)], name: "webhook_prune")
+    }
+
     /// The outbox depth (rows still to deliver), through the partial index on pending rows.
     static let pendingCount = PGQuery("SELECT count(*) AS pending FROM webhook_outbox WHERE state = 'pending'", name: "webhook_pending")
 

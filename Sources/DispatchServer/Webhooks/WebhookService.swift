@@ -21,7 +21,11 @@ final class WebhookService {
     private var timers: [Timer] = []
     private var rng = SystemRandomNumberGenerator()
 
-    init(loop: EventLoop, db: Database, secret: String, allowPrivateAddresses: Bool, log: Logger, metrics: Metrics) {
+    /// Days finished deliveries are kept (the activities' retention).
+    let retentionDays: Double
+
+    init(loop: EventLoop, db: Database, secret: String, allowPrivateAddresses: Bool, retentionDays: Double, log: Logger, metrics: Metrics) {
+        self.retentionDays = retentionDays
         self.loop = loop
         self.db = db
         self.secret = Array(secret.utf8)
@@ -39,6 +43,14 @@ final class WebhookService {
         timers.append(loop.timer(after: interval, repeating: true) { [weak self] in self?.kick() })
         timers.append(loop.timer(after: 0.1) { [weak self] in self?.countPending() })
         timers.append(loop.timer(after: 10, repeating: true) { [weak self] in self?.countPending() })
+        timers.append(loop.timer(after: 600, repeating: true) { [weak self] in self?.prune() })
+    }
+
+    private func prune() {
+        guard db.reader.isReady else { return }
+        db.read(WebhookSQL.prune(olderThanDays: retentionDays)) { [log] result in
+            if case .success(let r) = result, r.affectedRows > 0 { log.info("webhook.pruned", [("deliveries", r.affectedRows)]) }
+        }
     }
 
     func kick() {
