@@ -46,9 +46,12 @@ public struct CLIStartOptions: Equatable, Sendable {
     public var state: String?
     /// 0...1 (already converted from `--percent`).
     public var progress: Double?
+    /// Seconds without an update before the server ends it as stale (nil: the server's default).
+    public var staleAfter: Int?
 
     public init(activityID: String? = nil, name: String, symbol: String? = nil, machine: String? = nil,
-                cancelURL: String? = nil, status: String? = nil, state: String? = nil, progress: Double? = nil) {
+                cancelURL: String? = nil, status: String? = nil, state: String? = nil, progress: Double? = nil,
+                staleAfter: Int? = nil) {
         self.activityID = activityID
         self.name = name
         self.symbol = symbol
@@ -57,6 +60,7 @@ public struct CLIStartOptions: Equatable, Sendable {
         self.status = status
         self.state = state
         self.progress = progress
+        self.staleAfter = staleAfter
     }
 }
 
@@ -105,11 +109,14 @@ public struct CLIRunOptions: Equatable, Sendable {
     public var start: CLIStartOptions
     public var progressRegex: String?
     public var command: [String]
+    /// Seconds between SIGTERM and SIGKILL after a remote cancel.
+    public var killAfter: Double
 
-    public init(start: CLIStartOptions, progressRegex: String? = nil, command: [String]) {
+    public init(start: CLIStartOptions, progressRegex: String? = nil, command: [String], killAfter: Double = CLIRunCancel.defaultKillAfter) {
         self.start = start
         self.progressRegex = progressRegex
         self.command = command
+        self.killAfter = killAfter
     }
 }
 
@@ -119,6 +126,10 @@ public enum CLICommand: Equatable, Sendable {
     case end(CLIEndOptions)
     case watch(CLIWatchOptions)
     case run(CLIRunOptions)
+    case cancel(CLICancelOptions)
+    /// `touch --id ID`.
+    case touch(String)
+    case verifyWebhook(CLIVerifyWebhookOptions)
 
     public var name: String {
         switch self {
@@ -127,6 +138,9 @@ public enum CLICommand: Equatable, Sendable {
         case .end: return "end"
         case .watch: return "watch"
         case .run: return "run"
+        case .cancel: return "cancel"
+        case .touch: return "touch"
+        case .verifyWebhook: return "verify-webhook"
         }
     }
 }
@@ -139,7 +153,7 @@ public enum CLIInvocation: Equatable, Sendable {
 }
 
 public enum CLIArguments {
-    public static let commands = ["start", "progress", "end", "watch", "run"]
+    public static let commands = ["start", "progress", "end", "watch", "run", "cancel", "touch", "verify-webhook"]
 
     /// Flag name (without `--`) -> whether it takes a value.
     public static let globalFlags: [String: Bool] = [
@@ -148,12 +162,15 @@ public enum CLIArguments {
 
     public static let commandFlags: [String: [String: Bool]] = [
         "start": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
-                  "status": true, "state": true, "percent": true, "progress": true],
+                  "status": true, "state": true, "percent": true, "progress": true, "stale-after": true],
         "progress": ["id": true, "percent": true, "progress": true, "status": true, "state": true],
         "end": ["id": true, "state": true, "status": true, "error": true, "percent": true, "progress": true],
         "watch": ["id": true, "plain": false],
         "run": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
-                "status": true, "progress-regex": true],
+                "status": true, "progress-regex": true, "stale-after": true, "kill-after": true],
+        "cancel": ["id": true, "reason": true],
+        "touch": ["id": true],
+        "verify-webhook": ["secret": true, "signature": true, "body": true, "max-age": true],
     ]
 
     public static let startStates = ["queued", "processing"]
@@ -262,7 +279,8 @@ public enum CLIArguments {
             let opts = CLIStartOptions(
                 activityID: values["id"], name: try required("name"), symbol: values["symbol"],
                 machine: machine, cancelURL: values["cancel-url"], status: values["status"],
-                state: try state(startStates), progress: try progress(values, command: command))
+                state: try state(startStates), progress: try progress(values, command: command),
+                staleAfter: try staleAfter(values, command: command))
             return .command(global, .start(opts))
         case "progress":
             let opts = CLIUpdateOptions(
@@ -276,6 +294,23 @@ public enum CLIArguments {
             return .command(global, .end(opts))
         case "watch":
             return .command(global, .watch(CLIWatchOptions(activityID: try required("id"), plain: switches.contains("plain"))))
+        case "cancel":
+            return .command(global, .cancel(CLICancelOptions(activityID: try required("id"), reason: values["reason"])))
+        case "touch":
+            return .command(global, .touch(try required("id")))
+        case "verify-webhook":
+            guard let secret = values["secret"] ?? nonEmpty(environment("DISPATCH_WEBHOOK_SECRET")), !secret.isEmpty else {
+                throw CLIUsageError("--secret is required (or DISPATCH_WEBHOOK_SECRET)", command: command)
+            }
+            var maxAge = CLIVerifyWebhookOptions.defaultMaxAge
+            if let text = values["max-age"] {
+                guard let v = DurationText.seconds(text) else {
+                    throw CLIUsageError("--max-age must be a duration such as 300, 5m or 0 for no limit (got '\(text)')", command: command)
+                }
+                maxAge = v
+            }
+            return .command(global, .verifyWebhook(CLIVerifyWebhookOptions(
+                secret: secret, signature: try required("signature"), bodyPath: try required("body"), maxAge: maxAge)))
         default:  // "run", the only command left in `commands`
             guard !trailing.isEmpty else { throw CLIUsageError("run needs a command: dispatch run [options] -- CMD [ARGS...]", command: command) }
             if let pattern = values["progress-regex"] {
@@ -284,8 +319,17 @@ public enum CLIArguments {
             let name = values["name"] ?? defaultRunName(trailing)
             let start = CLIStartOptions(
                 activityID: values["id"], name: name, symbol: values["symbol"], machine: machine,
-                cancelURL: values["cancel-url"], status: values["status"], state: "processing", progress: nil)
-            return .command(global, .run(CLIRunOptions(start: start, progressRegex: values["progress-regex"], command: trailing)))
+                cancelURL: values["cancel-url"], status: values["status"], state: "processing", progress: nil,
+                staleAfter: try staleAfter(values, command: command) ?? CLIRunCancel.defaultStaleAfter)
+            var killAfter = CLIRunCancel.defaultKillAfter
+            if let text = values["kill-after"] {
+                guard let v = DurationText.seconds(text), v <= 86_400 else {
+                    throw CLIUsageError("--kill-after must be a duration up to a day, such as 10, 30s or 2m (got '\(text)')", command: command)
+                }
+                killAfter = v
+            }
+            return .command(global, .run(CLIRunOptions(start: start, progressRegex: values["progress-regex"], command: trailing,
+                                                       killAfter: killAfter)))
         }
     }
 
@@ -319,6 +363,15 @@ public enum CLIArguments {
             }
         }
         return options
+    }
+
+    /// `--stale-after 10m`: whole seconds in the server's range (10 s to 7 days).
+    static func staleAfter(_ values: [String: String], command: String) throws(CLIUsageError) -> Int? {
+        guard let text = values["stale-after"] else { return nil }
+        guard let v = DurationText.wholeSeconds(text), Validation.staleAfterRange.contains(v) else {
+            throw CLIUsageError("--stale-after must be whole seconds from 10 s to 7 days, such as 90, 10m or 2h (got '\(text)')", command: command)
+        }
+        return v
     }
 
     /// `--percent 0..100` or `--progress 0..1`, converted to the API's 0...1; both at once is an error.

@@ -10,6 +10,9 @@ public enum CLIHelp {
         case "end": return end
         case "watch": return watch
         case "run": return run
+        case "cancel": return cancel
+        case "touch": return touch
+        case "verify-webhook": return verifyWebhook
         default: return overview
         }
     }
@@ -36,7 +39,9 @@ public enum CLIHelp {
       5  conflict (409): the activity already ended, or a state change it does not allow
       6  server unreachable, or 5xx/429 until --retry-for ran out
       7  input rejected by the server (400/413/415)
-      run: the command's own exit code (128+N when it died of signal N)
+      run: the command's own exit code (128+N when it died of signal N); after a remote
+           cancel 143 (SIGTERM stopped it) or 137 (it needed SIGKILL)
+      verify-webhook: 0 the signature is valid, 1 it is not
     """
 
     public static let overview = """
@@ -48,6 +53,10 @@ public enum CLIHelp {
       dispatch end      --id ID [--state S] [...]       finish an activity
       dispatch watch    --id ID                         follow an activity live until it ends
       dispatch run      [options] -- CMD [ARGS...]      run a command as an activity
+      dispatch cancel   --id ID [--reason TEXT]         ask the activity's publisher to stop the job
+      dispatch touch    --id ID                         "still alive": renew the stale deadline
+      dispatch verify-webhook --signature H --body FILE [--secret S]
+                                                        check a cancel webhook's signature
       dispatch help COMMAND | dispatch COMMAND --help   details of one command
 
     Example:
@@ -79,6 +88,8 @@ public enum CLIHelp {
       --state STATE        queued (default) or processing
       --percent P          initial progress, 0-100
       --progress F         initial progress, 0-1 (instead of --percent)
+      --stale-after DUR    end it as stale (error) when no update or touch comes for this long:
+                           10s to 7d, e.g. 90, 10m, 2h  [default: the server's, usually 1d]
 
     \(globalOptions)
 
@@ -154,6 +165,12 @@ public enum CLIHelp {
     If the activity cannot be started (server down, bad key), a warning is printed and CMD
     still runs: the work matters more than its tracking.
 
+    While CMD runs, run follows the activity's status stream: when someone cancels it (dispatch
+    cancel, the dashboard, the phone), CMD's process group gets SIGTERM, then SIGKILL if it is
+    still running after --kill-after; the activity ends cancelled with the reason, and run
+    exits 143 (137 when SIGKILL was needed). It also touches the activity every third of
+    --stale-after, so the activity ends as stale (error) only if this machine stops answering.
+
     Options:
       --name NAME          task name (default: the command line)
       --id ID              choose the activity id
@@ -165,6 +182,64 @@ public enum CLIHelp {
                            expression with exactly one capture group holding a percentage,
                            e.g. '([0-9.]+)%'. The output still passes through unchanged;
                            progress is published at most about 4 times a second.
+      --stale-after DUR    end the activity as stale when run stops touching it for this long
+                           (its machine died): 10s to 7d  [default 10m]
+      --kill-after DUR     after a remote cancel, SIGKILL the command this long after SIGTERM
+                           [default 10s]
+
+    \(globalOptions)
+
+    \(exitCodes)
+    """
+
+    public static let cancel = """
+    dispatch cancel --id ID [--reason TEXT]
+
+    Asks for an activity to be cancelled: the server marks it cancelRequested, sends the event
+    cancel_requested to everyone watching, and calls its cancel URL (a signed webhook) if it has
+    one. The job itself stops when its publisher ends it: dispatch run does so by itself.
+    Asking again is fine (nothing changes); a finished activity exits 5. Needs a device or
+    admin key, or the publish key that started the activity.
+
+    Options:
+      --id ID              the activity (required)
+      --reason TEXT        why (one line, up to 200 characters); shown to watchers and to run
+
+    \(globalOptions)
+
+    \(exitCodes)
+    """
+
+    public static let touch = """
+    dispatch touch --id ID
+
+    Tells the server the activity's publisher is alive although it has nothing new to say:
+    renews its stale deadline (see start --stale-after). No event, nothing pushed. A finished
+    activity exits 5. Needs the publish key that started it (or an admin key).
+
+    Options:
+      --id ID              the activity (required)
+
+    \(globalOptions)
+
+    \(exitCodes)
+    """
+
+    public static let verifyWebhook = """
+    dispatch verify-webhook --signature HEADER --body FILE [--secret SECRET] [--max-age DUR]
+
+    Checks a cancel webhook the way docs/webhooks.md describes: HEADER is the request's
+    Dispatch-Signature value (t=<unix seconds>,v1=<hex>), FILE holds the request body exactly
+    as received (- for stdin). Valid when one v1 equals the HMAC-SHA256 of "<t>.<body>" under
+    the secret (compared in constant time) and t is within --max-age of now. Exits 0 when
+    valid, 1 when not (the reason on stderr). Talks to no server.
+
+    Options:
+      --signature HEADER   the Dispatch-Signature header's value (required)
+      --body FILE          the raw request body, or - for stdin (required)
+      --secret SECRET      the deployment's webhook secret  [env DISPATCH_WEBHOOK_SECRET]
+                           (the environment keeps it out of ps listings)
+      --max-age DUR        how far t may be from now, either way; 0: no limit  [default 5m]
 
     \(globalOptions)
 

@@ -13,6 +13,8 @@ public struct CLIActivityView: Equatable, Sendable {
     public var status: String?
     public var seq: Int?
     public var cancelRequested: Bool
+    /// Why, when the request gave a reason.
+    public var cancelReason: String?
     public var error: String?
     /// Seconds since the Unix epoch.
     public var createdAt: Double?
@@ -46,6 +48,7 @@ public struct CLIActivityView: Equatable, Sendable {
         status = string("status")
         if case .number(let s)? = json["seq"], s.isFinite, s >= 0, s < 1e15 { seq = Int(s) } else { seq = nil }
         if case .bool(let c)? = json["cancelRequested"] { cancelRequested = c } else { cancelRequested = false }
+        cancelReason = string("cancelReason")
         error = string("error")
         createdAt = string("createdAt").flatMap(CLIProgress.parseTimestamp)
         endedAt = string("endedAt").flatMap(CLIProgress.parseTimestamp)

@@ -16,6 +16,7 @@ public enum CLIRequestBody {
         if let v = o.progress { w.field("initialProgress", v) }
         if let v = o.status { w.field("status", v) }
         if let v = o.state { w.field("state", v) }
+        if let v = o.staleAfter { w.field("staleAfter", Int64(v)) }
         w.endObject()
         return w.bytes
     }

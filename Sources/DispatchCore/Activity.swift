@@ -28,6 +28,8 @@ public struct Activity: Equatable, Sendable {
     public var attempt: Int64
     public var seq: Int64
     public var cancelRequested: Bool
+    /// The reason given with the cancel request, if any (in the JSON once a cancel was requested).
+    public var cancelReason: String?
     /// The start asked for a Live Activity on registered iPhones (push-to-start).
     public var liveActivity: Bool
     public var createdAt: Int64
@@ -38,7 +40,7 @@ public struct Activity: Equatable, Sendable {
     public init(activityId: String, taskName: String, systemImage: String? = nil, machine: String? = nil,
                 cancelURL: String? = nil, state: ActivityState, progress: Double? = nil, status: String? = nil,
                 attempt: Int64 = 1, seq: Int64 = 1, cancelRequested: Bool = false, liveActivity: Bool = false, createdAt: Int64,
-                updatedAt: Int64, endedAt: Int64? = nil, error: String? = nil) {
+                updatedAt: Int64, endedAt: Int64? = nil, error: String? = nil, cancelReason: String? = nil) {
         self.activityId = activityId
         self.taskName = taskName
         self.systemImage = systemImage
@@ -55,6 +57,7 @@ public struct Activity: Equatable, Sendable {
         self.updatedAt = updatedAt
         self.endedAt = endedAt
         self.error = error
+        self.cancelReason = cancelReason
     }
 
     /// The snapshot as one line of JSON, fields in the contract's order.
@@ -72,6 +75,9 @@ public struct Activity: Equatable, Sendable {
         w.field("attempt", attempt)
         w.field("seq", seq)
         w.field("cancelRequested", cancelRequested)
+        // Only after a cancel request, so every other snapshot keeps the contract's exact shape:
+        // the publisher (`dispatch run`) and people watching learn why from the stream itself.
+        if cancelRequested { w.field("cancelReason", cancelReason) }
         w.field("liveActivity", liveActivity)
         w.field("createdAt", Timestamp.format(milliseconds: createdAt))
         w.field("updatedAt", Timestamp.format(milliseconds: updatedAt))
@@ -114,10 +120,12 @@ public struct Activity: Equatable, Sendable {
         case .some(.string(let s)): error = s
         default: error = nil
         }
+        var reason: String?
+        if case .string(let r)? = value["cancelReason"] { reason = r }
         return Activity(activityId: id, taskName: name, systemImage: image, machine: machine, cancelURL: url,
                         state: state, progress: progress, status: status, attempt: attempt, seq: seq,
                         cancelRequested: cancel, liveActivity: live, createdAt: createdAt, updatedAt: updatedAt, endedAt: endedAt,
-                        error: error)
+                        error: error, cancelReason: reason)
     }
 }
 

@@ -179,13 +179,14 @@ public enum ActivityMachine {
     }
 
     /// A remote cancel request: only the publisher ends the job; this tells it (and watchers).
-    public static func cancel(current: Activity, now: Int64) -> Result<CancelOutcome, DispatchError> {
+    public static func cancel(current: Activity, reason: String? = nil, now: Int64) -> Result<CancelOutcome, DispatchError> {
         if current.state.isTerminal {
             return .failure(DispatchError(.alreadyFinished, "activity \(current.activityId) has already finished", snapshot: current))
         }
         if current.cancelRequested { return .success(.alreadyRequested(current)) }
         var next = current
         next.cancelRequested = true
+        next.cancelReason = reason
         next.seq = current.seq + 1
         next.updatedAt = max(now, current.updatedAt)
         return .success(.requested(ActivityEvent(name: ActivityEvent.cancelRequested, snapshot: next)))

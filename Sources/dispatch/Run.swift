@@ -9,6 +9,8 @@ import DispatchCLIKit
 /// in the handler: store the signal number, forward it with kill().
 enum RunSignals {
     nonisolated(unsafe) static var child: pid_t = 0
+    /// The child leads its own process group (see RunChild): signals go to the whole group.
+    nonisolated(unsafe) static var ownGroup = false
     nonisolated(unsafe) static var received: Int32 = 0
     static let forwarded: [Int32] = [SIGINT, SIGTERM, SIGHUP]
 
@@ -18,9 +20,10 @@ enum RunSignals {
             RunSignals.received = sig
             let pid = RunSignals.child
             // A terminal's Ctrl-C (si_code SI_KERNEL) already went to the whole foreground
-            // process group, child included; forwarding it again would deliver it twice.
+            // process group, child included; forwarding it again would deliver it twice. A child
+            // in a group of its own got nothing: it gets everything, and so do its children.
             let code = info.map { $0.pointee.si_code } ?? 0
-            if pid > 0, code != 0x80 /* SI_KERNEL */ { kill(pid, sig) }
+            if pid > 0, RunSignals.ownGroup { kill(-pid, sig) } else if pid > 0, code != 0x80 /* SI_KERNEL */ { kill(pid, sig) }
         }
         sigemptyset(&action.sa_mask)
         action.sa_flags = SA_SIGINFO | SA_RESTART
@@ -92,15 +95,28 @@ struct RunCommand {
             return exitLikeSignal(sig)
         }
 
-        // 2. Run the command.
+        // 2. Run the command, following the activity's stream for a cancel request and keeping
+        //    it fresh (touch) while the command lives.
         let publisher = activityID.flatMap { id in extractor.map { _ in ProgressPublisher(client: client, activityID: id) } }
-        let outcome = ChildProcess.run(options.command, capture: extractor != nil) { line in
+        let child = RunChild()
+        let watcher = activityID.map { id in
+            RunWatcher(client: client, activityID: id, child: child, killAfter: options.killAfter, staleAfter: options.start.staleAfter)
+        }
+        watcher?.start()
+        let outcome = ChildProcess.run(options.command, capture: extractor != nil, child: child) { line in
             if let p = extractor?.progress(in: line) { publisher?.offer(p) }
         }
         RunSignals.restoreDefaults()  // a second Ctrl-C while the end is published stops us at once
         publisher?.stop()
 
-        // 3. End with the command's outcome.
+        // 3a. Cancelled remotely: the command was sent SIGTERM (and SIGKILL after the grace).
+        if let cancel = watcher?.stop(), cancel.cancelledTheCommand {
+            if let t = cancel.terminatedAt { child.killLeftovers(deadline: t + cancel.killAfter) }
+            finish(activityID, cancel.end)
+            return cancel.exitCode
+        }
+
+        // 3b. End with the command's outcome.
         let sig = RunSignals.received
         var end = CLIEndOptions(activityID: "")
         switch outcome {
@@ -173,7 +189,7 @@ enum ChildProcess {
         case spawnFailed(Int32, Int32)
     }
 
-    static func run(_ command: [String], capture: Bool, onLine: (String) -> Void) -> Outcome {
+    static func run(_ command: [String], capture: Bool, child: RunChild? = nil, onLine: (String) -> Void) -> Outcome {
         var outPipe: [Int32] = [-1, -1]
         var errPipe: [Int32] = [-1, -1]
         if capture {
@@ -187,6 +203,8 @@ enum ChildProcess {
         var environment = Subprocess.currentEnvironment()
         environment["DISPATCH_TOKEN"] = nil
         var spawnOptions = Subprocess.Options(environment: environment)
+        let ownGroup = RunChild.shouldLeadGroup()
+        spawnOptions.newProcessGroup = ownGroup
         spawnOptions.clearSignalMask = true
         spawnOptions.defaultSignals = RunSignals.forwarded + [SIGPIPE, SIGQUIT]
         if capture {
@@ -199,7 +217,11 @@ enum ChildProcess {
         var oldMask = sigset_t()
         RunSignals.block(SIG_BLOCK, old: &oldMask)
         let spawned = Subprocess.spawn(command, spawnOptions)
-        if case .success(let pid) = spawned { RunSignals.child = pid }
+        if case .success(let pid) = spawned {
+            RunSignals.ownGroup = ownGroup
+            RunSignals.child = pid
+            child?.started(pid, ownGroup: ownGroup)
+        }
         sigprocmask(SIG_SETMASK, &oldMask, nil)
 
         if capture {
@@ -224,6 +246,7 @@ enum ChildProcess {
             if waitpid(pid, &status, 0) == pid { reaped = true } else if errno != EINTR { break }
         }
         RunSignals.child = 0
+        child?.ended()
         // WIFEXITED / WTERMSIG are macros that Swift does not import.
         let termSignal = status & 0x7F
         if termSignal == 0 { return .exited((status >> 8) & 0xFF) }

@@ -45,6 +45,9 @@ case .command(var global, let command):
     case .end(let o): code = PublishCommands.end(o, client: client).rawValue
     case .watch(let o): code = WatchCommand(options: o, client: client).run()
     case .run(let o): code = RunCommand(options: o, client: client).run()
+    case .cancel(let o): code = CancelCommands.cancel(o, client: client).rawValue
+    case .touch(let id): code = CancelCommands.touch(id, client: client).rawValue
+    case .verifyWebhook(let o): code = CancelCommands.verifyWebhook(o)
     }
     exit(code)
 }

@@ -62,6 +62,8 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_MAX_PENDING_PER_CLIENT", "--max-pending-per-client", "4", { $0.maxPendingPerClient == 4 }),
             ("DISPATCH_CORS_ORIGINS", "--cors-origins", "https://ops.example, http://localhost:3000",
              { $0.cors == CORSPolicy(origins: ["https://ops.example", "http://localhost:3000"], anyOrigin: false) }),
+            ("DISPATCH_WEBHOOK_SECRET", "--webhook-secret", key, { $0.webhookSecret == key }),
+            ("DISPATCH_WEBHOOK_ALLOW_PRIVATE", "--webhook-allow-private", "1", { $0.webhookAllowPrivate }),
         ]
         XCTAssertEqual(table.count, ServerConfig.settings.count)
         for (env, flag, value, check) in table {
@@ -117,6 +119,8 @@ final class ConfigTests: XCTestCase {
             (["DISPATCH_DATA_DIR": ""], []),
             (["DISPATCH_CORS_ORIGINS": "ops.example"], []), (["DISPATCH_CORS_ORIGINS": "https://ops.example/app"], []),
             (["DISPATCH_CORS_ORIGINS": "*,https://ops.example"], []), (["DISPATCH_CORS_ORIGINS": "ftp://ops.example"], []),
+            (["DISPATCH_WEBHOOK_SECRET": "too-short"], []), (["DISPATCH_WEBHOOK_SECRET": "has a space in it, ok?"], []),
+            (["DISPATCH_WEBHOOK_ALLOW_PRIVATE": "maybe"], []),
             ([:], ["--bogus"]), ([:], ["--workers"]), ([:], ["serve"]), ([:], ["--workers", "0"]),
             ([:], ["-workers", "2"]), ([:], ["--heartbeat=abc"]),
         ]

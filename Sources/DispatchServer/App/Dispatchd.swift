@@ -6,10 +6,10 @@ import DispatchSystem
 import Glibc
 
 /// The `dispatchd` command: serve (as a supervisor of worker processes, or a single worker),
-/// `migrate`, and `keys`.
+/// `migrate`, `keys` and `webhooks`.
 public enum Dispatchd {
     /// Commands that work on an existing database and must never create one.
-    static let adminCommands: Set<String> = ["keys"]
+    static let adminCommands: Set<String> = ["keys", "webhooks"]
 
     public static func main(_ arguments: [String]) -> Int32 {
         var args = arguments
@@ -27,8 +27,8 @@ public enum Dispatchd {
             args.removeFirst()
         }
         var keyArgs: [String] = []
-        if command == "keys" {
-            // keys' own options come first; the rest are server settings (--database-url, ...).
+        if command == "keys" || command == "webhooks" {
+            // their own options come first; the rest are server settings (--database-url, ...).
             keyArgs = args
             args = []
             var i = 0
@@ -62,7 +62,7 @@ public enum Dispatchd {
         }
         switch command {
         case "check": return ReadyCheck.run(config)
-        case "serve", "migrate", "keys": break
+        case "serve", "migrate", "keys", "webhooks": break
         default:
             printError("dispatchd: unknown command \(command) (see --help)")
             return 2
@@ -107,6 +107,8 @@ public enum Dispatchd {
             return 0
         case "keys":
             return KeysCommand.run(keyArgs, conninfo: conninfo)
+        case "webhooks":
+            return WebhooksCommand.run(keyArgs, conninfo: conninfo)
         default:
             break
         }
@@ -114,6 +116,14 @@ public enum Dispatchd {
             try ensureKeys(config: config, conninfo: conninfo, embedded: embedded, log: log)
         } catch {
             log.error("keys.bootstrap_failed", [("error", "\(error)")])
+            return 1
+        }
+        do {
+            if try WebhookSecret.ensure(config) != nil, config.webhookSecret == nil {
+                log.info("webhooks.secret", [("secret_file", WebhookSecret.path(config))])
+            }
+        } catch {
+            log.error("webhooks.secret_failed", [("error", "\(error)")])
             return 1
         }
         // Only this server's workers may share its addresses: reserve them before any worker

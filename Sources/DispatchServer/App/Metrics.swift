@@ -15,6 +15,12 @@ public final class Metrics {
     public var dbReconnects = 0
     public var publishBatches = 0
     public var casRetries = 0
+    /// Activities this worker ended as stale (contract §5.4).
+    public var staleEnded = 0
+    /// Webhook attempts by result: delivered, retried, failed, refused (SSRF check).
+    public var webhookDeliveries: [String: Int] = [:]
+    /// Pending rows in the webhook outbox, as last counted by this worker's sender (-1: not counted here).
+    public var webhookOutboxPending = -1
     /// Read at render time: connections cut by the request deadline or the per-address cap.
     public var connectionsCut: () -> Int = { 0 }
     // The feed (contract §8).
@@ -69,6 +75,13 @@ public final class Metrics {
         line("dispatch_feed_resets_total", "counter", "Feeds answered event: reset (Last-Event-ID too old or not issued).", [(w, "\(feedResets)")])
         line("dispatch_feed_closes_total", "counter", "Feeds ended, by reason.",
              StreamCloseReason.allCases.map { ("\(w),reason=\"\($0.rawValue)\"", "\(feedCloses[$0] ?? 0)") })
+        line("dispatch_stale_ended_total", "counter", "Activities ended as stale (no update within staleAfter).", [(w, "\(staleEnded)")])
+        line("dispatch_webhook_deliveries_total", "counter", "Cancel webhook attempts, by result.",
+             ["delivered", "retried", "failed", "refused"].map { ("\(w),result=\"\($0)\"", "\(webhookDeliveries[$0] ?? 0)") })
+        if webhookOutboxPending >= 0 {
+            line("dispatch_webhook_outbox_pending", "gauge", "Webhook deliveries waiting (the whole outbox: take the max over workers).",
+                 [(w, "\(webhookOutboxPending)")])
+        }
         line("dispatch_db_up", "gauge", "1 when the database connections are up.", [(w, dbConnected ? "1" : "0")])
         line("dispatch_db_reconnects_total", "counter", "Database connections lost.", [(w, "\(dbReconnects)")])
         line("dispatch_connections_cut_total", "counter", "Client connections cut: whole-request deadline or per-address cap.",

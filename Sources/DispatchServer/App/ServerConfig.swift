@@ -35,6 +35,11 @@ public struct ServerConfig: Equatable, Sendable {
     public var staleAfterSeconds = 86_400
     /// Browsers on these origins may read `/v1` answers (contract §9); default none.
     public var cors = CORSPolicy.none
+    /// Signs cancel webhooks; nil: generated under the data dir for the embedded database,
+    /// none with DATABASE_URL (webhooks then wait in the outbox). See docs/webhooks.md.
+    public var webhookSecret: String?
+    /// Let cancelURLs reach loopback, private and link-local addresses (tests, trusted networks).
+    public var webhookAllowPrivate = false
 
     public struct Setting: Sendable {
         public let env: String
@@ -59,6 +64,8 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_SHUTDOWN_TIMEOUT", flag: "--shutdown-timeout", help: "seconds a graceful stop may take before what is left is cut (default 10)"),
         Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
         Setting(env: "DISPATCH_CORS_ORIGINS", flag: "--cors-origins", help: "origins whose browser pages may call /v1, comma-separated (https://ops.example), or * for any (default none)"),
+        Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait)"),
+        Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
     ]
 
@@ -139,6 +146,19 @@ public struct ServerConfig: Equatable, Sendable {
             }
             c.staleAfterSeconds = n
         }
+        if let v = values["DISPATCH_WEBHOOK_SECRET"], !v.isEmpty {
+            guard (16...512).contains(v.utf8.count), v.utf8.allSatisfy({ (0x21...0x7E).contains($0) }) else {
+                throw ConfigError("DISPATCH_WEBHOOK_SECRET must be 16-512 printable characters without spaces")
+            }
+            c.webhookSecret = v
+        }
+        if let v = values["DISPATCH_WEBHOOK_ALLOW_PRIVATE"] {
+            switch v.lowercased() {
+            case "1", "true", "yes": c.webhookAllowPrivate = true
+            case "0", "false", "no", "": c.webhookAllowPrivate = false
+            default: throw ConfigError("DISPATCH_WEBHOOK_ALLOW_PRIVATE must be 1 or 0, not \(v)")
+            }
+        }
         if let v = values["DISPATCH_MAX_STREAMS_PER_KEY"] {
             guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_STREAMS_PER_KEY must be a positive integer") }
             c.maxStreamsPerKey = n
@@ -180,6 +200,8 @@ public struct ServerConfig: Equatable, Sendable {
           dispatchd keys create --name NAME --scope SCOPE[,SCOPE] [--machine M]
           dispatchd keys list
           dispatchd keys revoke NAME
+          dispatchd webhooks status [--state pending|delivered|failed] [--limit N]
+          dispatchd webhooks retry DELIVERY_ID
 
         Every option is also an environment variable:
 

@@ -19,6 +19,9 @@ public final class Worker {
     let auth: Auth
     let api: API
     let metrics: Metrics
+    /// Worker 0 of each server: the cancel webhook sender and the stale sweeper.
+    private var webhooks: WebhookService?
+    private var staleSweeper: StaleSweeper?
     private var timers: [Timer] = []
     private var shuttingDown = false
     private var listenEstablished = false
@@ -62,6 +65,7 @@ public final class Worker {
         }
         api.onKeyRevoked = { [unowned self] id in self.keyRevoked(id) }
         publisher.onCommitted = { [unowned self] event, json, _ in
+            if event.name == ActivityEvent.cancelRequested { self.webhooks?.kick() }
             self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name,
                                    json: String(decoding: json, as: UTF8.self))
         }
@@ -76,6 +80,7 @@ public final class Worker {
             // One worker prunes; concurrent servers doing the same is harmless.
             let retention = config.retentionDays * 86_400
             timers.append(loop.timer(after: min(600, retention / 4), repeating: true) { [unowned self] in self.prune() })
+            startCancelAndStale()
         }
         if let supervisor {
             timers.append(loop.timer(after: 1, repeating: true) { [unowned self] in
@@ -135,6 +140,7 @@ public final class Worker {
             guard let notice = ChangeNotice(payload: payload) else {
                 return self.log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
             }
+            if notice.event == ActivityEvent.cancelRequested { self.webhooks?.kick() }
             self.streams.notified(notice)
             self.feeds.notified(notice)
         }
@@ -187,6 +193,8 @@ public final class Worker {
         streams.shutdown(alongside: feedCount)
         feeds.shutdown(alongside: streamCount)
         auth.flushUsed()
+        staleSweeper?.stop()
+        webhooks?.stop()
         func finish() {
             db.close()
             listener.close()
@@ -199,6 +207,21 @@ public final class Worker {
             if late { self.log.warning("worker.shutdown_timeout", [("after_s", self.config.shutdownTimeoutSeconds)]) }
             finish()
         })
+    }
+
+    /// Contract §5.3-5.4: one sender and one sweeper per server process; both are safe with
+    /// any number of servers on one database.
+    private func startCancelAndStale() {
+        let sweeper = StaleSweeper(loop: loop, db: db, publisher: publisher, log: log, metrics: metrics, now: Clock.nowMilliseconds)
+        sweeper.start()
+        staleSweeper = sweeper
+        guard let secret = WebhookSecret.resolve(config) else {
+            return log.warning("webhooks.disabled", [("why", "no DISPATCH_WEBHOOK_SECRET"), ("effect", "cancel webhooks wait in the outbox")])
+        }
+        let sender = WebhookService(loop: loop, db: db, secret: secret, allowPrivateAddresses: config.webhookAllowPrivate,
+                                    retentionDays: config.retentionDays, log: log, metrics: metrics)
+        sender.start()
+        webhooks = sender
     }
 
     private func prune() {

@@ -1,13 +1,72 @@
 import DispatchCore
 import DispatchIO
+import DispatchSystem
 
 /// Remote cancel and keeping an activity fresh (contract §5.3, §5.4).
 extension API {
+    /// `POST /v1/activities/{id}/cancel`: a `device` or `admin` key may cancel any activity, a
+    /// `publish` key only one it started. The request goes through the publish path (one
+    /// `cancel_requested` event, its webhook queued in the same transaction); `202` whether it
+    /// was new or repeated (a repeat writes nothing), `409` once the activity has finished.
     func cancel(_ req: HTTPRequest, _ id: String) {
-        fail(req, DispatchError(.notFound, "remote cancel is not available yet"))
+        auth.authenticate(Auth.secret(from: req, allowQuery: false), needsAnyOf: [.device, .admin, .publish]) { [unowned self] result in
+            let key: APIKey
+            switch result {
+            case .success(let k): key = k
+            case .failure(let e): return self.fail(req, e)
+            }
+            if let e = self.auth.checkRate(key) { return self.fail(req, e) }
+            let body = req.body()
+            // The body is optional: a bare `curl -X POST .../cancel` asks without a reason.
+            if !body.isEmpty, let e = API.requireJSON(req) { return self.fail(req, e) }
+            let reason: String?
+            do throws(DispatchError) {
+                reason = try Validation.cancel(body)
+            } catch {
+                return self.fail(req, error)
+            }
+            let anyActivity = key.isAdmin || key.scopes.contains(.device)
+            let op = PublishOp(activityID: id, kind: .cancel(reason: reason), idempotencyKey: nil, ownerKeyID: key.id,
+                               authorize: { stored in
+                                   if anyActivity || stored.ownerKeyID == key.id { return nil }
+                                   return DispatchError(.forbidden, "this key did not start activity \(stored.activity.activityId)")
+                               },
+                               completion: { [unowned self] outcome in
+                                   switch outcome {
+                                   case .committed(let json, _): self.reply(req, 202, json)
+                                   case .ok(let a): self.reply(req, 202, a.json())
+                                   case .replay(let json): self.reply(req, 202, Array(json.utf8))
+                                   case .failed(let e): self.fail(req, e)
+                                   }
+                               })
+            self.publisher.submit(op)
+        }
     }
 
+    /// `POST /v1/activities/{id}/touch`: the owning publisher (or an admin) says "still alive".
+    /// Renews the stale deadline only: no event, no push, no history row. `204`; `404` unknown,
+    /// `403` not the owner, `409` finished.
     func touch(_ req: HTTPRequest, _ id: String) {
-        fail(req, DispatchError(.notFound, "touch is not available yet"))
+        authenticated(req, .publish) { [unowned self] key in
+            if let e = self.auth.checkRate(key) { return self.fail(req, e) }
+            self.db.read(StaleSQL.touch(id, now: Clock.nowMilliseconds(), ownerKeyID: key.isAdmin ? nil : key.id)) { [unowned self] result in
+                switch result {
+                case .failure(let e):
+                    self.fail(req, e)
+                case .success(let r):
+                    guard let row = r.first, let stored = StoredActivity(row: row) else {
+                        return self.fail(req, DispatchError(.notFound, "no activity \(id)"))
+                    }
+                    if row.int("touched") == 1 {
+                        self.metrics.httpRequests[204, default: 0] += 1
+                        return req.respond(status: 204, headers: [], body: [])
+                    }
+                    if stored.activity.state.isTerminal {
+                        return self.fail(req, DispatchError(.alreadyFinished, "activity \(id) has already finished", snapshot: stored.activity))
+                    }
+                    self.fail(req, DispatchError(.forbidden, "this key did not start activity \(id)"))
+                }
+            }
+        }
     }
 }

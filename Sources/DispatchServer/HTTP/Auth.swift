@@ -46,6 +46,11 @@ final class Auth {
     }
 
     func authenticate(_ secret: String?, needs scope: Scope, completion: @escaping (Result<APIKey, DispatchError>) -> Void) {
+        authenticate(secret, needsAnyOf: [scope], completion: completion)
+    }
+
+    /// Succeeds when the key allows at least one of `scopes` (remote cancel: device, admin or publish).
+    func authenticate(_ secret: String?, needsAnyOf scopes: [Scope], completion: @escaping (Result<APIKey, DispatchError>) -> Void) {
         guard let secret, !secret.isEmpty, secret.utf8.count <= 512 else {
             completion(.failure(DispatchError(.unauthorized, "an API key is required: Authorization: Bearer <key>")))
             return
@@ -54,8 +59,10 @@ final class Auth {
             guard let key else {
                 return completion(.failure(DispatchError(.unauthorized, "the API key is not valid")))
             }
-            guard key.allows(scope) else {
-                return completion(.failure(DispatchError(.forbidden, "this key lacks the \(scope.rawValue) scope")))
+            guard scopes.contains(where: key.allows) else {
+                let names = scopes.map(\.rawValue)
+                let wanted = names.count == 1 ? names[0] : names.dropLast().joined(separator: ", ") + " or " + names.last!
+                return completion(.failure(DispatchError(.forbidden, "this key lacks the \(wanted) scope")))
             }
             self?.used.insert(key.id)
             completion(.success(key))

@@ -10,6 +10,9 @@ struct StoredActivity {
     var endFingerprint: String?
     /// Seconds without a change before the server ends it as stale; 0: never.
     var staleAfter: Int
+    /// The stored stale deadline (ms since epoch), when read from the database; the stale
+    /// sweeper's claim fence (see StaleSweeper).
+    var staleAtMs: Int64?
 
     init(activity: Activity, lastEvent: String, ownerKeyID: Int64?, startFingerprint: String, endFingerprint: String?, staleAfter: Int) {
         self.activity = activity
@@ -43,12 +46,14 @@ struct StoredActivity {
         activity = Activity(activityId: id, taskName: name, systemImage: r["system_image"], machine: r["machine"],
                             cancelURL: r["cancel_url"], state: state, progress: r.double("progress"), status: r["status"],
                             attempt: attempt, seq: seq, cancelRequested: r.bool("cancel_requested") ?? false,
-                            liveActivity: r.bool("live_activity") ?? false, createdAt: created, updatedAt: updated, endedAt: r.int64("ended_ms"), error: r["error"])
+                            liveActivity: r.bool("live_activity") ?? false, createdAt: created, updatedAt: updated, endedAt: r.int64("ended_ms"), error: r["error"],
+                            cancelReason: r["cancel_reason"])
         self.lastEvent = lastEvent
         ownerKeyID = r.int64("owner_key_id")
         startFingerprint = startFP
         endFingerprint = r["end_fingerprint"]
         staleAfter = r.int("stale_after_s") ?? 0
+        staleAtMs = r.int64("stale_at_ms")
     }
 }
 
@@ -77,7 +82,7 @@ struct ActivityRepository {
     let db: Database
 
     /// The columns `StoredActivity(row:)` reads, from `activities a`.
-    static let columns = "a.activity_id, a.task_name, a.system_image, a.machine, a.cancel_url, a.state, a.progress, a.status, a.attempt, a.seq, a.cancel_requested, a.created_ms, a.updated_ms, a.ended_ms, a.error, a.last_event, a.owner_key_id, a.start_fingerprint, a.end_fingerprint, a.live_activity, a.stale_after_s"
+    static let columns = "a.activity_id, a.task_name, a.system_image, a.machine, a.cancel_url, a.state, a.progress, a.status, a.attempt, a.seq, a.cancel_requested, a.created_ms, a.updated_ms, a.ended_ms, a.error, a.last_event, a.owner_key_id, a.start_fingerprint, a.end_fingerprint, a.live_activity, a.stale_after_s, a.stale_at_ms, a.cancel_reason"
 
     func read(_ id: String, _ completion: @escaping (Result<StoredActivity?, DispatchError>) -> Void) {
         db.read(PGQuery("SELECT \(Self.columns) FROM activities a WHERE a.activity_id = $1", [id], name: "read_activity")) { result in
@@ -248,15 +253,18 @@ struct ActivityRepository {
     /// Applies a change if the row is still at `expectedSeq` (compare-and-set across processes)
     /// and this Idempotency-Key was not applied yet; no row comes back otherwise. A webhook
     /// given is queued in the same statement when the activity has a cancelURL.
+    ///
+    /// `staleFence`: apply only while `stale_at_ms` still holds this value (the stale sweeper's
+    /// claim: a touch or a change since then moved it, and the activity is fresh again).
     static func changeStatement(_ e: ActivityEvent, json: [UInt8], expectedSeq: Int64, endFingerprint: String?, staleAt: Int64?,
-                                cancelReason: String?, webhook: Webhook?, idempotencyKey: String?) -> PGQuery {
+                                cancelReason: String?, webhook: Webhook?, idempotencyKey: String?, staleFence: Int64? = nil) -> PGQuery {
         let a = e.snapshot
         return PGQuery("""
             WITH upd AS (
               UPDATE activities SET state = $3, progress = $4::float8, status = $5, attempt = $6::bigint, seq = $7::bigint,
                      last_event = $8, updated_ms = $9::bigint, ended_ms = $10::bigint, error = $11, end_fingerprint = $12,
                      cancel_requested = $15::boolean, cancel_reason = coalesce($16, cancel_reason), stale_at_ms = $17::bigint
-              WHERE activity_id = $1 AND seq = $2::bigint
+              WHERE activity_id = $1 AND seq = $2::bigint AND ($20::bigint IS NULL OR stale_at_ms = $20::bigint)
                 AND NOT EXISTS (SELECT 1 FROM activity_events WHERE activity_id = $1 AND idempotency_key = $13)
               RETURNING activity_id, cancel_url
             ), hook AS (
@@ -268,7 +276,7 @@ struct ActivityRepository {
             """, [a.activityId, String(expectedSeq), a.state.rawValue, a.progress.map { "\($0)" }, a.status, String(a.attempt),
                   String(a.seq), e.name, String(a.updatedAt), a.endedAt.map { String($0) }, a.error, endFingerprint,
                   idempotencyKey, String(decoding: json, as: UTF8.self), a.cancelRequested ? "true" : "false", cancelReason,
-                  staleAt.map { String($0) }, webhook?.deliveryID, webhook?.body],
+                  staleAt.map { String($0) }, webhook?.deliveryID, webhook?.body, staleFence.map { String($0) }],
             name: "publish_change")
     }
 

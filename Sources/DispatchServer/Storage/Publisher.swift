@@ -43,6 +43,9 @@ final class PublishOp {
     var previousState: ActivityState?
     var staleAt: Int64?
     var webhook: ActivityRepository.Webhook?
+    /// Set by the stale sweeper: planned against a fresh read, never the cache, and applied
+    /// only while the activity's stale deadline still holds this claim (see StaleSweeper).
+    var staleFence: Int64?
 
     init(activityID: String, kind: Kind, idempotencyKey: String?, ownerKeyID: Int64?,
          authorize: @escaping (StoredActivity) -> DispatchError?, completion: @escaping (Outcome) -> Void) {
@@ -163,7 +166,7 @@ final class Publisher {
             enqueueWrite(op)
             return
         }
-        if op.attempts == 0, let current = cache[op.activityID] {
+        if op.attempts == 0, op.staleFence == nil, let current = cache[op.activityID] {
             decide(op, current)
             return
         }
@@ -214,7 +217,7 @@ final class Publisher {
             case .failure(let e): return finish(op, .failed(e))
             }
         case .cancel(let reason):
-            switch ActivityMachine.cancel(current: current.activity, now: t) {
+            switch ActivityMachine.cancel(current: current.activity, reason: reason, now: t) {
             case .success(.alreadyRequested(let a)): return finish(op, .ok(a))
             case .success(.requested(let event)):
                 planned = event
@@ -246,7 +249,7 @@ final class Publisher {
         if case .cancel(let r) = op.kind { reason = r }
         return ActivityRepository.changeStatement(event, json: json, expectedSeq: op.expectedSeq, endFingerprint: op.endFingerprint,
                                                   staleAt: op.staleAt, cancelReason: reason, webhook: op.webhook,
-                                                  idempotencyKey: op.idempotencyKey)
+                                                  idempotencyKey: op.idempotencyKey, staleFence: op.staleFence)
     }
 
     /// Group commit: everything queued goes in one pipeline batch, which PostgreSQL runs as one

@@ -1,0 +1,160 @@
+/// One claimed row of the webhook outbox: what to send, and how to mark it afterwards.
+public struct WebhookDelivery: Equatable, Sendable {
+    public let rowID: Int64
+    /// Sent as `Dispatch-Delivery` on every attempt, so receivers can de-duplicate.
+    public let deliveryID: String
+    public let activityID: String
+    public let url: String
+    public let body: String
+    /// This attempt's number (counted when claimed). Also the claim's fence: a mark applies
+    /// only while the row's attempt count is still this one (nobody claimed it again since).
+    public let attempt: Int
+    /// Seconds from the claim until the outbox gives up on the row (24 h after it was queued).
+    public let secondsLeft: Double
+
+    public init(rowID: Int64, deliveryID: String, activityID: String, url: String, body: String, attempt: Int, secondsLeft: Double) {
+        self.rowID = rowID
+        self.deliveryID = deliveryID
+        self.activityID = activityID
+        self.url = url
+        self.body = body
+        self.attempt = attempt
+        self.secondsLeft = secondsLeft
+    }
+}
+
+/// How one attempt ended, as the sender needs to know it.
+public enum WebhookAnswer: Equatable, Sendable {
+    /// The receiver answered with this HTTP status (its body is not read beyond 4 KiB).
+    case status(Int)
+    /// No answer: could not connect, timed out, the connection dropped, TLS failed. Retried.
+    case transient(String)
+    /// The URL resolved to a loopback, private or link-local address: refused, never sent.
+    case refused(String)
+    /// The URL cannot be requested at all (never sent).
+    case invalid(String)
+}
+
+/// The webhook outbox's sender as a pure state machine (the `Hub` shape): each input returns
+/// the actions the shell performs (claim rows, send, mark), and the shell answers with the
+/// next input. At least once: a row is marked only after its attempt ended, and a row whose
+/// claim was lost (a crash) comes due again when its claim expires. Any 2xx is delivered;
+/// anything else is retried with `policy` (backoff with jitter) until the row's 24 hours are
+/// up, then failed; a refused address fails at once.
+public struct WebhookSender {
+    public enum FailReason: String, Equatable, Sendable {
+        /// Retried for as long as the outbox keeps a row.
+        case gaveUp = "failed"
+        /// The SSRF check refused the resolved address.
+        case refused
+        /// The URL cannot be requested.
+        case invalid = "invalid"
+    }
+
+    public enum Action: Equatable, Sendable {
+        /// Claim up to `limit` due rows (answer `claimed` or `claimFailed`).
+        case claim(limit: Int)
+        /// Sign now and POST (answer `answered`).
+        case send(WebhookDelivery)
+        case markDelivered(WebhookDelivery, status: String)
+        /// Due again in `after` seconds (answer `marked`).
+        case markRetry(WebhookDelivery, after: Double, status: String)
+        /// Never tried again (answer `marked`).
+        case markFailed(WebhookDelivery, status: String, reason: FailReason)
+        /// Claims given back unsent or unanswered (the sender stops): due again at once.
+        case release([WebhookDelivery])
+    }
+
+    public let policy: RetryPolicy
+    public let maxInFlight: Int
+    private var claiming = false
+    private var claimLimit = 0
+    private var stopped = false
+    /// Sent and waiting for an answer, with when the outbox gives up on each (monotonic seconds).
+    private var sending: [Int64: (delivery: WebhookDelivery, giveUpAt: Double)] = [:]
+    /// Answered and being marked.
+    private var marking: Set<Int64> = []
+    /// The last claim was full: more rows are probably due.
+    private var moreDue = false
+
+    public init(policy: RetryPolicy = RetryPolicy(initial: 2, maximum: 3600), maxInFlight: Int = 64) {
+        self.policy = policy
+        self.maxInFlight = maxInFlight
+    }
+
+    public var inFlight: Int { sending.count + marking.count }
+    public var isClaiming: Bool { claiming }
+
+    /// The poll timer, or a hint that a row may have been queued: claim if there is room.
+    public mutating func tick() -> [Action] {
+        guard !stopped, !claiming else { return [] }
+        let room = maxInFlight - inFlight
+        guard room > 0 else { return [] }
+        claiming = true
+        claimLimit = room
+        return [.claim(limit: room)]
+    }
+
+    /// The claim's rows (answering `.claim`); `now` in monotonic seconds.
+    public mutating func claimed(_ rows: [WebhookDelivery], now: Double) -> [Action] {
+        claiming = false
+        if stopped { return rows.isEmpty ? [] : [.release(rows)] }
+        moreDue = rows.count >= claimLimit
+        var actions: [Action] = []
+        for d in rows where sending[d.rowID] == nil && !marking.contains(d.rowID) {
+            sending[d.rowID] = (d, now + d.secondsLeft)
+            actions.append(.send(d))
+        }
+        return actions
+    }
+
+    public mutating func claimFailed() -> [Action] {
+        claiming = false
+        return []
+    }
+
+    /// The attempt for `rowID` ended. `random` in [0, 1) is the jitter.
+    public mutating func answered(_ rowID: Int64, _ answer: WebhookAnswer, now: Double, random: Double) -> [Action] {
+        guard let (d, giveUpAt) = sending.removeValue(forKey: rowID) else { return [] }
+        marking.insert(rowID)
+        return [WebhookSender.decide(d, answer, now: now, giveUpAt: giveUpAt, policy: policy, random: random)]
+    }
+
+    /// A mark (or its failure) came back; the row is out of our hands.
+    public mutating func marked(_ rowID: Int64) -> [Action] {
+        marking.remove(rowID)
+        // Rows are waiting and half the room is free again: claim now rather than at the next tick.
+        if moreDue && inFlight <= maxInFlight / 2 { return tick() }
+        return []
+    }
+
+    /// No more claims; rows sent and not answered are given back (their answers are ignored).
+    public mutating func stop() -> [Action] {
+        stopped = true
+        let unanswered = sending.values.map(\.delivery).sorted { $0.rowID < $1.rowID }
+        sending.removeAll()
+        return unanswered.isEmpty ? [] : [.release(unanswered)]
+    }
+
+    /// What one attempt's answer means for its row.
+    public static func decide(_ d: WebhookDelivery, _ answer: WebhookAnswer, now: Double, giveUpAt: Double,
+                              policy: RetryPolicy, random: Double) -> Action {
+        let status: String
+        switch answer {
+        case .status(let code) where (200...299).contains(code):
+            return .markDelivered(d, status: "HTTP \(code)")
+        case .status(let code):
+            status = "HTTP \(code)"
+        case .transient(let why):
+            status = why
+        case .refused(let why):
+            return .markFailed(d, status: "refused: " + why, reason: .refused)
+        case .invalid(let why):
+            return .markFailed(d, status: "invalid: " + why, reason: .invalid)
+        }
+        let left = giveUpAt - now
+        guard left > 0 else { return .markFailed(d, status: status, reason: .gaveUp) }
+        // The last retry lands on the deadline rather than past it.
+        return .markRetry(d, after: min(policy.delay(afterAttempt: d.attempt, random: random), left), status: status)
+    }
+}

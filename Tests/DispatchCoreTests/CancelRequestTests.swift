@@ -1,0 +1,60 @@
+import XCTest
+@testable import DispatchCore
+
+/// A remote cancel request against the activity state machine (contract §5.3).
+final class CancelRequestTests: XCTestCase {
+    static let t0: Int64 = 1_795_992_806_123
+
+    static func activity(_ state: ActivityState) -> Activity {
+        Activity(activityId: "job", taskName: "Job", state: state, progress: 0.5, status: "busy", attempt: 2, seq: 4,
+                 createdAt: t0, updatedAt: t0 + 10, endedAt: state.isTerminal ? t0 + 10 : nil)
+    }
+
+    func testEveryLiveStateGetsOneRequestEventWithTheStateUnchanged() throws {
+        for state in ActivityState.live {
+            guard case .success(.requested(let e)) = ActivityMachine.cancel(current: Self.activity(state), reason: "disk full", now: Self.t0 + 20) else {
+                return XCTFail("\(state)")
+            }
+            XCTAssertEqual(e.name, "cancel_requested")
+            XCTAssertEqual(e.seq, 5)
+            XCTAssertEqual(e.snapshot.state, state)
+            XCTAssertTrue(e.snapshot.cancelRequested)
+            XCTAssertEqual(e.snapshot.cancelReason, "disk full")
+            XCTAssertEqual(e.snapshot.progress, 0.5)
+            XCTAssertEqual(e.snapshot.status, "busy")
+            XCTAssertEqual(e.snapshot.attempt, 2)
+            XCTAssertEqual(e.snapshot.updatedAt, Self.t0 + 20)
+            XCTAssertEqual(e.pushPriority(previous: state), 10, "a person must see it")
+        }
+    }
+
+    func testARepeatWritesNothingAndAFinishedActivityRefuses() {
+        var asked = Self.activity(.processing)
+        asked.cancelRequested = true
+        asked.cancelReason = "first"
+        XCTAssertEqual(ActivityMachine.cancel(current: asked, reason: "second", now: Self.t0 + 30), .success(.alreadyRequested(asked)))
+        for state in ActivityState.terminal {
+            guard case .failure(let e) = ActivityMachine.cancel(current: Self.activity(state), now: Self.t0 + 30) else { return XCTFail("\(state)") }
+            XCTAssertEqual(e.code, .alreadyFinished)
+            XCTAssertEqual(e.snapshot?.state, state)
+        }
+    }
+
+    func testTheReasonIsInTheSnapshotOnlyOnceACancelWasRequested() throws {
+        let plain = Self.activity(.processing)
+        XCTAssertFalse(String(decoding: plain.json(), as: UTF8.self).contains("cancelReason"), "the contract's shape")
+        guard case .success(.requested(let e)) = ActivityMachine.cancel(current: plain, now: Self.t0 + 20),
+              case .success(.requested(let withReason)) = ActivityMachine.cancel(current: plain, reason: "stop \"it\"", now: Self.t0 + 20) else {
+            return XCTFail()
+        }
+        XCTAssertTrue(String(decoding: e.snapshot.json(), as: UTF8.self).contains(#""cancelRequested":true,"cancelReason":null,"#))
+        XCTAssertTrue(String(decoding: withReason.snapshot.json(), as: UTF8.self).contains(#""cancelReason":"stop \"it\"""#))
+        for a in [e.snapshot, withReason.snapshot] {
+            XCTAssertEqual(Activity.decode(try JSONParser.parse(a.json())), a)
+        }
+        // The reason stays through later changes, the publisher's end included.
+        guard case .success(.ended(let end)) = ActivityMachine.end(EndCommand(state: .cancelled), current: withReason.snapshot,
+                                                                   storedEndFingerprint: nil, now: Self.t0 + 40) else { return XCTFail() }
+        XCTAssertEqual(end.snapshot.cancelReason, "stop \"it\"")
+    }
+}
