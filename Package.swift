@@ -8,6 +8,7 @@ import PackageDescription
 //     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue
 //     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
 //     DispatchBenchKit  the load generator's parsers and histograms
+//     DispatchLiveActivity  the iOS app's ActivityAttributes for Live Activity pushes (no dependency)
 //   C, as system libraries only: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl
 //   Shells (thin layers that perform what the pure parts decide):
 //     DispatchSystem    clocks, files, processes (plain libc)
@@ -22,6 +23,7 @@ let package = Package(
         .executable(name: "dispatchd", targets: ["dispatchd"]),
         .executable(name: "dispatch", targets: ["DispatchCLI"]),
         .executable(name: "dispatch-bench", targets: ["dispatch-bench"]),
+        .library(name: "DispatchLiveActivity", targets: ["DispatchLiveActivity"]),
     ],
     targets: [
         // Pure.
@@ -29,6 +31,7 @@ let package = Package(
         .target(name: "PGCore"),
         .target(name: "DispatchCLIKit", dependencies: ["DispatchCore"]),
         .target(name: "DispatchBenchKit"),
+        .target(name: "DispatchLiveActivity"),
 
         // C.
         .systemLibrary(name: "CLibevent", path: "Sources/CLibevent"),
@@ -55,11 +58,13 @@ let package = Package(
         .testTarget(name: "PGCoreTests", dependencies: ["PGCore"]),
         .testTarget(name: "DispatchCLIKitTests", dependencies: ["DispatchCLIKit", "DispatchCore"]),
         .testTarget(name: "DispatchBenchKitTests", dependencies: ["DispatchBenchKit"]),
+        .testTarget(name: "DispatchLiveActivityTests", dependencies: ["DispatchLiveActivity", "DispatchCore"]),
         .testTarget(name: "DispatchCryptoTests", dependencies: ["DispatchCrypto"]),
         .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl"]),
         .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore"]),
         .testTarget(name: "ServerIntegrationTests",
-                    dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "dispatchd"]),
+                    dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchCrypto",
+                                   "DispatchLiveActivity", "dispatchd"]),
         .testTarget(name: "CLIIntegrationTests",
                     dependencies: ["DispatchTestSupport", "DispatchCLIKit", "DispatchCore", "DispatchSystem", "dispatchd", "DispatchCLI"]),
         .testTarget(name: "BenchSmokeTests",
