@@ -10,6 +10,8 @@ CREATE TABLE devices (
     token_hint          text NOT NULL,
     push_to_start_mac   bytea,
     push_to_start_sealed bytea,
+    push_to_start_hint  text,
+    -- When the push-to-start token was last registered: a 410 older than this does not retire it.
     push_to_start_at    timestamptz,
     key_id              bigint,
     created_at          timestamptz NOT NULL DEFAULT now(),
@@ -22,6 +24,8 @@ CREATE TABLE activity_tokens (
     activity_id    text NOT NULL,
     token_mac      bytea NOT NULL,
     token_sealed   bytea NOT NULL,
+    token_hint     text NOT NULL,
+    -- When the token was last registered: a 410 older than this does not retire it.
     registered_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (device_id, activity_id)
 );
@@ -52,5 +56,9 @@ CREATE TABLE push_outbox (
     sent_at         timestamptz,
     UNIQUE (activity_id, device_id, kind)
 );
+-- A claimed row's due_at is its lease's end, so the due scan skips rows being sent and finds
+-- them again by itself when a sender died holding them.
 CREATE INDEX push_outbox_due ON push_outbox (due_at) WHERE wanted_seq > sent_seq AND NOT failed;
+-- Forgetting a device deletes its rows (ON DELETE CASCADE): find them without a scan.
+CREATE INDEX push_outbox_device ON push_outbox (device_id);
 CREATE SEQUENCE push_leases AS bigint;

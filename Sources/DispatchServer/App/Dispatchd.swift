@@ -5,7 +5,7 @@ import DispatchSystem
 import Glibc
 
 /// The `dispatchd` command: serve (as a supervisor of worker processes, or a single worker),
-/// `migrate`, and `keys`.
+/// `migrate`, `keys`, and `push status`.
 public enum Dispatchd {
     public static func main(_ arguments: [String]) -> Int32 {
         var args = arguments
@@ -19,8 +19,8 @@ public enum Dispatchd {
             args.removeFirst()
         }
         var keyArgs: [String] = []
-        if command == "keys" {
-            // keys' own options come first; the rest are server settings (--database-url, ...).
+        if command == "keys" || command == "push" {
+            // The command's own options come first; the rest are server settings (--database-url, ...).
             keyArgs = args
             args = []
             var i = 0
@@ -35,9 +35,10 @@ public enum Dispatchd {
             }
         }
         let env = Subprocess.currentEnvironment()
-        let config: ServerConfig
+        var config: ServerConfig
         do {
             config = try ServerConfig.parse(environment: env, arguments: args, cores: Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+            if command == "serve", env["DISPATCH_WORKER_INDEX"] == nil { try PushSetup.check(config) }
         } catch {
             printError("dispatchd: \(error.message)")
             return 2
@@ -88,6 +89,7 @@ public enum Dispatchd {
             break
         }
         do {
+            try PushSetup.ensureTokenKey(&config, embedded: embedded, log: log)
             try ensureKeys(config: config, conninfo: conninfo, embedded: embedded, log: log)
         } catch {
             log.error("keys.bootstrap_failed", [("error", "\(error)")])

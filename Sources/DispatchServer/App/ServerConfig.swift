@@ -21,6 +21,12 @@ public struct ServerConfig: Equatable, Sendable {
     public var maxStreamsPerKey = 20_000
     /// `staleAfter` of starts that give none (seconds; 0: never).
     public var staleAfterSeconds = 86_400
+    /// Live Activity pushes (contract §5.2); nil: none. See Push/PushConfig.swift.
+    public var apns: APNsSettings?
+    /// Seals device tokens at rest; nil: the embedded default generates one, else no devices API.
+    public var tokenKey: [UInt8]?
+    public var pushDismissalSeconds = 14_400
+    public var pushLeaseSeconds = 60
 
     public struct Setting: Sendable {
         public let env: String
@@ -42,7 +48,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_PUBLISH_RATE", flag: "--publish-rate", help: "publishes per second per publish key and worker, 0 for no limit (default 200)"),
         Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
-    ]
+    ] + APNsSettings.settings
 
     public init(workers: Int) { self.workers = workers }
 
@@ -113,6 +119,7 @@ public struct ServerConfig: Equatable, Sendable {
             guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_STREAMS_PER_KEY must be a positive integer") }
             c.maxStreamsPerKey = n
         }
+        try APNsSettings.parsePush(values, into: &c)
         return c
     }
 

@@ -18,6 +18,9 @@ public final class Worker {
     let auth: Auth
     let api: API
     let metrics: Metrics
+    /// Seals device tokens; nil without a token key (no devices API then).
+    let vault: TokenVault?
+    private let conninfo: String
     private var timers: [Timer] = []
     private var shuttingDown = false
     private var listenEstablished = false
@@ -28,6 +31,7 @@ public final class Worker {
         self.config = config
         self.index = index
         self.log = log
+        self.conninfo = conninfo
         metrics = Metrics(worker: index)
         var limits = HTTPLimits()
         limits.streamWriteTimeoutSeconds = max(60, config.heartbeatSeconds * 4)
@@ -40,6 +44,8 @@ public final class Worker {
                                                 writeTimeout: limits.streamWriteTimeoutSeconds))
         auth = Auth(db: db, loop: loop, log: log, publishRate: config.publishRatePerSecond)
         api = API(config: config, log: log, metrics: metrics, db: db, publisher: publisher, streams: streams, auth: auth)
+        vault = config.tokenKey.map { TokenVault(key: $0) }
+        if let vault { api.devices = DevicesContext(vault: vault, pushes: config.apns != nil) }
     }
 
     /// Binds, connects, and runs the loop until SIGTERM/SIGINT.
@@ -130,6 +136,13 @@ public final class Worker {
         let cutoff = Clock.nowMilliseconds() - Int64(config.retentionDays * 86_400_000)
         publisher.activities.prune(endedBefore: cutoff) { [log] n in
             if n > 0 { log.info("retention.pruned", [("activities", n)]) }
+        }
+        if vault != nil {
+            db.read(DeviceRepository.retention(nowMs: Clock.nowMilliseconds())) { [log] result in
+                guard case .success(let r) = result, let row = r.first else { return }
+                let tokens = row.int("tokens") ?? 0, rows = row.int("rows") ?? 0
+                if tokens + rows > 0 { log.info("retention.push_pruned", [("activity_tokens", tokens), ("outbox_rows", rows)]) }
+            }
         }
     }
 

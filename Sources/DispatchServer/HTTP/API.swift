@@ -17,6 +17,8 @@ final class API {
     /// Readiness of the worker's sessions (the LISTEN session included).
     var isReady: () -> Bool = { false }
     var isShuttingDown = false
+    /// The devices API (§5.1); nil when the server has no token key.
+    var devices: DevicesContext?
     var rng = SystemRandomNumberGenerator()
 
     init(config: ServerConfig, log: Logger, metrics: Metrics, db: Database, publisher: Publisher, streams: StreamService, auth: Auth) {
