@@ -16,9 +16,13 @@ public struct PushJob: Equatable, Sendable {
     /// When the oldest change this push carries was committed (ms since the epoch).
     public var pendingSinceMs: Int64?
     public var claimedAtMs: Int64
+    /// The look-up MAC of the token pushed to (a retirement removes exactly that token).
+    public var tokenMac: [UInt8]
+    /// The token's last digits, for logs.
+    public var tokenHint: String
 
     public init(outboxID: Int64, leaseID: Int64, kind: PushKind, activityID: String, deviceID: Int64, seq: Int64,
-                timestamp: Int64, attempts: Int, pendingSinceMs: Int64?, claimedAtMs: Int64) {
+                timestamp: Int64, attempts: Int, pendingSinceMs: Int64?, claimedAtMs: Int64, tokenMac: [UInt8] = [], tokenHint: String = "") {
         self.outboxID = outboxID
         self.leaseID = leaseID
         self.kind = kind
@@ -29,6 +33,8 @@ public struct PushJob: Equatable, Sendable {
         self.attempts = attempts
         self.pendingSinceMs = pendingSinceMs
         self.claimedAtMs = claimedAtMs
+        self.tokenMac = tokenMac
+        self.tokenHint = tokenHint
     }
 }
 

@@ -20,6 +20,8 @@ public final class Worker {
     let metrics: Metrics
     /// Seals device tokens; nil without a token key (no devices API then).
     let vault: TokenVault?
+    /// The Live Activity push sender, when APNs is configured.
+    private(set) var push: PushService?
     private let conninfo: String
     private var timers: [Timer] = []
     private var shuttingDown = false
@@ -62,6 +64,7 @@ public final class Worker {
         }
         db.writer.onReady = { [unowned self] in self.publisher.writerReady() }
         wireListener()
+        try startPush()
         db.start()
         listener.start()
         if index == 0 {
@@ -124,7 +127,9 @@ public final class Worker {
         http.stopListening()
         streams.shutdown()
         auth.flushUsed()
+        push?.shutdown()
         loop.timer(after: 0.3) { [unowned self] in
+            self.push?.close()
             self.db.close()
             self.listener.close()
             self.loop.stop()
@@ -144,6 +149,19 @@ public final class Worker {
                 if tokens + rows > 0 { log.info("retention.push_pruned", [("activity_tokens", tokens), ("outbox_rows", rows)]) }
             }
         }
+    }
+
+    /// With APNs configured: the sender, and the publisher marking the outbox for it.
+    private func startPush() throws {
+        guard let apns = config.apns, let vault else { return }
+        let sender = PushService(loop: loop, conninfo: conninfo, settings: apns, signer: try apns.loadSigner(), vault: vault,
+                                 dismissalSeconds: config.pushDismissalSeconds, leaseSeconds: config.pushLeaseSeconds, log: log)
+        push = sender
+        metrics.push = sender.metrics
+        publisher.pushes = true
+        publisher.onPushesMarked = { [unowned sender] in sender.kick() }
+        api.devices?.kick = { [unowned sender] in sender.kick() }
+        sender.start()
     }
 
     var isReady: Bool { db.isReady && listener.isReady && listenEstablished }

@@ -250,7 +250,9 @@ struct ActivityRepository {
     /// APNs configured) marks the push outbox of every device with a token for each activity.
     /// It reads with a snapshot taken after the changes held their row locks, so a token
     /// registered concurrently is either seen here or registered after this commit (the
-    /// registration locks the activity row, and then marks its own push).
+    /// registration locks the activity row, and then marks its own push). Rows are upserted
+    /// in (activity, device) order, the order the push sender's marks lock them in, so the two
+    /// never deadlock; a row the sender paces (`due_at` ahead) keeps its `due_at`.
     static func finalizeStatement(_ applied: [Applied], pushes: Bool, now: Int64) -> PGQuery {
         func numbers(_ values: [Int64]) -> String {
             "{" + values.map(String.init).joined(separator: ",") + "}"
@@ -260,11 +262,12 @@ struct ActivityRepository {
               INSERT INTO push_outbox AS o (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
               SELECT p.activity_id, t.device_id, 'update', p.seq, p.priority, $5::bigint
               FROM placed p JOIN activity_tokens t ON t.activity_id = p.activity_id
+              ORDER BY p.activity_id, t.device_id
               ON CONFLICT (activity_id, device_id, kind) DO UPDATE SET
                 wanted_seq = GREATEST(o.wanted_seq, EXCLUDED.wanted_seq),
                 priority = CASE WHEN o.wanted_seq > o.sent_seq THEN GREATEST(o.priority, EXCLUDED.priority) ELSE EXCLUDED.priority END,
                 pending_since_ms = CASE WHEN o.wanted_seq > o.sent_seq THEN o.pending_since_ms ELSE EXCLUDED.pending_since_ms END,
-                due_at = CASE WHEN o.wanted_seq > o.sent_seq THEN o.due_at ELSE now() END,
+                due_at = CASE WHEN o.wanted_seq > o.sent_seq THEN o.due_at ELSE GREATEST(o.due_at, now()) END,
                 failed = false
               RETURNING 1
             ), starts AS (
@@ -273,6 +276,7 @@ struct ActivityRepository {
               FROM placed p JOIN activities a ON a.activity_id = p.activity_id AND a.live_activity
               CROSS JOIN devices d
               WHERE p.seq = 1 AND d.push_to_start_sealed IS NOT NULL
+              ORDER BY p.activity_id, d.id
               ON CONFLICT (activity_id, device_id, kind) DO NOTHING
               RETURNING 1
             )
