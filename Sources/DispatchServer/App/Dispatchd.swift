@@ -49,7 +49,7 @@ public enum Dispatchd {
             return runWorker(config: config, conninfo: conninfo, index: index, log: log, supervisor: getppid())
         }
         switch command {
-        case "serve", "migrate", "keys": break
+        case "serve", "migrate", "keys", "push": break
         default:
             printError("dispatchd: unknown command \(command) (see --help)")
             return 2
@@ -85,6 +85,8 @@ public enum Dispatchd {
             return 0
         case "keys":
             return KeysCommand.run(keyArgs, conninfo: conninfo)
+        case "push":
+            return PushCommand.run(keyArgs, conninfo: conninfo)
         default:
             break
         }
