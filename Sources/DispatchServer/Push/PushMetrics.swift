@@ -9,7 +9,8 @@ final class PushMetrics {
     var inFlight = 0
     /// Open connections to APNs, read when rendered.
     var connections: () -> Int = { 0 }
-    static let bounds: [Double] = [0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
+    static let bounds: [Double] = [0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
+                                   1, 2.5, 5, 10, 30, 60, 300]
     private var buckets = [Int](repeating: 0, count: bounds.count)
     private var latencySum = 0.0
     private var latencyCount = 0
