@@ -42,9 +42,12 @@ public struct CLIStartOptions: Equatable, Sendable {
     public var state: String?
     /// 0...1 (already converted from `--percent`).
     public var progress: Double?
+    /// Ask for a Live Activity on registered iPhones (push-to-start, contract §5.2).
+    public var liveActivity: Bool
 
     public init(activityID: String? = nil, name: String, symbol: String? = nil, machine: String? = nil,
-                cancelURL: String? = nil, status: String? = nil, state: String? = nil, progress: Double? = nil) {
+                cancelURL: String? = nil, status: String? = nil, state: String? = nil, progress: Double? = nil,
+                liveActivity: Bool = false) {
         self.activityID = activityID
         self.name = name
         self.symbol = symbol
@@ -53,6 +56,7 @@ public struct CLIStartOptions: Equatable, Sendable {
         self.status = status
         self.state = state
         self.progress = progress
+        self.liveActivity = liveActivity
     }
 }
 
@@ -144,12 +148,12 @@ public enum CLIArguments {
 
     public static let commandFlags: [String: [String: Bool]] = [
         "start": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
-                  "status": true, "state": true, "percent": true, "progress": true],
+                  "status": true, "state": true, "percent": true, "progress": true, "live-activity": false],
         "progress": ["id": true, "percent": true, "progress": true, "status": true, "state": true],
         "end": ["id": true, "state": true, "status": true, "error": true, "percent": true, "progress": true],
         "watch": ["id": true, "plain": false],
         "run": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
-                "status": true, "progress-regex": true],
+                "status": true, "progress-regex": true, "live-activity": false],
     ]
 
     public static let startStates = ["queued", "processing"]
@@ -258,7 +262,8 @@ public enum CLIArguments {
             let opts = CLIStartOptions(
                 activityID: values["id"], name: try required("name"), symbol: values["symbol"],
                 machine: machine, cancelURL: values["cancel-url"], status: values["status"],
-                state: try state(startStates), progress: try progress(values, command: command))
+                state: try state(startStates), progress: try progress(values, command: command),
+                liveActivity: switches.contains("live-activity"))
             return .command(global, .start(opts))
         case "progress":
             let opts = CLIUpdateOptions(
@@ -280,7 +285,8 @@ public enum CLIArguments {
             let name = values["name"] ?? defaultRunName(trailing)
             let start = CLIStartOptions(
                 activityID: values["id"], name: name, symbol: values["symbol"], machine: machine,
-                cancelURL: values["cancel-url"], status: values["status"], state: "processing", progress: nil)
+                cancelURL: values["cancel-url"], status: values["status"], state: "processing", progress: nil,
+                liveActivity: switches.contains("live-activity"))
             return .command(global, .run(CLIRunOptions(start: start, progressRegex: values["progress-regex"], command: trailing)))
         }
     }

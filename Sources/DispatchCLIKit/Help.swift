@@ -78,6 +78,7 @@ public enum CLIHelp {
       --state STATE        queued (default) or processing
       --percent P          initial progress, 0-100
       --progress F         initial progress, 0-1 (instead of --percent)
+      --live-activity      start a Live Activity on iPhones registered for push-to-start
 
     \(globalOptions)
 
@@ -160,6 +161,7 @@ public enum CLIHelp {
       --machine TAG        origin machine tag  [env DISPATCH_MACHINE]
       --cancel-url URL     cancel callback URL
       --status TEXT        status while running (default: "Running")
+      --live-activity      start a Live Activity on iPhones registered for push-to-start
       --progress-regex RE  read progress from CMD's output (stdout and stderr): a regular
                            expression with exactly one capture group holding a percentage,
                            e.g. '([0-9.]+)%'. The output still passes through unchanged;

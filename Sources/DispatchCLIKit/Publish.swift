@@ -16,6 +16,7 @@ public enum CLIRequestBody {
         if let v = o.progress { w.field("initialProgress", v) }
         if let v = o.status { w.field("status", v) }
         if let v = o.state { w.field("state", v) }
+        if o.liveActivity { w.field("liveActivity", true) }
         w.endObject()
         return w.bytes
     }
