@@ -34,10 +34,16 @@ CREATE INDEX activity_tokens_activity ON activity_tokens (activity_id);
 -- The push outbox: one row per (activity, device, kind) that wants the device to hold the
 -- activity's newest state. A change marks the rows of every device with a token for the
 -- activity (in the change's own transaction); a sender claims due rows (SKIP LOCKED, with a
--- lease), pushes the snapshot current at claim time, and records which seq it pushed. Changes
--- that arrive while a push waits are coalesced into it: the phone needs the newest state.
+-- lease), reads the snapshot current after its claim, pushes it, and records which seq it
+-- pushed. Changes that arrive while a push waits are coalesced into it: the phone needs the
+-- newest state.
+--
+-- Every push rewrites its row a few times, so the table is kept cheap to update: two indexes
+-- only (no surrogate id; forgetting a device, which is rare, scans), and a change to a row
+-- already waiting to be claimed writes nothing (see ActivityRepository.finalizeStatement).
+-- A claim moves due_at to its lease's end: the due scan then skips rows being sent without
+-- visiting them, and finds them again by itself if their sender dies.
 CREATE TABLE push_outbox (
-    id              bigserial PRIMARY KEY,
     activity_id     text NOT NULL,
     device_id       bigint NOT NULL REFERENCES devices (id) ON DELETE CASCADE,
     kind            text NOT NULL CHECK (kind IN ('start', 'update')),
@@ -48,17 +54,20 @@ CREATE TABLE push_outbox (
     pending_since_ms bigint,
     due_at          timestamptz NOT NULL DEFAULT now(),
     attempts        integer NOT NULL DEFAULT 0,
+    -- The claim that holds the row (from push_leases) and until when; every write of a
+    -- sender is fenced by it. A sender that died leaves it to run out.
     lease_id        bigint,
     lease_until     timestamptz,
     last_timestamp  bigint NOT NULL DEFAULT 0,
     last_status     text,
     failed          boolean NOT NULL DEFAULT false,
     sent_at         timestamptz,
-    UNIQUE (activity_id, device_id, kind)
+    PRIMARY KEY (activity_id, device_id, kind)
+) WITH (
+    -- A queue: rows are rewritten several times a second and few are live. Vacuum it as soon
+    -- as a few thousand versions are dead, without throttling, or scans wade through them.
+    autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000,
+    autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05
 );
--- A claimed row's due_at is its lease's end, so the due scan skips rows being sent and finds
--- them again by itself when a sender died holding them.
 CREATE INDEX push_outbox_due ON push_outbox (due_at) WHERE wanted_seq > sent_seq AND NOT failed;
--- Forgetting a device deletes its rows (ON DELETE CASCADE): find them without a scan.
-CREATE INDEX push_outbox_device ON push_outbox (device_id);
 CREATE SEQUENCE push_leases AS bigint;

@@ -28,6 +28,7 @@ enum PushBench {
         var tpSubscribers = 5000
         var tpPublishers = 64
         var tpSeconds = 5.0
+        var repeats = 3
         var dispatchd = ""
         var json: String?
         var mode = "push"
@@ -41,6 +42,7 @@ enum PushBench {
       --seconds S           length of the steady phase (default 10)
       --apns LIST           stand-ins, comma-separated: fake (the tests' fake APNs), nginx (default both)
       --no-throughput       skip stream throughput with pushes on vs off
+      --repeats N           throughput runs per mode, alternating order; medians (default 3)
       --throughput-apns K   stand-in for the "on" run (default nginx: it measures dispatchd, not the fake)
       --server-workers N    DISPATCH_WORKERS (default 2)
       --dispatchd PATH      dispatchd binary (default: next to dispatch-bench)
@@ -61,6 +63,7 @@ enum PushBench {
             case "--seconds": o.seconds = max(1, Double(value() ?? "") ?? o.seconds)
             case "--apns": o.standIns = (value() ?? "").split(separator: ",").map(String.init)
             case "--no-throughput": o.throughput = false
+            case "--repeats": o.repeats = max(1, Int(value() ?? "") ?? o.repeats)
             case "--throughput-apns": o.throughputStandIn = value() ?? o.throughputStandIn
             case "--server-workers": o.workers = max(1, Int(value() ?? "") ?? 2)
             case "--dispatchd": o.dispatchd = value() ?? o.dispatchd
@@ -68,7 +71,7 @@ enum PushBench {
             case "--smoke":
                 o.mode = "push-smoke"
                 o.activities = 20; o.devices = 2; o.rate = 40; o.seconds = 2
-                o.tpActivities = 20; o.tpSubscribers = 40; o.tpPublishers = 4; o.tpSeconds = 1.5
+                o.tpActivities = 20; o.tpSubscribers = 40; o.tpPublishers = 4; o.tpSeconds = 1.5; o.repeats = 1
             case "--help", "-h":
                 log(usage)
                 return 0
@@ -173,6 +176,14 @@ final class PushRun {
         let t = try Servers.startDispatch(binary: o.dispatchd, dir: sub, workers: o.workers,
                                           port: Servers.freePort(startingAt: 18580), env: env)
         targets.append(t)
+        // /readyz reached one worker; the others may still be connecting to PostgreSQL. Wait
+        // until every worker's metrics say its database sessions are up.
+        let deadline = Clock.monotonic() + 30_000_000_000
+        while Clock.monotonic() < deadline {
+            let m = Metrics.scrape(port: t.port, workers: o.workers)
+            if m.samples.count == o.workers && m.sum("dispatch_db_up") >= Double(o.workers) { break }
+            Control.sleep(0.1)
+        }
         return t
     }
 
@@ -229,7 +240,7 @@ final class PushRun {
         Control.sleep(1.5)
         standIn.clearRecords()
         let before = Metrics.scrape(port: t.port, workers: o.workers)
-        let cpuBefore = cpu(t, standIn)
+        let cpuBefore = cpu(t, standIn), machineBefore = PushRun.machineBusySeconds()
         let windowStart = Clock.monotonic()
         orchestrator.publisher.send { w in
             w.field("cmd", "publish")
@@ -249,7 +260,7 @@ final class PushRun {
         }
         let window = Double(Clock.monotonic() - windowStart) / 1e9
         let after = Metrics.scrape(port: t.port, workers: o.workers)
-        let cpuAfter = cpu(t, standIn)
+        let cpuAfter = cpu(t, standIn), machineAfter = PushRun.machineBusySeconds()
         let updates = Double(p.int("count") ?? 0)
         if (p.int("errors") ?? 0) > 0 { problems.append("\(scenario): \(p.int("errors") ?? 0) publish errors: \(p.string("error") ?? "")") }
         let delivered = after.sum("dispatch_push_sent_total", #"result="delivered""#) - before.sum("dispatch_push_sent_total", #"result="delivered""#)
@@ -269,6 +280,7 @@ final class PushRun {
         for (name, seconds) in zip(["dispatchd", "postgres", "apns stand-in", "load generator"], zip(cpuAfter, cpuBefore).map { $0 - $1 }) {
             record(scenario, "CPU \(name)", "%", seconds / window * 100)
         }
+        record(scenario, "CPU machine (all processes)", "%", (machineAfter - machineBefore) / window * 100)
         if failed > 0 { problems.append("\(scenario): \(Int(failed)) pushes not delivered (see \(t.logPath))") }
         // Everything pushed in the end: the outbox drains.
         Control.sleep(2)
@@ -278,12 +290,12 @@ final class PushRun {
 
     /// CPU seconds so far of dispatchd (its processes but PostgreSQL), PostgreSQL, the stand-in
     /// and the load generator.
-    func cpu(_ t: Target, _ s: APNsStandIn) -> [Double] {
+    func cpu(_ t: Target, _ s: APNsStandIn?) -> [Double] {
         let server = t.rootPid.map { Proc.tree($0).filter { !Proc.comm($0).hasPrefix("postgres") } } ?? []
         var pg: [pid_t] = []
         if let cluster = t.postgresCluster, let text = Proc.readFile(cluster + "/postmaster.pid"),
            let first = text.split(separator: "\n").first, let pid = pid_t(first) { pg = Proc.tree(pid) }
-        return [server, pg, Proc.tree(s.pid), [orchestrator.publisher.pid]].map { $0.reduce(0.0) { $0 + Self.cpuSeconds($1) } }
+        return [server, pg, s.map { Proc.tree($0.pid) } ?? [], [orchestrator.publisher.pid]].map { $0.reduce(0.0) { $0 + Self.cpuSeconds($1) } }
     }
 
     static func cpuSeconds(_ pid: pid_t) -> Double {
@@ -296,65 +308,98 @@ final class PushRun {
     // MARK: - 2. Stream throughput, pushes off and on
 
     func throughputOnOff() throws {
-        let subWorkers = 2
-        for k in 0..<subWorkers where orchestrator.subscribers.count <= k {
+        for k in 0..<2 where orchestrator.subscribers.count <= k {
             orchestrator.subscribers.append(try WorkerHandle(name: "sub\(k)"))
         }
-        var figures: [String: (publishes: Double, deliveries: Double, pushes: Double)] = [:]
-        for mode in ["off", "on"] {
-            var standIn: APNsStandIn?
-            if mode == "on" {
-                let s = try o.throughputStandIn == "fake" ? APNsStandIn.fake(pki: pki, dir: dir) : APNsStandIn.nginx(pki: pki, dir: dir)
-                standIns.append(s)
-                standIn = s
+        // Alternating which goes first, so neither always gets the warmer (or busier) machine.
+        var runs: [String: [[String: Double]]] = [:]
+        for rep in 0..<o.repeats {
+            for mode in rep % 2 == 0 ? ["off", "on"] : ["on", "off"] {
+                runs[mode, default: []].append(try throughputOnce(mode))
             }
-            defer { if let s = standIn { s.stop(); standIns.removeAll { $0 === s } } }
-            let t = try startDispatch(name: "tp-\(mode)", standIn: standIn)
-            defer { stop(t) }
-            let prefix = "t\(orchestrator.runTag)-\(mode)"
-            if mode == "on" {
-                try setUp(t, prefix: prefix, activities: o.tpActivities, devices: 1)
-                _ = waitDelivered(t, Double(o.tpActivities), timeout: 60)
-            } else {
-                try orchestrator.batch(t, t.createRequests((0..<o.tpActivities).map { "\(prefix)-\($0)" }), what: "creating activities")
-            }
-            let s = try orchestrator.subscribe(t, count: o.tpSubscribers, path: t.streamPath("\(prefix)-{ch}"),
-                                               channels: o.tpActivities, trackSeqs: false)
-            Control.sleep(0.5)
-            for w in orchestrator.subscribers { w.send { $0.field("cmd", "reset") } }
-            _ = Control.collect(orchestrator.subscribers, "reset", timeout: 10)
-            let before = Metrics.scrape(port: t.port, workers: o.workers)
-            orchestrator.publisher.send { w in
-                w.field("cmd", "publish")
-                w.key("addrs"); w.beginArray(); for a in orchestrator.addrs { w.string(a) }; w.endArray()
-                w.field("port", Int64(t.port))
-                w.field("auth", t.key)
-                w.field("target", "dispatch")
-                w.field("conns", Int64(o.tpPublishers))
-                w.field("channels", Int64(o.tpActivities))
-                w.field("name", "\(prefix)-{ch}")
-                w.field("duration", o.tpSeconds)
-                w.field("seqAtSubscribe", Int64(1))
-            }
-            guard let p = Control.collect([orchestrator.publisher], "published", timeout: o.tpSeconds + 60)[0] else {
-                throw BenchError("throughput (pushes \(mode)): the publishers did not finish")
-            }
-            let report = orchestrator.reports()
-            let after = Metrics.scrape(port: t.port, workers: o.workers)
-            orchestrator.closeSubscribers()
-            let elapsed = p.double("elapsed") ?? 1
-            if (p.int("errors") ?? 0) > 0 { problems.append("throughput (pushes \(mode)): \(p.int("errors") ?? 0) publish errors") }
-            let pushes = after.sum("dispatch_push_sent_total", #"result="delivered""#) - before.sum("dispatch_push_sent_total", #"result="delivered""#)
-            figures[mode] = (Double(p.int("count") ?? 0) / elapsed, Double(report.deliveries) / elapsed, pushes / elapsed)
-            let scenario = "throughput \(Orchestrator.count(s.ready))/\(Orchestrator.count(o.tpActivities)) pushes \(mode)"
-            record(scenario, "publishes/s", "1/s", figures[mode]!.publishes)
-            record(scenario, "deliveries/s", "1/s", figures[mode]!.deliveries)
-            if mode == "on" { record(scenario, "pushes/s", "1/s", figures[mode]!.pushes) }
         }
-        if let on = figures["on"], let off = figures["off"], off.publishes > 0, off.deliveries > 0 {
-            record("throughput on/off", "publishes/s ratio", "", on.publishes / off.publishes)
-            record("throughput on/off", "deliveries/s ratio", "", on.deliveries / off.deliveries)
+        var medians: [String: [String: Double]] = [:]
+        for (mode, list) in runs {
+            let scenario = "throughput \(Orchestrator.count(o.tpSubscribers))/\(Orchestrator.count(o.tpActivities)) pushes \(mode)"
+            for (figure, unit) in [("publishes/s", "1/s"), ("deliveries/s", "1/s"), ("pushes/s", "1/s"), ("CPU dispatchd", "%"),
+                                   ("CPU postgres", "%"), ("CPU apns stand-in", "%"), ("CPU machine", "%")] {
+                let values = list.compactMap { $0[figure] }
+                guard let m = BenchStats.median(values), mode == "on" || !figure.hasPrefix("push") else { continue }
+                medians[mode, default: [:]][figure] = m
+                record(scenario, figure, unit, m)
+            }
         }
+        if let on = medians["on"], let off = medians["off"] {
+            for figure in ["publishes/s", "deliveries/s"] {
+                if let a = on[figure], let b = off[figure], b > 0 { record("throughput on/off (medians)", "\(figure) ratio", "", a / b) }
+            }
+        }
+    }
+
+    /// One throughput run on a fresh server: closed-loop publishers, streams on every activity,
+    /// and (pushes on) an update token for every activity.
+    func throughputOnce(_ mode: String) throws -> [String: Double] {
+        var standIn: APNsStandIn?
+        if mode == "on" {
+            let s = try o.throughputStandIn == "fake" ? APNsStandIn.fake(pki: pki, dir: dir) : APNsStandIn.nginx(pki: pki, dir: dir)
+            standIns.append(s)
+            standIn = s
+        }
+        defer { if let s = standIn { s.stop(); standIns.removeAll { $0 === s } } }
+        let t = try startDispatch(name: "tp-\(mode)-\(rows.count)", standIn: standIn)
+        defer { stop(t) }
+        let prefix = "t\(orchestrator.runTag)-\(mode)-\(rows.count)"
+        if mode == "on" {
+            try setUp(t, prefix: prefix, activities: o.tpActivities, devices: 1)
+            _ = waitDelivered(t, Double(o.tpActivities), timeout: 60)
+        } else {
+            try orchestrator.batch(t, t.createRequests((0..<o.tpActivities).map { "\(prefix)-\($0)" }), what: "creating activities")
+        }
+        _ = try orchestrator.subscribe(t, count: o.tpSubscribers, path: t.streamPath("\(prefix)-{ch}"), channels: o.tpActivities,
+                                       trackSeqs: false)
+        Control.sleep(0.5)
+        for w in orchestrator.subscribers { w.send { $0.field("cmd", "reset") } }
+        _ = Control.collect(orchestrator.subscribers, "reset", timeout: 10)
+        let before = Metrics.scrape(port: t.port, workers: o.workers)
+        let cpuBefore = cpu(t, standIn), machineBefore = Self.machineBusySeconds()
+        orchestrator.publisher.send { w in
+            w.field("cmd", "publish")
+            w.key("addrs"); w.beginArray(); for a in orchestrator.addrs { w.string(a) }; w.endArray()
+            w.field("port", Int64(t.port))
+            w.field("auth", t.key)
+            w.field("target", "dispatch")
+            w.field("conns", Int64(o.tpPublishers))
+            w.field("channels", Int64(o.tpActivities))
+            w.field("name", "\(prefix)-{ch}")
+            w.field("duration", o.tpSeconds)
+            w.field("seqAtSubscribe", Int64(1))
+        }
+        guard let p = Control.collect([orchestrator.publisher], "published", timeout: o.tpSeconds + 60)[0] else {
+            throw BenchError("throughput (pushes \(mode)): the publishers did not finish")
+        }
+        let cpuUsed = zip(cpu(t, standIn), cpuBefore).map { $0 - $1 }
+        let machine = Self.machineBusySeconds() - machineBefore
+        let report = orchestrator.reports()
+        let after = Metrics.scrape(port: t.port, workers: o.workers)
+        orchestrator.closeSubscribers()
+        let elapsed = p.double("elapsed") ?? 1
+        if (p.int("errors") ?? 0) > 0 { problems.append("throughput (pushes \(mode)): \(p.int("errors") ?? 0) publish errors") }
+        let pushes = after.sum("dispatch_push_sent_total", #"result="delivered""#) - before.sum("dispatch_push_sent_total", #"result="delivered""#)
+        var f: [String: Double] = ["publishes/s": Double(p.int("count") ?? 0) / elapsed, "deliveries/s": Double(report.deliveries) / elapsed,
+                                   "pushes/s": pushes / elapsed, "CPU machine": machine / elapsed * 100]
+        for (name, seconds) in zip(["CPU dispatchd", "CPU postgres", "CPU apns stand-in"], cpuUsed) { f[name] = seconds / elapsed * 100 }
+        log("bench push: throughput pushes \(mode): \(Int(f["publishes/s"]!)) publishes/s, \(Int(f["deliveries/s"]!)) deliveries/s, "
+            + "\(Int(pushes / elapsed)) pushes/s; CPU dispatchd \(Int(f["CPU dispatchd"]!))%, postgres \(Int(f["CPU postgres"]!))%, "
+            + "machine \(Int(f["CPU machine"]!))%")
+        return f
+    }
+
+    /// CPU seconds the whole machine spent busy (all cores, every process), from /proc/stat.
+    static func machineBusySeconds() -> Double {
+        guard let line = Proc.readFile("/proc/stat")?.split(separator: "\n").first else { return 0 }
+        let v = line.split(separator: " ").dropFirst().compactMap { Double($0) }
+        guard v.count >= 5 else { return 0 }
+        return (v.reduce(0, +) - v[3] - v[4]) / Double(sysconf(Int32(_SC_CLK_TCK)))
     }
 
     // MARK: - Output

@@ -10,10 +10,13 @@ final class PushSenderMachineTests: XCTestCase {
                 attempts: attempts, pendingSinceMs: pendingSinceMs, claimedAtMs: 1_000_100)
     }
 
-    func machine(batch: Int = 4, inFlight: Int = 8) -> Machine {
+    /// Intervals 0 unless asked: most tests are about what happens, not when.
+    func machine(batch: Int = 4, inFlight: Int = 8, claimInterval: Double = 0, markInterval: Double = 0) -> Machine {
         var s = Machine.Settings()
         s.claimBatch = batch
         s.maxInFlight = inFlight
+        s.claimInterval = claimInterval
+        s.markInterval = markInterval
         return Machine(settings: s)
     }
 
@@ -28,6 +31,7 @@ final class PushSenderMachineTests: XCTestCase {
             case .report(.answered(let j, let r, _, _)): return "report \(j.outboxID) \(r.rawValue)"
             case .report(.sendingStopped(let until, _)): return "report stopped until \(until)"
             case .report(let r): return "report \(r)"
+            case .wake(let at): return "wake \(at)"
             }
         }
     }
@@ -195,6 +199,25 @@ final class PushSenderMachineTests: XCTestCase {
         XCTAssertEqual(marks(n.answered(2, .transport(.cancelled), now: 0, random: 0)), ["mark retry 2 +0.0 uncounted"])
     }
 
+    /// Commits that mark the outbox come one after another: claims and marks are spaced by
+    /// their intervals (the database's work follows the interval, not the push rate), but a
+    /// full claim goes on at once and the first kick after a quiet spell is not delayed.
+    func testClaimsAndMarksAreSpacedByTheirIntervals() {
+        var m = machine(batch: 4, inFlight: 100, claimInterval: 0.01, markInterval: 0.01)
+        XCTAssertEqual(names(m.kick(now: 1.0)), ["claim 4"], "quiet: at once")
+        _ = m.claimed([.send(job(1), "a")], requested: 4, now: 1.001)
+        XCTAssertEqual(names(m.kick(now: 1.002)), ["wake 1.01"], "another commit 2 ms later waits for the interval")
+        XCTAssertEqual(names(m.kick(now: 1.004)), ["wake 1.01"])
+        XCTAssertEqual(names(m.tick(now: 1.01)), ["claim 4"], "one claim for both")
+        XCTAssertEqual(names(m.claimed((2...5).map { .send(job($0), "p") }, requested: 4, now: 1.011)).last, "claim 4",
+                       "a full batch claims again at once")
+        XCTAssertEqual(names(m.answered(1, ok, now: 1.012, random: 0)), ["report 1 delivered", "mark delivered 1"])
+        _ = m.marked(ok: true, now: 1.013)
+        XCTAssertEqual(names(m.answered(2, ok, now: 1.014, random: 0)), ["report 2 delivered", "wake 1.022"])
+        XCTAssertEqual(names(m.answered(3, ok, now: 1.016, random: 0)), ["report 3 delivered", "wake 1.022"])
+        XCTAssertEqual(marks(m.tick(now: 1.022)), ["mark delivered 2,delivered 3"], "one batch of marks")
+    }
+
     func testAnswersForUnknownRowsAreIgnored() {
         var m = machine()
         XCTAssertEqual(names(m.answered(99, ok, now: 0, random: 0)), [])
@@ -220,7 +243,7 @@ final class PushSenderMachineTests: XCTestCase {
                     case .claim(let n): XCTAssertNil(pendingClaim); pendingClaim = n
                     case .send(let j, _, _): XCTAssertFalse(inFlight.contains(j.outboxID)); inFlight.insert(j.outboxID)
                     case .mark(let batch): XCTAssertNil(markBatch); markBatch = batch
-                    case .mintProviderToken, .report: break
+                    case .mintProviderToken, .report, .wake: break
                     }
                 }
             }

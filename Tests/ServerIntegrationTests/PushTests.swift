@@ -205,12 +205,16 @@ final class PushTests: XCTestCase {
         try f.script(token: t, respond: [#"{"status":429}"#, #"{"status":500}"#])
         try s.startActivity("flaky")
         try register(s, device: token(), tokens: [("flaky", t)])
+        try f.wait(token: t) { $0.contains { $0.status == 429 } }
+        // A change while the push waits out its backoff: the row is not rewritten for it (it is
+        // already waiting), and the retry carries it all the same.
+        try s.update("flaky", #"{"progress":0.7}"#)
         let got = try f.wait(timeout: 15, token: t) { !self.delivered($0).isEmpty }
         XCTAssertEqual(got.map(\.status), [429, 500, 200])
         guard got.count == 3 else { return }
         XCTAssertGreaterThanOrEqual(got[1].time - got[0].time, 0.45, "backed off after the 429 (0.5-1 s)")
         XCTAssertGreaterThanOrEqual(got[2].time - got[1].time, 0.95, "longer after the 500 (1-2 s)")
-        XCTAssertEqual(Set(got.map(\.seq)), [1], "the same push, delivered once")
+        XCTAssertEqual(got.map(\.seq), [1, 2, 2], "the newest state each time; delivered once")
         usleep(500_000)
         XCTAssertEqual(try f.requests(token: t).count, 3)
         XCTAssertEqual(try s.metric("dispatch_push_sent_total", labels: #"result="throttled""#), 1)

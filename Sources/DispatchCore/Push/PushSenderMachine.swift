@@ -83,6 +83,12 @@ public struct PushSenderMachine<Payload> {
         public var rejectedTokenPause: Double = 600
         /// How long after a failed claim or mark the database is tried again.
         public var databaseRetry: Double = 1
+        /// At most one claim per interval (unless the last one came back full): every commit
+        /// that marks the outbox wakes the sender, and a claim per commit would make the
+        /// database's work grow with the push rate instead of with this rate.
+        public var claimInterval: Double = 0.01
+        /// At most one batch of marks per interval, for the same reason.
+        public var markInterval: Double = 0.01
 
         public init() {}
     }
@@ -101,6 +107,8 @@ public struct PushSenderMachine<Payload> {
         /// Write these marks in one transaction; answer with `marked(ok:)`.
         case mark([PushMark])
         case report(Report)
+        /// Call `tick` at this time (something waits for its interval).
+        case wake(at: Double)
     }
 
     public enum Report: Equatable, Sendable {
@@ -130,6 +138,9 @@ public struct PushSenderMachine<Payload> {
     public private(set) var tokenGeneration = 0
     private var tokenMintedAt: Double?
     private var tokenRenewedForExpiry = false
+    private var lastClaimAt = -Double.infinity
+    private var lastClaimFull = false
+    private var lastMarkAt = -Double.infinity
 
     public init(settings: Settings = Settings()) { self.settings = settings }
 
@@ -155,8 +166,9 @@ public struct PushSenderMachine<Payload> {
     /// A claim came back: `requested` rows were asked for.
     public mutating func claimed(_ items: [Claimed], requested: Int, now: Double) -> [Action] {
         claiming = false
-        // A full batch: more may be waiting.
-        if items.count >= requested { wantClaim = true }
+        // A full batch: more may be waiting, at once.
+        lastClaimFull = items.count >= requested
+        if lastClaimFull { wantClaim = true }
         var actions: [Action] = []
         for item in items {
             switch item {
@@ -273,13 +285,19 @@ public struct PushSenderMachine<Payload> {
         let limit = min(settings.claimBatch, room)
         // Wait for room rather than claim a handful at a time.
         guard limit > 0, limit * 4 >= min(settings.claimBatch, settings.maxInFlight) || inFlight.isEmpty else { return [] }
+        let next = lastClaimAt + settings.claimInterval
+        if !lastClaimFull && now < next { return [.wake(at: next)] }
         claiming = true
         wantClaim = false
+        lastClaimAt = now
         return [.claim(limit: limit)]
     }
 
     private mutating func flushMarks(now: Double) -> [Action] {
         guard marking == nil, !pendingMarks.isEmpty, now >= markRetryAt else { return [] }
+        let next = lastMarkAt + settings.markInterval
+        if now < next { return [.wake(at: next)] }
+        lastMarkAt = now
         marking = pendingMarks
         pendingMarks = []
         return [.mark(marking!)]

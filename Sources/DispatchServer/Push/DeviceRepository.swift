@@ -153,8 +153,8 @@ enum DeviceRepository {
                 LIMIT 5000)
               RETURNING 1
             ), old_rows AS (
-              DELETE FROM push_outbox o WHERE o.id IN (
-                SELECT x.id FROM push_outbox x LEFT JOIN activities a ON a.activity_id = x.activity_id
+              DELETE FROM push_outbox o WHERE (o.activity_id, o.device_id, o.kind) IN (
+                SELECT x.activity_id, x.device_id, x.kind FROM push_outbox x LEFT JOIN activities a ON a.activity_id = x.activity_id
                 WHERE a.activity_id IS NULL OR a.ended_ms < $1::bigint - $2::bigint
                    OR (a.ended_ms < $1::bigint - 3600000 AND (x.sent_seq >= x.wanted_seq OR x.failed))
                 LIMIT 5000)
@@ -186,9 +186,9 @@ enum DeviceRepository {
     static let perDevice = PGQuery("""
         SELECT d.id, d.token_hint, d.push_to_start_hint,
                (SELECT count(*) FROM activity_tokens t WHERE t.device_id = d.id) AS activity_tokens,
-               count(o.id) FILTER (WHERE o.wanted_seq > o.sent_seq AND NOT o.failed) AS pending,
-               count(o.id) FILTER (WHERE o.failed) AS failed,
-               count(o.id) FILTER (WHERE o.kind = 'start' AND o.sent_seq > 0 AND NOT EXISTS (
+               count(o.kind) FILTER (WHERE o.wanted_seq > o.sent_seq AND NOT o.failed) AS pending,
+               count(o.kind) FILTER (WHERE o.failed) AS failed,
+               count(o.kind) FILTER (WHERE o.kind = 'start' AND o.sent_seq > 0 AND NOT EXISTS (
                    SELECT 1 FROM activity_tokens t WHERE t.device_id = d.id AND t.activity_id = o.activity_id)
                  AND EXISTS (SELECT 1 FROM activities a WHERE a.activity_id = o.activity_id AND a.ended_ms IS NULL)) AS waiting_for_token,
                max(o.sent_at) AS last_sent,

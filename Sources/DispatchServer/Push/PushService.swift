@@ -42,6 +42,10 @@ final class PushService {
     /// Per answer class: when it was last logged, and how many went unlogged since.
     private var logGate: [String: (last: Double, count: Int)] = [:]
     private var closed = false
+    /// Names claimed rows in this process (the machine's handle for a row).
+    private var nextLocalID: Int64 = 0
+    /// When the one-shot wake-up timer fires (nil: none armed).
+    private var wakeAt: Double?
 
     init(loop: EventLoop, conninfo: String, settings: APNsSettings, signer: ES256Signer, vault: TokenVault,
          dismissalSeconds: Int, leaseSeconds: Int, log: Logger) {
@@ -62,8 +66,18 @@ final class PushService {
         metrics.connections = { [curl] in curl.openConnections }
     }
 
+    /// Settings of the sender's session, sent before anything else on each (re)connection.
+    /// Its commits need not wait for the disk: after a database crash a lost claim is a lease
+    /// that runs out, a lost mark a push sent again, never a push lost (the changes that make
+    /// pushes are committed durably by the publish path). Its statements are written to have
+    /// good generic plans, so they are not planned again on every execution.
+    static let sessionSettings = [PGQuery("SET synchronous_commit TO off"), PGQuery("SET plan_cache_mode TO force_generic_plan")]
+
     func start() {
-        db.onReady = { [unowned self] in self.perform(self.machine.tick(now: Self.now())) }
+        db.onReady = { [unowned self] in
+            self.db.execute(Self.sessionSettings) { _ in }
+            self.perform(self.machine.tick(now: Self.now()))
+        }
         db.start()
         timers.append(loop.timer(after: Self.pollInterval, repeating: true) { [unowned self] in
             self.perform(self.machine.tick(now: Self.now()))
@@ -78,6 +92,17 @@ final class PushService {
     func kick() {
         guard !closed else { return }
         perform(machine.kick(now: Self.now()))
+    }
+
+    /// Arms the wake-up timer for `at` unless it fires sooner already.
+    private func wake(at: Double) {
+        if let armed = wakeAt, armed <= at { return }
+        wakeAt = at
+        loop.timer(after: max(0, at - Self.now())) { [weak self] in
+            guard let self, !self.closed, self.wakeAt == at else { return }
+            self.wakeAt = nil
+            self.perform(self.machine.tick(now: Self.now()))
+        }
     }
 
     /// Stops claiming; what is answered from now on is still marked until `close`.
@@ -109,19 +134,25 @@ final class PushService {
             case .send(let job, let prepared, let generation): send(job, prepared, generation: generation)
             case .mark(let marks): mark(marks)
             case .report(let report): self.report(report)
+            case .wake(let at): wake(at: at)
             }
         }
         metrics.inFlight = machine.inFlightCount
     }
 
+    /// Claims (one transaction), then reads what the claimed rows push (a later snapshot).
     private func claim(_ limit: Int) {
         guard !closed else { return }
         db.execute([PushOutboxRepository.claim(limit: limit, leaseMs: leaseMs)]) { [weak self] result in
             guard let self, !self.closed else { return }
             switch result {
             case .success(let rs) where rs[0].ok:
-                let items = rs[0].rows.compactMap { self.prepare($0) }
-                self.perform(self.machine.claimed(items, requested: limit, now: Self.now()))
+                let rows = rs[0].rows.compactMap { r -> PushOutboxRepository.ClaimedRow? in
+                    self.nextLocalID += 1
+                    return PushOutboxRepository.decodeClaim(r, localID: self.nextLocalID)
+                }
+                if rows.isEmpty { return self.perform(self.machine.claimed([], requested: limit, now: Self.now())) }
+                self.read(rows, requested: limit)
             case .success(let rs):
                 self.log.error("push.claim_failed", [("error", (rs[0].errorMessage ?? "").trimmingNewlines)])
                 self.perform(self.machine.claimFailed(now: Self.now()))
@@ -131,12 +162,27 @@ final class PushService {
         }
     }
 
-    /// A claimed row becomes a request, or is settled without one.
-    private func prepare(_ r: PGRow) -> Machine.Claimed? {
-        guard let row = PushOutboxRepository.decode(r) else {
-            log.error("push.row_malformed")
-            return nil
+    private func read(_ claimed: [PushOutboxRepository.ClaimedRow], requested: Int) {
+        db.execute([PushOutboxRepository.read(claimed)]) { [weak self] result in
+            guard let self, !self.closed else { return }
+            guard case .success(let rs) = result, rs[0].ok else {
+                // The rows stay leased; give them back when the database answers again.
+                let items = claimed.map { Machine.Claimed.settle(.retry($0.job, afterSeconds: 1, status: "database", countsAsAttempt: false)) }
+                return self.perform(self.machine.claimed(items, requested: requested, now: Self.now()))
+            }
+            var byKey: [String: PGRow] = [:]
+            for r in rs[0].rows { if let k = PushOutboxRepository.readKey(r) { byKey[k] = r } }
+            let items = claimed.map { row -> Machine.Claimed in
+                var row = row
+                if let r = byKey[row.key] { PushOutboxRepository.complete(&row, with: r) }
+                return self.prepare(row)
+            }
+            self.perform(self.machine.claimed(items, requested: requested, now: Self.now()))
         }
+    }
+
+    /// A claimed row becomes a request, or is settled without one.
+    private func prepare(_ row: PushOutboxRepository.ClaimedRow) -> Machine.Claimed {
         var job = row.job
         switch PushPlan.make(kind: job.kind, snapshot: row.snapshot, hasToken: row.tokenSealed != nil, lastTimestamp: row.lastTimestamp,
                              priority: row.priority, dismissalDelaySeconds: dismissalSeconds) {
@@ -146,7 +192,7 @@ final class PushService {
             return .settle(.skipped(job))
         case .send(let body, let timestamp, let priority, let expiration):
             job.timestamp = timestamp
-            guard let sealed = row.tokenSealed, let mac = row.tokenMac, let token = vault.open(sealed, mac: mac) else {
+            guard let sealed = row.tokenSealed, let token = vault.open(sealed, mac: job.tokenMac) else {
                 log.error("push.token_unreadable", [("activity", job.activityID), ("device", job.deviceID), ("kind", job.kind.rawValue),
                                                     ("hint", "DISPATCH_TOKEN_KEY changed? the token is retired; the phone registers it again")])
                 return .settle(.retire(job, invalidSinceMs: job.claimedAtMs, status: "unreadable token"))
