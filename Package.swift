@@ -8,6 +8,7 @@ import PackageDescription
 //     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue
 //     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
 //     DispatchBenchKit  the load generator's SSE reading (on DispatchCore's HTTP parser), histograms
+//     DispatchLiveActivity  the iOS app's ActivityAttributes for Live Activity pushes (no dependency)
 //   C, as system libraries only: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl
 //   Shells (thin layers that perform what the pure parts decide):
 //     DispatchSystem    clocks, files, processes (plain libc)
@@ -25,6 +26,7 @@ let package = Package(
         .executable(name: "dispatchd", targets: ["dispatchd"]),
         .executable(name: "dispatch", targets: ["DispatchCLI"]),
         .executable(name: "dispatch-bench", targets: ["dispatch-bench"]),
+        .library(name: "DispatchLiveActivity", targets: ["DispatchLiveActivity"]),
     ],
     targets: [
         // Pure.
@@ -34,6 +36,7 @@ let package = Package(
         .target(name: "DispatchBenchKit", dependencies: ["DispatchCore"]),
         .target(name: "DispatchWeb", exclude: ["WebAssets.embed"], plugins: ["EmbedFiles"]),
         .target(name: "DispatchBuildInfo", exclude: ["Build.gitcommit"], plugins: ["EmbedFiles"]),
+        .target(name: "DispatchLiveActivity"),
 
         // C.
         .systemLibrary(name: "CLibevent", path: "Sources/CLibevent"),
@@ -65,11 +68,13 @@ let package = Package(
         .testTarget(name: "PGCoreTests", dependencies: ["PGCore"]),
         .testTarget(name: "DispatchCLIKitTests", dependencies: ["DispatchCLIKit", "DispatchCore"]),
         .testTarget(name: "DispatchBenchKitTests", dependencies: ["DispatchBenchKit"]),
+        .testTarget(name: "DispatchLiveActivityTests", dependencies: ["DispatchLiveActivity", "DispatchCore"]),
         .testTarget(name: "DispatchCryptoTests", dependencies: ["DispatchCrypto"]),
         .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl"]),
         .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore"]),
         .testTarget(name: "ServerIntegrationTests",
-                    dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "dispatchd"]),
+                    dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchCrypto",
+                                   "DispatchLiveActivity", "dispatchd"]),
         .testTarget(name: "CLIIntegrationTests",
                     dependencies: ["DispatchTestSupport", "DispatchCLIKit", "DispatchCore", "DispatchSystem", "dispatchd", "DispatchCLI"]),
         .testTarget(name: "BenchSmokeTests",

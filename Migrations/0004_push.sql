@@ -10,6 +10,8 @@ CREATE TABLE devices (
     token_hint          text NOT NULL,
     push_to_start_mac   bytea,
     push_to_start_sealed bytea,
+    push_to_start_hint  text,
+    -- When the push-to-start token was last registered: a 410 older than this does not retire it.
     push_to_start_at    timestamptz,
     key_id              bigint,
     created_at          timestamptz NOT NULL DEFAULT now(),
@@ -22,6 +24,8 @@ CREATE TABLE activity_tokens (
     activity_id    text NOT NULL,
     token_mac      bytea NOT NULL,
     token_sealed   bytea NOT NULL,
+    token_hint     text NOT NULL,
+    -- When the token was last registered: a 410 older than this does not retire it.
     registered_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (device_id, activity_id)
 );
@@ -30,10 +34,16 @@ CREATE INDEX activity_tokens_activity ON activity_tokens (activity_id);
 -- The push outbox: one row per (activity, device, kind) that wants the device to hold the
 -- activity's newest state. A change marks the rows of every device with a token for the
 -- activity (in the change's own transaction); a sender claims due rows (SKIP LOCKED, with a
--- lease), pushes the snapshot current at claim time, and records which seq it pushed. Changes
--- that arrive while a push waits are coalesced into it: the phone needs the newest state.
+-- lease), reads the snapshot current after its claim, pushes it, and records which seq it
+-- pushed. Changes that arrive while a push waits are coalesced into it: the phone needs the
+-- newest state.
+--
+-- Every push rewrites its row a few times, so the table is kept cheap to update: two indexes
+-- only (no surrogate id; forgetting a device, which is rare, scans), and a change to a row
+-- already waiting to be claimed writes nothing (see ActivityRepository.finalizeStatement).
+-- A claim moves due_at to its lease's end: the due scan then skips rows being sent without
+-- visiting them, and finds them again by itself if their sender dies.
 CREATE TABLE push_outbox (
-    id              bigserial PRIMARY KEY,
     activity_id     text NOT NULL,
     device_id       bigint NOT NULL REFERENCES devices (id) ON DELETE CASCADE,
     kind            text NOT NULL CHECK (kind IN ('start', 'update')),
@@ -44,13 +54,20 @@ CREATE TABLE push_outbox (
     pending_since_ms bigint,
     due_at          timestamptz NOT NULL DEFAULT now(),
     attempts        integer NOT NULL DEFAULT 0,
+    -- The claim that holds the row (from push_leases) and until when; every write of a
+    -- sender is fenced by it. A sender that died leaves it to run out.
     lease_id        bigint,
     lease_until     timestamptz,
     last_timestamp  bigint NOT NULL DEFAULT 0,
     last_status     text,
     failed          boolean NOT NULL DEFAULT false,
     sent_at         timestamptz,
-    UNIQUE (activity_id, device_id, kind)
+    PRIMARY KEY (activity_id, device_id, kind)
+) WITH (
+    -- A queue: rows are rewritten several times a second and few are live. Vacuum it as soon
+    -- as a few thousand versions are dead, without throttling, or scans wade through them.
+    autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000,
+    autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05
 );
 CREATE INDEX push_outbox_due ON push_outbox (due_at) WHERE wanted_seq > sent_seq AND NOT failed;
 CREATE SEQUENCE push_leases AS bigint;

@@ -48,10 +48,12 @@ public struct CLIStartOptions: Equatable, Sendable {
     public var progress: Double?
     /// Seconds without an update before the server ends it as stale (nil: the server's default).
     public var staleAfter: Int?
+    /// Ask for a Live Activity on registered iPhones (push-to-start, contract §5.2).
+    public var liveActivity: Bool
 
     public init(activityID: String? = nil, name: String, symbol: String? = nil, machine: String? = nil,
                 cancelURL: String? = nil, status: String? = nil, state: String? = nil, progress: Double? = nil,
-                staleAfter: Int? = nil) {
+                staleAfter: Int? = nil, liveActivity: Bool = false) {
         self.activityID = activityID
         self.name = name
         self.symbol = symbol
@@ -61,6 +63,7 @@ public struct CLIStartOptions: Equatable, Sendable {
         self.state = state
         self.progress = progress
         self.staleAfter = staleAfter
+        self.liveActivity = liveActivity
     }
 }
 
@@ -162,12 +165,12 @@ public enum CLIArguments {
 
     public static let commandFlags: [String: [String: Bool]] = [
         "start": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
-                  "status": true, "state": true, "percent": true, "progress": true, "stale-after": true],
+                  "status": true, "state": true, "percent": true, "progress": true, "stale-after": true, "live-activity": false],
         "progress": ["id": true, "percent": true, "progress": true, "status": true, "state": true],
         "end": ["id": true, "state": true, "status": true, "error": true, "percent": true, "progress": true],
         "watch": ["id": true, "plain": false],
         "run": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
-                "status": true, "progress-regex": true, "stale-after": true, "kill-after": true],
+                "status": true, "progress-regex": true, "stale-after": true, "kill-after": true, "live-activity": false],
         "cancel": ["id": true, "reason": true],
         "touch": ["id": true],
         "verify-webhook": ["secret": true, "signature": true, "body": true, "max-age": true],
@@ -280,7 +283,7 @@ public enum CLIArguments {
                 activityID: values["id"], name: try required("name"), symbol: values["symbol"],
                 machine: machine, cancelURL: values["cancel-url"], status: values["status"],
                 state: try state(startStates), progress: try progress(values, command: command),
-                staleAfter: try staleAfter(values, command: command))
+                staleAfter: try staleAfter(values, command: command), liveActivity: switches.contains("live-activity"))
             return .command(global, .start(opts))
         case "progress":
             let opts = CLIUpdateOptions(
@@ -320,7 +323,8 @@ public enum CLIArguments {
             let start = CLIStartOptions(
                 activityID: values["id"], name: name, symbol: values["symbol"], machine: machine,
                 cancelURL: values["cancel-url"], status: values["status"], state: "processing", progress: nil,
-                staleAfter: try staleAfter(values, command: command) ?? CLIRunCancel.defaultStaleAfter)
+                staleAfter: try staleAfter(values, command: command) ?? CLIRunCancel.defaultStaleAfter,
+                liveActivity: switches.contains("live-activity"))
             var killAfter = CLIRunCancel.defaultKillAfter
             if let text = values["kill-after"] {
                 guard let v = DurationText.seconds(text), v <= 86_400 else {

@@ -90,6 +90,7 @@ public enum CLIHelp {
       --progress F         initial progress, 0-1 (instead of --percent)
       --stale-after DUR    end it as stale (error) when no update or touch comes for this long:
                            10s to 7d, e.g. 90, 10m, 2h  [default: the server's, usually 1d]
+      --live-activity      start a Live Activity on iPhones registered for push-to-start
 
     \(globalOptions)
 
@@ -178,6 +179,7 @@ public enum CLIHelp {
       --machine TAG        origin machine tag  [env DISPATCH_MACHINE]
       --cancel-url URL     cancel callback URL
       --status TEXT        status while running (default: "Running")
+      --live-activity      start a Live Activity on iPhones registered for push-to-start
       --progress-regex RE  read progress from CMD's output (stdout and stderr): a regular
                            expression with exactly one capture group holding a percentage,
                            e.g. '([0-9.]+)%'. The output still passes through unchanged;

@@ -17,6 +17,7 @@ public enum CLIRequestBody {
         if let v = o.status { w.field("status", v) }
         if let v = o.state { w.field("state", v) }
         if let v = o.staleAfter { w.field("staleAfter", Int64(v)) }
+        if o.liveActivity { w.field("liveActivity", true) }
         w.endObject()
         return w.bytes
     }

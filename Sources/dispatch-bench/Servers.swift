@@ -166,7 +166,7 @@ enum Servers {
         return "bench-" + String((0..<32).map { _ in chars[Int.random(in: 0..<chars.count)] })
     }
 
-    static func startDispatch(binary: String, dir: String, workers: Int, port: UInt16) throws -> Target {
+    static func startDispatch(binary: String, dir: String, workers: Int, port: UInt16, env: [String: String] = [:]) throws -> Target {
         guard access(binary, X_OK) == 0 else { throw BenchError("dispatchd not found at \(binary) (build it, or pass --dispatchd)") }
         let key = randomKey()
         let data = "\(dir)/dispatch-data"
@@ -181,7 +181,7 @@ enum Servers {
                 "DISPATCH_WORKERS": String(workers),
                 "DISPATCH_DATA_DIR": data,
                 "DISPATCH_LOG_LEVEL": "info",
-            ], stdin: nil, stdout: logFd, stderr: logFd, newGroup: true)
+            ].merging(env) { $1 }, stdin: nil, stdout: logFd, stderr: logFd, newGroup: true)
             Glibc.close(logFd)
             let ok = BlockingHTTP.waitReady(port: port, path: "/readyz", seconds: 60) { Proc.alive(pid) }
             if !ok {

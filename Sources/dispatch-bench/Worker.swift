@@ -81,6 +81,11 @@ final class Worker {
     var pubFinal: [Int64] = []
     var pubNextSeq: [Int64] = []
     var pubAckHist = BenchHistogram()
+    /// Open-loop publishing (`rate`): each connection sends one request per `pubInterval` ns,
+    /// waiting when an answer comes early, so the server sees a steady rate (0: closed loop).
+    var pubInterval: Int64 = 0
+    var pubNextAt: [Int64] = []
+    var pacedFD: [Int: Int32] = [:]
     var batchRequests: [(method: String, path: String, body: String)] = []
     var batchNext = 0
     var batchStatus: [Int: Int] = [:]
@@ -578,6 +583,9 @@ final class Worker {
             pubFinal = Array(repeating: start, count: k)
             pubNextSeq = Array(repeating: start + 1, count: k)
             pubCursor = Array(0..<connsWanted)
+            let rate = v.double("rate") ?? 0
+            pubInterval = rate > 0 ? Int64(Double(connsWanted) / rate * 1e9) : 0
+            pubNextAt = (0..<connsWanted).map { reqStart + Int64($0) * pubInterval / Int64(connsWanted) }
         case .batch:
             batchRequests = []
             if case .array(let list)? = v["requests"] {
@@ -648,6 +656,10 @@ final class Worker {
         switch reqMode {
         case .publisher:
             let slot = Int(conns[i].channel)
+            if pubInterval > 0, slot < pubNextAt.count {
+                if now < pubNextAt[slot] { return pace(i, until: pubNextAt[slot], now: now) }
+                pubNextAt[slot] += pubInterval
+            }
             let nConns = pubCursor.count
             // A slot owns channels slot, slot + nConns, ...; it publishes to them in turn,
             // so each channel has one publisher and its order is well defined.
@@ -685,6 +697,19 @@ final class Worker {
         conns[i].sawEvent = false
         conns[i].phase = .waiting
         send(i, req)
+    }
+
+    /// Sends connection `i`'s next request at `until` (open-loop publishing).
+    func pace(_ i: Int, until: Int64, now: Int64) {
+        pacedFD[i] = conns[i].fd
+        var tv = timeval(tv_sec: Int((until - now) / 1_000_000_000), tv_usec: Int((until - now) % 1_000_000_000 / 1000))
+        event_base_once(base, -1, Int16(EV_TIMEOUT), { _, _, arg in currentWorker?.paced(Int(bitPattern: arg) - 1) },
+                        UnsafeMutableRawPointer(bitPattern: i + 1), &tv)
+    }
+
+    func paced(_ i: Int) {
+        guard let fd = pacedFD.removeValue(forKey: i), i < conns.count, conns[i].fd == fd, conns[i].phase != .free else { return }
+        nextRequest(i)
     }
 
     static func request(_ method: String, _ path: String, body: String, auth: String) -> [UInt8] {

@@ -42,3 +42,33 @@ final class BenchSmokeTests: XCTestCase {
         if case .number(let d)? = deliveries { XCTAssertGreaterThan(d, 0) } else { XCTFail("no deliveries\n\(text)") }
     }
 }
+
+/// The push bench in smoke mode against the fake APNs: pushes flow, nothing fails.
+final class PushBenchSmokeTests: XCTestCase {
+    func testPushSmokeRunDeliversEveryPush() throws {
+        let json = NSTemporaryDirectory() + "bench-push-smoke-\(getpid()).json"
+        defer { try? FileManager.default.removeItem(atPath: json) }
+        let bench = Process()
+        bench.executableURL = URL(fileURLWithPath: TestPaths.binary("dispatch-bench"))
+        bench.currentDirectoryURL = URL(fileURLWithPath: TestPaths.repositoryRoot)
+        bench.arguments = ["push", "--smoke", "--apns", "fake", "--no-throughput", "--dispatchd", TestPaths.binary("dispatchd"),
+                           "--json", json]
+        let output = Pipe()
+        bench.standardOutput = output
+        bench.standardError = output
+        try bench.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        bench.waitUntilExit()
+        XCTAssertEqual(bench.terminationStatus, 0, text)
+        let result = try JSONParser.parse(Array(try Data(contentsOf: URL(fileURLWithPath: json))))
+        XCTAssertEqual(result["problems"], .array([]), text)
+        guard case .array(let figures)? = result["figures"] else { return XCTFail("no figures\n\(text)") }
+        func value(_ figure: String) -> Double? {
+            if case .number(let v)? = figures.first(where: { $0["figure"] == .string(figure) })?["value"] { return v }
+            return nil
+        }
+        XCTAssertGreaterThan(value("pushes/s sustained") ?? 0, 0, text)
+        XCTAssertNotNil(value("commit->APNs answer p50"), text)
+        XCTAssertNotNil(value("publish->APNs received p50"), text)
+    }
+}

@@ -6,10 +6,10 @@ import DispatchSystem
 import Glibc
 
 /// The `dispatchd` command: serve (as a supervisor of worker processes, or a single worker),
-/// `migrate`, `keys` and `webhooks`.
+/// `migrate`, `keys`, `webhooks` and `push status`.
 public enum Dispatchd {
     /// Commands that work on an existing database and must never create one.
-    static let adminCommands: Set<String> = ["keys", "webhooks"]
+    static let adminCommands: Set<String> = ["keys", "webhooks", "push"]
 
     public static func main(_ arguments: [String]) -> Int32 {
         var args = arguments
@@ -27,8 +27,8 @@ public enum Dispatchd {
             args.removeFirst()
         }
         var keyArgs: [String] = []
-        if command == "keys" || command == "webhooks" {
-            // their own options come first; the rest are server settings (--database-url, ...).
+        if command == "keys" || command == "webhooks" || command == "push" {
+            // The command's own options come first; the rest are server settings (--database-url, ...).
             keyArgs = args
             args = []
             var i = 0
@@ -43,9 +43,10 @@ public enum Dispatchd {
             }
         }
         let env = Subprocess.currentEnvironment()
-        let config: ServerConfig
+        var config: ServerConfig
         do {
             config = try ServerConfig.parse(environment: env, arguments: args, cores: Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+            if command == "serve", env["DISPATCH_WORKER_INDEX"] == nil { try PushSetup.check(config) }
         } catch {
             printError("dispatchd: \(error.message)")
             return 2
@@ -62,7 +63,7 @@ public enum Dispatchd {
         }
         switch command {
         case "check": return ReadyCheck.run(config)
-        case "serve", "migrate", "keys", "webhooks": break
+        case "serve", "migrate", "keys", "webhooks", "push": break
         default:
             printError("dispatchd: unknown command \(command) (see --help)")
             return 2
@@ -109,10 +110,13 @@ public enum Dispatchd {
             return KeysCommand.run(keyArgs, conninfo: conninfo)
         case "webhooks":
             return WebhooksCommand.run(keyArgs, conninfo: conninfo)
+        case "push":
+            return PushCommand.run(keyArgs, conninfo: conninfo)
         default:
             break
         }
         do {
+            try PushSetup.ensureTokenKey(&config, embedded: embedded, log: log)
             try ensureKeys(config: config, conninfo: conninfo, embedded: embedded, log: log)
         } catch {
             log.error("keys.bootstrap_failed", [("error", "\(error)")])

@@ -32,6 +32,8 @@ public final class Metrics {
     public var feedResyncs = 0
     public var feedResets = 0
     public var feedCloses: [StreamCloseReason: Int] = [:]
+    /// Live Activity pushes, when APNs is configured.
+    var push: PushMetrics?
     let bucketBounds: [Double] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
     var bucketCounts: [Int]
     var querySum = 0.0
@@ -90,6 +92,7 @@ public final class Metrics {
         for (i, b) in bucketBounds.enumerated() { s += "dispatch_db_query_seconds_bucket{\(w),le=\"\(b)\"} \(bucketCounts[i])\n" }
         s += "dispatch_db_query_seconds_bucket{\(w),le=\"+Inf\"} \(queryCount)\n"
         s += "dispatch_db_query_seconds_sum{\(w)} \(querySum)\ndispatch_db_query_seconds_count{\(w)} \(queryCount)\n"
+        if let push { s += push.render(worker: w) }
         line("process_resident_memory_bytes", "gauge", "Resident memory.", [(w, "\(process.residentBytes)")])
         line("process_open_fds", "gauge", "Open file descriptors.", [(w, "\(process.openFDs)")])
         line("process_cpu_seconds_total", "counter", "CPU time used.", [(w, "\(process.cpuSeconds)")])

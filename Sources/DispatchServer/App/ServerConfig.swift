@@ -40,6 +40,12 @@ public struct ServerConfig: Equatable, Sendable {
     public var webhookSecret: String?
     /// Let cancelURLs reach loopback, private and link-local addresses (tests, trusted networks).
     public var webhookAllowPrivate = false
+    /// Live Activity pushes (contract §5.2); nil: none. See Push/PushConfig.swift.
+    public var apns: APNsSettings?
+    /// Seals device tokens at rest; nil: the embedded default generates one, else no devices API.
+    public var tokenKey: [UInt8]?
+    public var pushDismissalSeconds = 14_400
+    public var pushLeaseSeconds = 60
 
     public struct Setting: Sendable {
         public let env: String
@@ -67,7 +73,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait)"),
         Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
-    ]
+    ] + APNsSettings.settings
 
     public init(workers: Int) { self.workers = workers }
 
@@ -169,6 +175,7 @@ public struct ServerConfig: Equatable, Sendable {
             case .failure(let e): throw ConfigError("DISPATCH_CORS_ORIGINS: \(e.message)")
             }
         }
+        try APNsSettings.parsePush(values, into: &c)
         return c
     }
 

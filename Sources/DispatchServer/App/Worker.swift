@@ -22,6 +22,11 @@ public final class Worker {
     /// Worker 0 of each server: the cancel webhook sender and the stale sweeper.
     private var webhooks: WebhookService?
     private var staleSweeper: StaleSweeper?
+    /// Seals device tokens; nil without a token key (no devices API then).
+    let vault: TokenVault?
+    /// The Live Activity push sender, when APNs is configured.
+    private(set) var push: PushService?
+    private let conninfo: String
     private var timers: [Timer] = []
     private var shuttingDown = false
     private var listenEstablished = false
@@ -37,6 +42,7 @@ public final class Worker {
         self.config = config
         self.index = index
         self.log = log
+        self.conninfo = conninfo
         metrics = Metrics(worker: index)
         var limits = HTTPLimits()
         limits.streamWriteTimeoutSeconds = max(60, config.heartbeatSeconds * 4)
@@ -52,6 +58,8 @@ public final class Worker {
         feeds = FeedService(loop: loop, repository: FeedRepository(db: db), metrics: metrics, log: log, settings: streams.settings)
         auth = Auth(db: db, loop: loop, log: log, publishRate: config.publishRatePerSecond)
         api = API(config: config, log: log, metrics: metrics, db: db, publisher: publisher, streams: streams, feeds: feeds, auth: auth)
+        vault = config.tokenKey.map { TokenVault(key: $0) }
+        if let vault { api.devices = DevicesContext(vault: vault, pushes: config.apns != nil) }
     }
 
     /// Binds, connects, and runs the loop until SIGTERM/SIGINT.
@@ -74,6 +82,7 @@ public final class Worker {
             self.acceptWhenReady()
         }
         wireListener()
+        try startPush()
         db.start()
         listener.start()
         if index == 0 {
@@ -195,7 +204,9 @@ public final class Worker {
         auth.flushUsed()
         staleSweeper?.stop()
         webhooks?.stop()
+        push?.shutdown()
         func finish() {
+            push?.close()
             db.close()
             listener.close()
             loop.stop()
@@ -230,6 +241,26 @@ public final class Worker {
         publisher.activities.prune(endedBefore: cutoff) { [log] n in
             if n > 0 { log.info("retention.pruned", [("activities", n)]) }
         }
+        if vault != nil {
+            db.read(DeviceRepository.retention(nowMs: Clock.nowMilliseconds())) { [log] result in
+                guard case .success(let r) = result, let row = r.first else { return }
+                let tokens = row.int("tokens") ?? 0, rows = row.int("rows") ?? 0
+                if tokens + rows > 0 { log.info("retention.push_pruned", [("activity_tokens", tokens), ("outbox_rows", rows)]) }
+            }
+        }
+    }
+
+    /// With APNs configured: the sender, and the publisher marking the outbox for it.
+    private func startPush() throws {
+        guard let apns = config.apns, let vault else { return }
+        let sender = PushService(loop: loop, conninfo: conninfo, settings: apns, signer: try apns.loadSigner(), vault: vault,
+                                 dismissalSeconds: config.pushDismissalSeconds, leaseSeconds: config.pushLeaseSeconds, log: log)
+        push = sender
+        metrics.push = sender.metrics
+        publisher.pushes = true
+        publisher.onPushesMarked = { [unowned sender] in sender.kick() }
+        api.devices?.kick = { [unowned sender] in sender.kick() }
+        sender.start()
     }
 
     var isReady: Bool { db.isReady && listener.isReady && listenEstablished }

@@ -23,6 +23,8 @@ final class API {
     var isShuttingDown = false
     /// A key was revoked here: end what it holds open (its streams).
     var onKeyRevoked: (Int64) -> Void = { _ in }
+    /// The devices API (§5.1); nil when the server has no token key.
+    var devices: DevicesContext?
     var rng = SystemRandomNumberGenerator()
 
     init(config: ServerConfig, log: Logger, metrics: Metrics, db: Database, publisher: Publisher, streams: StreamService, feeds: FeedService, auth: Auth) {

@@ -289,7 +289,14 @@ struct ActivityRepository {
     /// APNs configured) marks the push outbox of every device with a token for each activity.
     /// It reads with a snapshot taken after the changes held their row locks, so a token
     /// registered concurrently is either seen here or registered after this commit (the
-    /// registration locks the activity row, and then marks its own push).
+    /// registration locks the activity row, and then marks its own push). Rows are upserted
+    /// in (activity, device) order, the order the push sender's marks lock them in, so the two
+    /// never deadlock; a row the sender paces (`due_at` ahead) keeps its `due_at`. A row already
+    /// waiting to be claimed, at this priority or higher, is left as it is (no write: under a
+    /// burst of changes the outbox costs nothing more): the sender reads the activity after its
+    /// claim commits, so it pushes this change anyway. A row being sent gets the new seq. The
+    /// look-ups are LATERAL subqueries (index probes per change): as plain joins, the generic
+    /// plan of this prepared statement scanned whole tables on every batch.
     static func finalizeStatement(_ applied: [Applied], pushes: Bool, now: Int64) -> PGQuery {
         func numbers(_ values: [Int64]) -> String {
             "{" + values.map(String.init).joined(separator: ",") + "}"
@@ -298,20 +305,25 @@ struct ActivityRepository {
             , marks AS (
               INSERT INTO push_outbox AS o (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
               SELECT p.activity_id, t.device_id, 'update', p.seq, p.priority, $5::bigint
-              FROM placed p JOIN activity_tokens t ON t.activity_id = p.activity_id
+              FROM placed p CROSS JOIN LATERAL (
+                SELECT device_id FROM activity_tokens x WHERE x.activity_id = p.activity_id OFFSET 0) t
+              ORDER BY p.activity_id, t.device_id
               ON CONFLICT (activity_id, device_id, kind) DO UPDATE SET
                 wanted_seq = GREATEST(o.wanted_seq, EXCLUDED.wanted_seq),
                 priority = CASE WHEN o.wanted_seq > o.sent_seq THEN GREATEST(o.priority, EXCLUDED.priority) ELSE EXCLUDED.priority END,
                 pending_since_ms = CASE WHEN o.wanted_seq > o.sent_seq THEN o.pending_since_ms ELSE EXCLUDED.pending_since_ms END,
-                due_at = CASE WHEN o.wanted_seq > o.sent_seq THEN o.due_at ELSE now() END,
+                due_at = CASE WHEN o.wanted_seq > o.sent_seq THEN o.due_at ELSE GREATEST(o.due_at, now()) END,
                 failed = false
+              WHERE NOT (o.wanted_seq > o.sent_seq AND o.lease_id IS NULL AND NOT o.failed AND o.priority >= EXCLUDED.priority)
               RETURNING 1
             ), starts AS (
               INSERT INTO push_outbox (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
               SELECT p.activity_id, d.id, 'start', 1, 10, $5::bigint
-              FROM placed p JOIN activities a ON a.activity_id = p.activity_id AND a.live_activity
+              FROM placed p CROSS JOIN LATERAL (
+                SELECT 1 FROM activities x WHERE x.activity_id = p.activity_id AND x.live_activity LIMIT 1) a
               CROSS JOIN devices d
               WHERE p.seq = 1 AND d.push_to_start_sealed IS NOT NULL
+              ORDER BY p.activity_id, d.id
               ON CONFLICT (activity_id, device_id, kind) DO NOTHING
               RETURNING 1
             )

@@ -87,6 +87,8 @@ final class Publisher {
     var writesRefused = false
     /// Mark the push outbox in each batch (APNs is configured).
     var pushes = false
+    /// Called after a batch that marked the push outbox was committed (wakes the push sender).
+    var onPushesMarked: (() -> Void)?
     /// Called after each commit with the event and its feed position, before the publisher is answered.
     var onCommitted: ((ActivityEvent, [UInt8], Int64) -> Void)?
 
@@ -289,6 +291,7 @@ final class Publisher {
                     if let id = row["activity_id"], let position = row.int64("position") { positions[id] = position }
                 }
                 for (i, op) in ops.enumerated() { self.settle(op, rs[i], json: jsons[i], position: positions[op.activityID]) }
+                if self.pushes, let marked = rs[rs.count - 1].first?.int64("pushes"), marked > 0 { self.onPushesMarked?() }
             case .success(let rs):
                 // The batch rolled back: fail a change that erred, replay the others (a few
                 // times at most, in case the cause is not theirs to fix).

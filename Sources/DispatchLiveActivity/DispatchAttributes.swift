@@ -1,0 +1,60 @@
+// The iOS app's side of Dispatch's Live Activity pushes (contract §5.2): copy this file into
+// the app and its widget extension, or depend on the package's `DispatchLiveActivity` library.
+// No Foundation: times are numbers of Unix seconds, because a default JSONDecoder reads a
+// `Date` as seconds since 2001 and every Live Activity would show the wrong time.
+
+#if canImport(ActivityKit)
+import ActivityKit
+#endif
+
+/// What stays fixed for one Live Activity: the push-to-start payload's `attributes`
+/// (`attributes-type: "DispatchAttributes"`).
+public struct DispatchAttributes: Codable, Hashable, Sendable {
+    public var activityId: String
+    public var taskName: String
+    /// The machine the job runs on (`shodan`), if the publisher said.
+    public var machine: String?
+    /// An SF Symbol name (`arrow.down.circle.fill`), if the publisher gave one.
+    public var systemImage: String?
+
+    public init(activityId: String, taskName: String, machine: String? = nil, systemImage: String? = nil) {
+        self.activityId = activityId
+        self.taskName = taskName
+        self.machine = machine
+        self.systemImage = systemImage
+    }
+
+    /// What changes: every push's `content-state`.
+    public struct ContentState: Codable, Hashable, Sendable {
+        /// `queued`, `processing`, `retrying`, `idle`, or a final one: `completed`, `error`,
+        /// `cancelled`, `rejected`. Kept as text so a state added later still decodes.
+        public var state: String
+        /// 0...1, or nil when unknown.
+        public var progress: Double?
+        public var status: String?
+        public var attempt: Int
+        /// The change's number: strictly increasing per activity.
+        public var seq: Int
+        /// When the change was made, in Unix seconds.
+        public var updatedAt: Double
+
+        public init(state: String, progress: Double? = nil, status: String? = nil, attempt: Int = 1, seq: Int, updatedAt: Double) {
+            self.state = state
+            self.progress = progress
+            self.status = status
+            self.attempt = attempt
+            self.seq = seq
+            self.updatedAt = updatedAt
+        }
+
+        /// The job is over (its Live Activity ends with this content).
+        public var isFinal: Bool { ["completed", "error", "cancelled", "rejected"].contains(state) }
+        /// The job failed or was refused (the end push carries an alert).
+        public var isFailure: Bool { state == "error" || state == "rejected" }
+    }
+}
+
+#if canImport(ActivityKit)
+@available(iOS 16.1, *)
+extension DispatchAttributes: ActivityAttributes {}
+#endif

@@ -1,0 +1,200 @@
+import DispatchCore
+import DispatchCrypto
+import DispatchIO
+
+/// All SQL on devices and their tokens (contract §5.1), and the outbox marks a registration
+/// makes. Tokens arrive here sealed (`TokenVault`); no statement ever sees one in the clear.
+enum DeviceRepository {
+    /// A Live Activity cannot outlive its activity's end by more than this: its token goes then.
+    static let forgetAfterEndMs: Int64 = 12 * 3_600_000
+
+    /// One registration as one pipeline batch, hence one transaction, in this order: the
+    /// device, its push-to-start token, a share lock on every named activity, the forgotten
+    /// tokens, the new ones with their outbox marks, and the summary.
+    ///
+    /// The lock closes the race with publishing (see `ActivityRepository.finalizeStatement`):
+    /// a change committed before the lock is seen by the marks (`wanted_seq` = the activity's
+    /// seq after it); a change after waits for this commit, and its own finalize then sees
+    /// the token and marks it. Either way the newest state reaches the new token, once.
+    /// Without APNs (`pushes` false) the tokens are kept and nothing is queued.
+    static func register(_ r: DeviceRegistration, vault: TokenVault, pushes: Bool, nowMs: Int64) throws(CryptoError) -> [PGQuery] {
+        let device = try vault.seal(r.deviceToken)
+        let mac = Bytea.literal(device.mac)
+        var queries: [PGQuery] = []
+        var pts: (mode: String, sealed: TokenVault.Sealed?) = ("keep", nil)
+        switch r.pushToStart {
+        case nil: break
+        case .forget?: pts = ("forget", nil)
+        case .set(let t)?: pts = ("set", try vault.seal(t))
+        }
+        queries.append(PGQuery("""
+            INSERT INTO devices AS d (token_mac, token_sealed, token_hint, push_to_start_mac, push_to_start_sealed,
+                                      push_to_start_hint, push_to_start_at)
+            VALUES ($1::bytea, $2::bytea, $3, $4::bytea, $5::bytea, $6, CASE WHEN $4::bytea IS NULL THEN NULL ELSE now() END)
+            ON CONFLICT (token_mac) DO UPDATE SET updated_at = now(),
+              push_to_start_mac = CASE WHEN $7::text = 'keep' THEN d.push_to_start_mac ELSE EXCLUDED.push_to_start_mac END,
+              push_to_start_sealed = CASE WHEN $7::text = 'keep' THEN d.push_to_start_sealed ELSE EXCLUDED.push_to_start_sealed END,
+              push_to_start_hint = CASE WHEN $7::text = 'keep' THEN d.push_to_start_hint ELSE EXCLUDED.push_to_start_hint END,
+              push_to_start_at = CASE WHEN $7::text = 'keep' THEN d.push_to_start_at ELSE EXCLUDED.push_to_start_at END
+            """, [mac, Bytea.literal(device.sealed), device.hint, pts.sealed.map { Bytea.literal($0.mac) },
+                  pts.sealed.map { Bytea.literal($0.sealed) }, pts.sealed?.hint, pts.mode], name: "device_upsert"))
+        if pts.mode == "forget" {
+            queries.append(PGQuery("""
+                DELETE FROM push_outbox WHERE kind = 'start' AND wanted_seq > sent_seq
+                  AND device_id = (SELECT id FROM devices WHERE token_mac = $1::bytea)
+                """, [mac], name: "device_forget_push_to_start"))
+        }
+        let ids = r.activityTokens.map(\.activityID).sorted()
+        if !ids.isEmpty {
+            queries.append(PGQuery("SELECT activity_id FROM activities WHERE activity_id = ANY($1::text[]) ORDER BY activity_id FOR SHARE",
+                                   [ActivityRepository.array(ids)], name: "device_lock_activities"))
+        }
+        let forgotten = r.activityTokens.filter { $0.change == .forget }.map(\.activityID)
+        if !forgotten.isEmpty {
+            queries.append(PGQuery("""
+                WITH dev AS (SELECT id FROM devices WHERE token_mac = $1::bytea),
+                gone AS (DELETE FROM activity_tokens t USING dev WHERE t.device_id = dev.id AND t.activity_id = ANY($2::text[]) RETURNING 1)
+                DELETE FROM push_outbox o USING dev WHERE o.device_id = dev.id AND o.kind = 'update' AND o.activity_id = ANY($2::text[])
+                """, [mac, ActivityRepository.array(forgotten)], name: "device_forget_tokens"))
+        }
+        var set: [(id: String, token: TokenVault.Sealed)] = []
+        for t in r.activityTokens {
+            if case .set(let token) = t.change { set.append((t.activityID, try vault.seal(token))) }
+        }
+        if !set.isEmpty && !pushes {
+            queries.append(PGQuery("""
+                WITH dev AS (SELECT id FROM devices WHERE token_mac = $1::bytea)
+                INSERT INTO activity_tokens AS t (device_id, activity_id, token_mac, token_sealed, token_hint, registered_at)
+                SELECT dev.id, i.activity_id, i.mac, i.sealed, i.hint, now()
+                FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[]) AS i(activity_id, mac, sealed, hint) CROSS JOIN dev
+                ORDER BY i.activity_id
+                ON CONFLICT (device_id, activity_id) DO UPDATE SET token_mac = EXCLUDED.token_mac,
+                  token_sealed = EXCLUDED.token_sealed, token_hint = EXCLUDED.token_hint, registered_at = now()
+                """, [mac, ActivityRepository.array(set.map(\.id)), Bytea.array(set.map(\.token.mac)),
+                      Bytea.array(set.map(\.token.sealed)), ActivityRepository.array(set.map(\.token.hint))], name: "device_keep_tokens"))
+        } else if !set.isEmpty {
+            queries.append(PGQuery("""
+                WITH dev AS (SELECT id FROM devices WHERE token_mac = $1::bytea),
+                input AS (SELECT * FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[]) AS i(activity_id, mac, sealed, hint)),
+                old AS (SELECT t.activity_id, t.token_mac FROM activity_tokens t JOIN dev ON t.device_id = dev.id
+                        WHERE t.activity_id = ANY($2::text[])),
+                saved AS (
+                  INSERT INTO activity_tokens AS t (device_id, activity_id, token_mac, token_sealed, token_hint, registered_at)
+                  SELECT dev.id, i.activity_id, i.mac, i.sealed, i.hint, now() FROM input i CROSS JOIN dev ORDER BY i.activity_id
+                  ON CONFLICT (device_id, activity_id) DO UPDATE SET token_mac = EXCLUDED.token_mac,
+                    token_sealed = EXCLUDED.token_sealed, token_hint = EXCLUDED.token_hint, registered_at = now()
+                  RETURNING 1
+                )
+                -- A new or changed token gets the activity's newest state. A phone that was
+                -- started by a push-to-start already shows what that push carried.
+                INSERT INTO push_outbox AS o (activity_id, device_id, kind, wanted_seq, sent_seq, last_timestamp, priority, pending_since_ms)
+                SELECT a.activity_id, dev.id, 'update', a.seq,
+                       CASE WHEN old.activity_id IS NULL THEN coalesce(s.sent_seq, 0) ELSE 0 END,
+                       coalesce(s.last_timestamp, 0), 10, $6::bigint
+                FROM input i CROSS JOIN dev
+                JOIN activities a ON a.activity_id = i.activity_id
+                LEFT JOIN old ON old.activity_id = i.activity_id
+                LEFT JOIN push_outbox s ON s.activity_id = a.activity_id AND s.device_id = dev.id AND s.kind = 'start'
+                WHERE old.token_mac IS DISTINCT FROM i.mac AND (a.ended_ms IS NULL OR a.ended_ms > $6::bigint - $7::bigint)
+                ORDER BY a.activity_id
+                ON CONFLICT (activity_id, device_id, kind) DO UPDATE SET
+                  wanted_seq = GREATEST(o.wanted_seq, EXCLUDED.wanted_seq), sent_seq = 0, priority = 10,
+                  pending_since_ms = EXCLUDED.pending_since_ms, due_at = now(), failed = false, attempts = 0,
+                  lease_id = NULL, lease_until = NULL
+                RETURNING 1
+                """, [mac, ActivityRepository.array(set.map(\.id)), Bytea.array(set.map(\.token.mac)),
+                      Bytea.array(set.map(\.token.sealed)), ActivityRepository.array(set.map(\.token.hint)),
+                      String(nowMs), String(forgetAfterEndMs)], name: "device_set_tokens"))
+        }
+        queries.append(summaryQuery(mac: mac))
+        return queries
+    }
+
+    static func summaryQuery(mac: String) -> PGQuery {
+        PGQuery("""
+            SELECT d.token_hint, d.push_to_start_hint, t.activity_id, t.token_hint AS activity_hint
+            FROM devices d LEFT JOIN activity_tokens t ON t.device_id = d.id
+            WHERE d.token_mac = $1::bytea ORDER BY t.activity_id
+            """, [mac], name: "device_summary")
+    }
+
+    /// The answer to a registration: hints only, never a token.
+    static func summaryJSON(_ r: PGResult, apns: Bool) -> [UInt8] {
+        var w = JSONWriter()
+        w.beginObject()
+        w.field("deviceToken", r.first?["token_hint"])
+        w.field("pushToStartToken", r.first?["push_to_start_hint"])
+        w.key("activityTokens")
+        w.beginObject()
+        for row in r.rows {
+            if let id = row["activity_id"] { w.field(id, row["activity_hint"]) }
+        }
+        w.endObject()
+        w.field("pushes", apns)
+        w.endObject()
+        return w.bytes
+    }
+
+    /// Forgets a device: its tokens and outbox rows go with it (ON DELETE CASCADE).
+    static func forget(mac: [UInt8]) -> PGQuery {
+        PGQuery("DELETE FROM devices WHERE token_mac = $1::bytea RETURNING id", [Bytea.literal(mac)], name: "device_forget")
+    }
+
+    /// The retention job: activity tokens (and their outbox rows) 12 hours after their activity
+    /// ended or vanished, and outbox rows of finished activities that have nothing left to
+    /// send after an hour. At most 5,000 of each per run.
+    static func retention(nowMs: Int64) -> PGQuery {
+        PGQuery("""
+            WITH old_tokens AS (
+              DELETE FROM activity_tokens t WHERE (t.device_id, t.activity_id) IN (
+                SELECT x.device_id, x.activity_id FROM activity_tokens x LEFT JOIN activities a ON a.activity_id = x.activity_id
+                WHERE a.ended_ms < $1::bigint - $2::bigint
+                   OR (a.activity_id IS NULL AND x.registered_at < now() - $2::bigint * interval '1 millisecond')
+                LIMIT 5000)
+              RETURNING 1
+            ), old_rows AS (
+              DELETE FROM push_outbox o WHERE (o.activity_id, o.device_id, o.kind) IN (
+                SELECT x.activity_id, x.device_id, x.kind FROM push_outbox x LEFT JOIN activities a ON a.activity_id = x.activity_id
+                WHERE a.activity_id IS NULL OR a.ended_ms < $1::bigint - $2::bigint
+                   OR (a.ended_ms < $1::bigint - 3600000 AND (x.sent_seq >= x.wanted_seq OR x.failed))
+                LIMIT 5000)
+              RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM old_tokens) AS tokens, (SELECT count(*) FROM old_rows) AS rows
+            """, [String(nowMs), String(forgetAfterEndMs)], name: "push_retention")
+    }
+
+    /// Outbox totals for `dispatchd push status` and the depth metric.
+    static let totals = PGQuery("""
+        SELECT count(*) FILTER (WHERE wanted_seq > sent_seq AND NOT failed) AS pending,
+               count(*) FILTER (WHERE wanted_seq > sent_seq AND NOT failed AND due_at <= now()) AS due,
+               count(*) FILTER (WHERE wanted_seq > sent_seq AND NOT failed AND lease_until > now()) AS sending,
+               count(*) FILTER (WHERE wanted_seq > sent_seq AND NOT failed AND lease_id IS NULL AND due_at > now()) AS backing_off,
+               count(*) FILTER (WHERE failed) AS failed,
+               count(*) FILTER (WHERE sent_seq >= wanted_seq) AS settled,
+               (SELECT count(*) FROM devices) AS devices,
+               (SELECT count(*) FROM devices WHERE push_to_start_mac IS NOT NULL) AS push_to_start,
+               (SELECT count(*) FROM activity_tokens) AS activity_tokens
+        FROM push_outbox
+        """, name: "push_totals")
+
+    /// Cheap enough for a gauge every few seconds: the due-index scan.
+    static let depth = PGQuery("SELECT count(*) AS depth FROM push_outbox WHERE wanted_seq > sent_seq AND NOT failed", name: "push_depth")
+
+    /// Per device: pending pushes, failed ones, and live activities started on it by a
+    /// push-to-start whose update token has not arrived yet (their changes wait for it).
+    static let perDevice = PGQuery("""
+        SELECT d.id, d.token_hint, d.push_to_start_hint,
+               (SELECT count(*) FROM activity_tokens t WHERE t.device_id = d.id) AS activity_tokens,
+               count(o.kind) FILTER (WHERE o.wanted_seq > o.sent_seq AND NOT o.failed) AS pending,
+               count(o.kind) FILTER (WHERE o.failed) AS failed,
+               count(o.kind) FILTER (WHERE o.kind = 'start' AND o.sent_seq > 0 AND NOT EXISTS (
+                   SELECT 1 FROM activity_tokens t WHERE t.device_id = d.id AND t.activity_id = o.activity_id)
+                 AND EXISTS (SELECT 1 FROM activities a WHERE a.activity_id = o.activity_id AND a.ended_ms IS NULL)) AS waiting_for_token,
+               max(o.sent_at) AS last_sent,
+               (SELECT x.last_status FROM push_outbox x WHERE x.device_id = d.id AND x.last_status IS NOT NULL
+                ORDER BY coalesce(x.sent_at, x.due_at) DESC LIMIT 1) AS last_status
+        FROM devices d LEFT JOIN push_outbox o ON o.device_id = d.id
+        GROUP BY d.id ORDER BY d.id LIMIT $1::bigint
+        """, ["1000"])
+}

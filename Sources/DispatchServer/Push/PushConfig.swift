@@ -1,0 +1,114 @@
+import DispatchCrypto
+import DispatchSystem
+
+/// How the server reaches APNs (contract §5.2). All of key file, key id, team id and topic, or
+/// none of them (then nothing is pushed and nothing is queued).
+public struct APNsSettings: Equatable, Sendable {
+    /// Apple's `AuthKey_XXXXXXXXXX.p8` (an EC P-256 key, PKCS#8 PEM).
+    public var keyFile: String
+    public var keyID: String
+    public var teamID: String
+    /// The app's bundle id; requests carry `<topic>.push-type.liveactivity`.
+    public var topic: String
+    public var url = "https://api.push.apple.com"
+    /// Extra trusted CAs (a local stand-in for APNs in tests).
+    public var caFile: String?
+
+    public var apnsTopic: String { topic + ".push-type.liveactivity" }
+
+    static let required = ["DISPATCH_APNS_KEY_FILE", "DISPATCH_APNS_KEY_ID", "DISPATCH_APNS_TEAM_ID", "DISPATCH_APNS_TOPIC"]
+    static let optional = ["DISPATCH_APNS_URL", "DISPATCH_APNS_CA_FILE"]
+
+    static let settings: [ServerConfig.Setting] = [
+        .init(env: "DISPATCH_APNS_KEY_FILE", flag: "--apns-key-file", help: "APNs auth key (.p8 from the Apple Developer account); with the three below turns Live Activity pushes on"),
+        .init(env: "DISPATCH_APNS_KEY_ID", flag: "--apns-key-id", help: "the .p8 key's id (10 characters, the JWT's kid)"),
+        .init(env: "DISPATCH_APNS_TEAM_ID", flag: "--apns-team-id", help: "the Apple developer team id (the JWT's iss)"),
+        .init(env: "DISPATCH_APNS_TOPIC", flag: "--apns-topic", help: "the iOS app's bundle id (.push-type.liveactivity is appended)"),
+        .init(env: "DISPATCH_APNS_URL", flag: "--apns-url", help: "APNs base URL (default https://api.push.apple.com; development builds: https://api.sandbox.push.apple.com)"),
+        .init(env: "DISPATCH_APNS_CA_FILE", flag: "--apns-ca-file", help: "extra trusted CA certificates (PEM) for the APNs connection (tests)"),
+        .init(env: "DISPATCH_TOKEN_KEY", flag: "--token-key", help: "32 bytes (64 hex digits or base64) sealing device tokens at rest; embedded default: generated under the data dir"),
+        .init(env: "DISPATCH_PUSH_DISMISSAL", flag: "--push-dismissal", help: "seconds an ended Live Activity stays on the Lock Screen, 0-14400 (default 14400)"),
+        .init(env: "DISPATCH_PUSH_LEASE", flag: "--push-lease", help: "seconds a claimed push stays reserved for its sender before another may send it, 4-600 (default 60)"),
+    ]
+
+    /// The settings from `values` (environment names → values), nil when none is given.
+    static func parse(_ values: [String: String]) throws(ConfigError) -> APNsSettings? {
+        let given = (required + optional).filter { !(values[$0] ?? "").isEmpty }
+        guard !given.isEmpty else { return nil }
+        let missing = required.filter { (values[$0] ?? "").isEmpty }
+        guard missing.isEmpty else {
+            throw ConfigError("APNs is partly configured: \(given.joined(separator: ", ")) set but \(missing.joined(separator: ", ")) missing; set all four of \(required.joined(separator: ", ")) or none")
+        }
+        let keyID = values["DISPATCH_APNS_KEY_ID"]!, teamID = values["DISPATCH_APNS_TEAM_ID"]!
+        for (name, v) in [("DISPATCH_APNS_KEY_ID", keyID), ("DISPATCH_APNS_TEAM_ID", teamID)] {
+            guard (1...64).contains(v.utf8.count), v.utf8.allSatisfy(isAlphanumeric) else {
+                throw ConfigError("\(name) must be letters and digits (as Apple shows it, e.g. ABC123DEFG), not \(v)")
+            }
+        }
+        let topic = values["DISPATCH_APNS_TOPIC"]!
+        guard topic.utf8.count <= 200, topic.utf8.allSatisfy({ isAlphanumeric($0) || $0 == 0x2E || $0 == 0x2D }) else {
+            throw ConfigError("DISPATCH_APNS_TOPIC must be the app's bundle id (letters, digits, . and -), not \(topic)")
+        }
+        guard !topic.hasSuffix(".push-type.liveactivity") else {
+            throw ConfigError("DISPATCH_APNS_TOPIC is the bare bundle id; the server appends .push-type.liveactivity itself")
+        }
+        var s = APNsSettings(keyFile: values["DISPATCH_APNS_KEY_FILE"]!, keyID: keyID, teamID: teamID, topic: topic)
+        if let url = values["DISPATCH_APNS_URL"], !url.isEmpty {
+            var u = url
+            while u.hasSuffix("/") { u.removeLast() }
+            guard u.lowercased().hasPrefix("https://"), u.utf8.count > 8, u.utf8.allSatisfy({ (0x21...0x7E).contains($0) }),
+                  !u.dropFirst(8).contains("/") else {
+                throw ConfigError("DISPATCH_APNS_URL must be https://host[:port] (APNs speaks HTTP/2 over TLS only), not \(url)")
+            }
+            s.url = u
+        }
+        if let ca = values["DISPATCH_APNS_CA_FILE"], !ca.isEmpty { s.caFile = ca }
+        return s
+    }
+
+    private static func isAlphanumeric(_ b: UInt8) -> Bool {
+        (0x30...0x39).contains(b) || (0x41...0x5A).contains(b) || (0x61...0x7A).contains(b)
+    }
+
+    /// The signer for the provider token, or why the key file cannot be used (checked at start,
+    /// so a bad key is a configuration error, not a push-time surprise).
+    public func loadSigner() throws(ConfigError) -> ES256Signer {
+        guard let pem = Files.read(keyFile) else { throw ConfigError("DISPATCH_APNS_KEY_FILE \(keyFile) cannot be read") }
+        do {
+            return try ES256Signer(pem: pem)
+        } catch {
+            throw ConfigError("DISPATCH_APNS_KEY_FILE \(keyFile) is not an APNs auth key (an unencrypted EC P-256 .p8): \(error.message)")
+        }
+    }
+}
+
+/// The key that seals device tokens at rest: 32 bytes, as 64 hex digits or base64.
+public enum TokenKey {
+    public static func parse(_ text: String) throws(ConfigError) -> [UInt8] {
+        let t = text.trimmingNewlines
+        if t.utf8.count == 64, let bytes = Hex.decode(t) { return bytes }
+        if let bytes = Base64.decode(t) ?? Base64.urlDecode(t), bytes.count == AESGCM.keyCount { return bytes }
+        throw ConfigError("DISPATCH_TOKEN_KEY must be 32 bytes written as 64 hex digits or base64 (make one with: openssl rand -hex 32)")
+    }
+
+    /// A new key, as stored in the embedded default's `token-key` file.
+    public static func generate() -> String { Hex.encode(SecureRandom.bytes(AESGCM.keyCount)) }
+}
+
+extension APNsSettings {
+    /// The push settings of `values` into `c` (ServerConfig.parse's share of the work).
+    static func parsePush(_ values: [String: String], into c: inout ServerConfig) throws(ConfigError) {
+        c.apns = try parse(values)
+        if let v = values["DISPATCH_TOKEN_KEY"], !v.isEmpty { c.tokenKey = try TokenKey.parse(v) }
+        if let v = values["DISPATCH_PUSH_DISMISSAL"] {
+            guard let n = Int(v), (0...14_400).contains(n) else {
+                throw ConfigError("DISPATCH_PUSH_DISMISSAL must be seconds from 0 to 14400 (iOS removes an ended Live Activity after 4 hours anyway), not \(v)")
+            }
+            c.pushDismissalSeconds = n
+        }
+        if let v = values["DISPATCH_PUSH_LEASE"] {
+            guard let n = Int(v), (4...600).contains(n) else { throw ConfigError("DISPATCH_PUSH_LEASE must be seconds from 4 to 600, not \(v)") }
+            c.pushLeaseSeconds = n
+        }
+    }
+}

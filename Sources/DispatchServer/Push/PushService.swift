@@ -1,0 +1,299 @@
+import DispatchCore
+import DispatchCrypto
+import DispatchIO
+import DispatchSystem
+
+/// The push sender of one worker: performs what `PushSenderMachine` decides, with its own
+/// database session (claims and marks never queue behind publishing or reads) and one
+/// multiplexed HTTP/2 connection to APNs (`CurlClient.Options.apns`).
+///
+/// What wakes it: this worker's commits that marked the outbox (`kick`), and a poll every
+/// `pollInterval` for everything else (retries coming due, other processes' marks, leases of
+/// a sender that died).
+final class PushService {
+    /// What a claimed row needs for its request, carried through the machine.
+    struct Prepared {
+        let token: String
+        let body: [UInt8]
+        let priority: Int
+        let expiration: Int64
+    }
+
+    typealias Machine = PushSenderMachine<Prepared>
+
+    static let pollInterval = 0.2
+    static let depthInterval = 5.0
+
+    let metrics: PushMetrics
+    private let loop: EventLoop
+    private let db: PGConnection
+    private let curl: CurlClient
+    private let settings: APNsSettings
+    private let signer: ES256Signer
+    private let vault: TokenVault
+    private let log: Logger
+    private let dismissalSeconds: Int64
+    private let leaseMs: Int
+    private let requestTimeout: Double
+    private var machine: Machine
+    private var providerToken: (generation: Int, jwt: String)?
+    private var timers: [Timer] = []
+    private var rng = SystemRandomNumberGenerator()
+    /// Per answer class: when it was last logged, and how many went unlogged since.
+    private var logGate: [String: (last: Double, count: Int)] = [:]
+    private var closed = false
+    /// Names claimed rows in this process (the machine's handle for a row).
+    private var nextLocalID: Int64 = 0
+    /// When the one-shot wake-up timer fires (nil: none armed).
+    private var wakeAt: Double?
+
+    init(loop: EventLoop, conninfo: String, settings: APNsSettings, signer: ES256Signer, vault: TokenVault,
+         dismissalSeconds: Int, leaseSeconds: Int, log: Logger) {
+        self.loop = loop
+        self.settings = settings
+        self.signer = signer
+        self.vault = vault
+        self.log = log
+        self.dismissalSeconds = Int64(dismissalSeconds)
+        leaseMs = leaseSeconds * 1000
+        // A push must be answered (or given up) well inside its lease, or a second sender
+        // could claim it while the first still waits.
+        requestTimeout = min(10, Double(leaseSeconds) / 3)
+        db = PGConnection(loop: loop, conninfo: conninfo, name: "push", log: log)
+        curl = CurlClient(loop: loop, options: .apns(caFile: settings.caFile))
+        machine = Machine()
+        metrics = PushMetrics()
+        metrics.connections = { [curl] in curl.openConnections }
+    }
+
+    /// Settings of the sender's session, sent before anything else on each (re)connection.
+    /// Its commits need not wait for the disk: after a database crash a lost claim is a lease
+    /// that runs out, a lost mark a push sent again, never a push lost (the changes that make
+    /// pushes are committed durably by the publish path). Its statements are written to have
+    /// good generic plans, so they are not planned again on every execution.
+    static let sessionSettings = [PGQuery("SET synchronous_commit TO off"), PGQuery("SET plan_cache_mode TO force_generic_plan")]
+
+    func start() {
+        db.onReady = { [unowned self] in
+            self.db.execute(Self.sessionSettings) { _ in }
+            self.perform(self.machine.tick(now: Self.now()))
+        }
+        db.start()
+        timers.append(loop.timer(after: Self.pollInterval, repeating: true) { [unowned self] in
+            self.perform(self.machine.tick(now: Self.now()))
+        })
+        timers.append(loop.timer(after: 0.05) { [unowned self] in self.readDepth() })
+        timers.append(loop.timer(after: Self.depthInterval, repeating: true) { [unowned self] in self.readDepth() })
+        log.info("push.started", [("apns", settings.url), ("topic", settings.apnsTopic), ("key_id", settings.keyID),
+                                  ("lease_s", leaseMs / 1000)])
+    }
+
+    /// This worker committed changes (or a registration) that marked the outbox.
+    func kick() {
+        guard !closed else { return }
+        perform(machine.kick(now: Self.now()))
+    }
+
+    /// Arms the wake-up timer for `at` unless it fires sooner already.
+    private func wake(at: Double) {
+        if let armed = wakeAt, armed <= at { return }
+        wakeAt = at
+        loop.timer(after: max(0, at - Self.now())) { [weak self] in
+            guard let self, !self.closed, self.wakeAt == at else { return }
+            self.wakeAt = nil
+            self.perform(self.machine.tick(now: Self.now()))
+        }
+    }
+
+    /// Stops claiming; what is answered from now on is still marked until `close`.
+    func shutdown() {
+        perform(machine.stop(now: Self.now()))
+    }
+
+    /// Ends every request and the database session. Pushes still unanswered stay leased and
+    /// are sent again when the lease ends (APNs may have taken them: a duplicate push of the
+    /// same state, which the phone shows once).
+    func close() {
+        guard !closed else { return }
+        closed = true
+        for t in timers { t.cancel() }
+        timers.removeAll()
+        curl.close()
+        db.close()
+    }
+
+    static func now() -> Double { Double(Clock.nowMilliseconds()) / 1000 }
+
+    // MARK: - Performing the machine's actions
+
+    private func perform(_ actions: [Machine.Action]) {
+        for action in actions {
+            switch action {
+            case .claim(let limit): claim(limit)
+            case .mintProviderToken(let generation): mint(generation)
+            case .send(let job, let prepared, let generation): send(job, prepared, generation: generation)
+            case .mark(let marks): mark(marks)
+            case .report(let report): self.report(report)
+            case .wake(let at): wake(at: at)
+            }
+        }
+        metrics.inFlight = machine.inFlightCount
+    }
+
+    /// Claims (one transaction), then reads what the claimed rows push (a later snapshot).
+    private func claim(_ limit: Int) {
+        guard !closed else { return }
+        db.execute([PushOutboxRepository.claim(limit: limit, leaseMs: leaseMs)]) { [weak self] result in
+            guard let self, !self.closed else { return }
+            switch result {
+            case .success(let rs) where rs[0].ok:
+                let rows = rs[0].rows.compactMap { r -> PushOutboxRepository.ClaimedRow? in
+                    self.nextLocalID += 1
+                    return PushOutboxRepository.decodeClaim(r, localID: self.nextLocalID)
+                }
+                if rows.isEmpty { return self.perform(self.machine.claimed([], requested: limit, now: Self.now())) }
+                self.read(rows, requested: limit)
+            case .success(let rs):
+                self.log.error("push.claim_failed", [("error", (rs[0].errorMessage ?? "").trimmingNewlines)])
+                self.perform(self.machine.claimFailed(now: Self.now()))
+            case .failure:
+                self.perform(self.machine.claimFailed(now: Self.now()))
+            }
+        }
+    }
+
+    private func read(_ claimed: [PushOutboxRepository.ClaimedRow], requested: Int) {
+        db.execute([PushOutboxRepository.read(claimed)]) { [weak self] result in
+            guard let self, !self.closed else { return }
+            guard case .success(let rs) = result, rs[0].ok else {
+                // The rows stay leased; give them back when the database answers again.
+                let items = claimed.map { Machine.Claimed.settle(.retry($0.job, afterSeconds: 1, status: "database", countsAsAttempt: false)) }
+                return self.perform(self.machine.claimed(items, requested: requested, now: Self.now()))
+            }
+            var byKey: [String: PGRow] = [:]
+            for r in rs[0].rows { if let k = PushOutboxRepository.readKey(r) { byKey[k] = r } }
+            let items = claimed.map { row -> Machine.Claimed in
+                var row = row
+                if let r = byKey[row.key] { PushOutboxRepository.complete(&row, with: r) }
+                return self.prepare(row)
+            }
+            self.perform(self.machine.claimed(items, requested: requested, now: Self.now()))
+        }
+    }
+
+    /// A claimed row becomes a request, or is settled without one.
+    private func prepare(_ row: PushOutboxRepository.ClaimedRow) -> Machine.Claimed {
+        var job = row.job
+        switch PushPlan.make(kind: job.kind, snapshot: row.snapshot, hasToken: row.tokenSealed != nil, lastTimestamp: row.lastTimestamp,
+                             priority: row.priority, dismissalDelaySeconds: dismissalSeconds) {
+        case .drop:
+            return .settle(.drop(job))
+        case .skip:
+            return .settle(.skipped(job))
+        case .send(let body, let timestamp, let priority, let expiration):
+            job.timestamp = timestamp
+            guard let sealed = row.tokenSealed, let token = vault.open(sealed, mac: job.tokenMac) else {
+                log.error("push.token_unreadable", [("activity", job.activityID), ("device", job.deviceID), ("kind", job.kind.rawValue),
+                                                    ("hint", "DISPATCH_TOKEN_KEY changed? the token is retired; the phone registers it again")])
+                return .settle(.retire(job, invalidSinceMs: job.claimedAtMs, status: "unreadable token"))
+            }
+            return .send(job, Prepared(token: token, body: body, priority: priority, expiration: expiration))
+        }
+    }
+
+    private func mint(_ generation: Int) {
+        do {
+            let jwt = try APNsRequest.providerToken(keyID: settings.keyID, teamID: settings.teamID,
+                                                    issuedAt: Clock.nowMilliseconds() / 1000, signer: signer)
+            providerToken = (generation, jwt)
+            log.info("apns.provider_token", [("generation", generation)])
+        } catch {
+            log.error("apns.provider_token_failed", [("error", "\(error)")])
+        }
+    }
+
+    private func send(_ job: PushJob, _ p: Prepared, generation: Int) {
+        let jwt = providerToken?.jwt ?? ""
+        let request = APNsRequest.make(settings, token: p.token, providerToken: jwt, body: p.body, priority: p.priority,
+                                       expiration: p.expiration, timeout: requestTimeout)
+        curl.send(request) { [weak self] result in
+            guard let self else { return }
+            let answer: APNsAnswer
+            switch result {
+            case .success(let response): answer = APNsAnswer.parse(status: response.status, body: response.body)
+            case .failure(let failure): answer = .transport(APNsRequest.failure(failure.kind))
+            }
+            if self.closed { return }
+            self.perform(self.machine.answered(job.outboxID, answer, now: Self.now(), random: Double.random(in: 0..<1, using: &self.rng)))
+        }
+    }
+
+    private func mark(_ marks: [PushMark]) {
+        db.execute(PushOutboxRepository.marks(marks)) { [weak self] result in
+            guard let self, !self.closed else { return }
+            var ok = false
+            switch result {
+            case .success(let rs):
+                ok = rs.allSatisfy(\.ok)
+                if let e = rs.first(where: { !$0.ok })?.errorMessage { self.log.error("push.mark_failed", [("error", e.trimmingNewlines)]) }
+            case .failure(let e):
+                self.log.warning("push.mark_failed", [("error", e.message.trimmingNewlines)])
+            }
+            self.perform(self.machine.marked(ok: ok, now: Self.now()))
+        }
+    }
+
+    private func readDepth() {
+        guard db.isReady else { return }
+        db.execute([DeviceRepository.depth]) { [weak self] result in
+            if case .success(let rs) = result, let n = rs.first?.first?.int("depth") { self?.metrics.outboxDepth = n }
+        }
+    }
+
+    // MARK: - Reports: metrics and logs (never a token, only its last digits)
+
+    private func report(_ report: Machine.Report) {
+        switch report {
+        case .answered(let job, let result, let answer, let latency):
+            metrics.sent[result, default: 0] += 1
+            if let latency { metrics.observeLatency(latency) }
+            let fields: [(String, Any)] = [("activity", job.activityID), ("device", job.deviceID), ("kind", job.kind.rawValue),
+                                           ("token", job.tokenHint), ("status", Machine.label(answer)), ("attempt", job.attempts)]
+            switch result {
+            case .delivered:
+                break
+            case .retired:
+                log.info("push.token_retired", fields)
+            case .rejected:
+                log.error("push.rejected", fields + [("hint", "APNs refused the request itself: a bug in the payload or headers; not retried")])
+            case .throttled, .serverError, .connectionError, .providerTokenExpired, .providerTokenRejected:
+                gatedLog(result.rawValue, fields)
+            }
+        case .sendingStopped(let until, let answer):
+            log.error("apns.provider_token_rejected", [
+                ("status", Machine.label(answer)), ("paused_s", Int(until - Self.now())),
+                ("check", "DISPATCH_APNS_KEY_ID, DISPATCH_APNS_TEAM_ID and DISPATCH_APNS_KEY_FILE must belong together and the key must allow APNs"),
+            ])
+        case .sendingResumed:
+            log.info("apns.sending_resumed")
+        case .providerTokenStillExpired:
+            log.warning("apns.provider_token_expired_again", [("hint", "a fresh token was called expired: is this machine's clock right?")])
+        case .claimFailed:
+            gatedLog("claim_failed", [])
+        case .markFailed(let count):
+            log.warning("push.marks_deferred", [("count", count)])
+        }
+    }
+
+    /// One line per answer class per 10 seconds, with how many there were since the last.
+    private func gatedLog(_ kind: String, _ fields: [(String, Any)]) {
+        let now = Clock.monotonic()
+        var gate = logGate[kind] ?? (last: -100, count: 0)
+        gate.count += 1
+        if now - gate.last >= 10 {
+            log.warning("push.not_delivered", [("class", kind), ("count", gate.count)] + fields)
+            gate = (now, 0)
+        }
+        logGate[kind] = gate
+    }
+}

@@ -1,0 +1,95 @@
+import DispatchCore
+import DispatchLiveActivity
+import Foundation
+import XCTest
+
+/// What the phone does with a push: ActivityKit decodes `content-state` (and, for a
+/// push-to-start, `attributes`) into the app's types with a default JSONDecoder. The server's
+/// payloads must decode into `DispatchAttributes` exactly so, with the right numbers.
+final class PayloadDecodingTests: XCTestCase {
+    func testEveryEventDecodesIntoTheAppsTypes() throws {
+        let t: Int64 = 1_796_070_000_000
+        for state in ActivityState.allCases {
+            let a = Activity(activityId: "TEST-RTORRENT-01", taskName: "Debian 13 Trixie ISO", systemImage: "arrow.down.circle.fill",
+                             machine: "shodan", state: state, progress: state == .queued ? nil : 0.68,
+                             status: state == .idle ? nil : "Downloading at 18.4 MB/s (68%)", attempt: 2, seq: 5,
+                             createdAt: t - 1000, updatedAt: t, endedAt: state.isTerminal ? t : nil,
+                             error: state == .error ? "disk full" : nil)
+            for kind in PushKind.allCases {
+                let event = LiveActivityPayload.event(kind: kind, state: state)
+                let payload = LiveActivityPayload.build(a, event: event, timestamp: 1_796_070_001)
+                let decoded = try LiveActivityPush.decode(Data(payload))
+                XCTAssertEqual(decoded.event, event.rawValue)
+                XCTAssertEqual(decoded.timestamp, 1_796_070_001)
+                let cs = decoded.contentState
+                XCTAssertEqual(cs.state, state.rawValue)
+                XCTAssertEqual(cs.progress, a.progress)
+                XCTAssertEqual(cs.status, a.status)
+                XCTAssertEqual(cs.attempt, 2)
+                XCTAssertEqual(cs.seq, 5)
+                XCTAssertEqual(cs.updatedAt, 1_796_070_000, "Unix seconds, not seconds since 2001")
+                XCTAssertEqual(cs.isFinal, state.isTerminal)
+                if event == .start {
+                    XCTAssertEqual(decoded.attributesType, "DispatchAttributes")
+                    XCTAssertEqual(decoded.attributes, DispatchAttributes(activityId: "TEST-RTORRENT-01", taskName: "Debian 13 Trixie ISO",
+                                                                          machine: "shodan", systemImage: "arrow.down.circle.fill"))
+                } else {
+                    XCTAssertNil(decoded.attributes)
+                }
+                XCTAssertEqual(decoded.dismissalDate != nil, event == .end)
+            }
+        }
+    }
+
+    func testTheContractsExampleDecodes() throws {
+        let example = #"""
+        {"aps": {
+          "timestamp": 1796070000,
+          "event": "update",
+          "content-state": {"state": "processing", "progress": 0.68,
+                            "status": "Downloading at 18.4 MB/s (68%)", "attempt": 1,
+                            "seq": 5, "updatedAt": 1796070000},
+          "attributes-type": "DispatchAttributes",
+          "attributes": {"activityId": "TEST-RTORRENT-01", "taskName": "Debian 13 Trixie ISO",
+                         "machine": "shodan", "systemImage": "arrow.down.circle.fill"},
+          "alert": {"title": "Debian 13 Trixie ISO", "body": "Starting download..."},
+          "dismissal-date": 1796084400
+        }}
+        """#
+        let decoded = try LiveActivityPush.decode(Data(example.utf8))
+        XCTAssertEqual(decoded.contentState.progress, 0.68)
+        XCTAssertEqual(decoded.attributes?.machine, "shodan")
+    }
+
+    func testNullsDecodeAsNil() throws {
+        let json = #"{"state":"queued","progress":null,"status":null,"attempt":1,"seq":1,"updatedAt":1796070000}"#
+        let cs = try JSONDecoder().decode(DispatchAttributes.ContentState.self, from: Data(json.utf8))
+        XCTAssertNil(cs.progress)
+        XCTAssertNil(cs.status)
+        XCTAssertFalse(cs.isFinal)
+    }
+}
+
+/// A push as ActivityKit reads it: the `aps` dictionary's Live Activity keys, decoded with a
+/// default JSONDecoder into the app's own types.
+struct LiveActivityPush: Decodable {
+    var timestamp: Int
+    var event: String
+    var contentState: DispatchAttributes.ContentState
+    var attributesType: String?
+    var attributes: DispatchAttributes?
+    var dismissalDate: Int?
+
+    enum CodingKeys: String, CodingKey {
+        case timestamp, event, attributes
+        case contentState = "content-state"
+        case attributesType = "attributes-type"
+        case dismissalDate = "dismissal-date"
+    }
+
+    struct Envelope: Decodable { var aps: LiveActivityPush }
+
+    static func decode(_ data: Data) throws -> LiveActivityPush {
+        try JSONDecoder().decode(Envelope.self, from: data).aps
+    }
+}
