@@ -180,7 +180,8 @@ enum Servers {
                 "DISPATCH_BOOTSTRAP_KEY": key,
                 "DISPATCH_WORKERS": String(workers),
                 "DISPATCH_DATA_DIR": data,
-                "DISPATCH_LOG_LEVEL": "info",
+                // As nginx runs with access_log off and error_log at warn: no line per request.
+                "DISPATCH_LOG_LEVEL": "warning",
             ].merging(env) { $1 }, stdin: nil, stdout: logFd, stderr: logFd, newGroup: true)
             Glibc.close(logFd)
             let ok = BlockingHTTP.waitReady(port: port, path: "/readyz", seconds: 60) { Proc.alive(pid) }
