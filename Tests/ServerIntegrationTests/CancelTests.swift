@@ -85,7 +85,7 @@ final class CancelTests: XCTestCase {
         let reader = HTTPClient(port: s.port, token: try Kit.createKey(s, "reader", ["read"]))
         XCTAssertEqual(try pub1.post("/v1/activities/start", #"{"activityId":"t1","taskName":"T","staleAfter":600}"#).status, 201)
         XCTAssertEqual(try pub1.post("/v1/activities/start", #"{"activityId":"never","taskName":"N","staleAfter":600}"#).status, 201)
-        let before = try XCTUnwrap(Int64(try Kit.sql(s, "SELECT stale_at_ms FROM activities WHERE activity_id = 't1'")[0] ?? ""))
+        let before = try XCTUnwrap(Int64(try Kit.sql(s, "SELECT greatest(updated_ms, coalesce(touched_ms, 0)) + stale_after_s * 1000 FROM activities WHERE activity_id = 't1'")[0] ?? ""))
         let stream = try s.stream("t1")
         XCTAssertEqual(try stream.waitForEvents(1).count, 1)
         usleep(20_000)
@@ -93,7 +93,7 @@ final class CancelTests: XCTestCase {
         let r = try pub1.request("POST", "/v1/activities/t1/touch")
         XCTAssertEqual(r.status, 204, r.text)
         XCTAssertTrue(r.body.isEmpty)
-        let after = try XCTUnwrap(Int64(try Kit.sql(s, "SELECT stale_at_ms FROM activities WHERE activity_id = 't1'")[0] ?? ""))
+        let after = try XCTUnwrap(Int64(try Kit.sql(s, "SELECT greatest(updated_ms, coalesce(touched_ms, 0)) + stale_after_s * 1000 FROM activities WHERE activity_id = 't1'")[0] ?? ""))
         XCTAssertGreaterThan(after, before)
         XCTAssertEqual(try s.client.request("POST", "/v1/activities/t1/touch").status, 204, "an admin may touch")
         // No event, no history row, no new seq, no feed position.

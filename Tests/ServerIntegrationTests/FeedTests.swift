@@ -211,12 +211,12 @@ final class FeedTests: XCTestCase {
         let event = ActivityEvent(name: "processing", snapshot: next)
         let pg = try BlockingPG(a.conninfo)
         try pg.script("BEGIN")
-        let change = try pg.query(ActivityRepository.changeStatement(event, json: next.json(), expectedSeq: expectedSeq, endFingerprint: nil,
-                                                                      staleAt: nil, cancelReason: nil, webhook: nil, idempotencyKey: nil))
+        let change = try pg.query(ActivityRepository.changeStatement(event, expectedSeq: expectedSeq, endFingerprint: nil,
+                                                                      cancelReason: nil, webhook: nil, idempotencyKey: nil))
         XCTAssertEqual(change.rows.count, 1)
         _ = try pg.query(ActivityRepository.positionLock)
-        let applied = ActivityRepository.Applied(activityID: "held", seq: next.seq,
-                                                 payload: ActivityRepository.notifyPayload(event, json: next.json()), pushPriority: 5)
+        let applied = ActivityRepository.Change(activityID: "held", seq: next.seq, event: event.name, data: String(decoding: next.json(), as: UTF8.self),
+                                                idempotencyKey: nil, createdMs: next.updatedAt, pushPriority: 5)
         let fin = try pg.query(ActivityRepository.finalizeStatement([applied], pushes: false, now: Clock.nowMilliseconds()))
         guard let heldPosition = fin.first?.int64("position") else { return XCTFail("no position drawn") }
 

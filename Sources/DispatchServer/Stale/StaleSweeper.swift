@@ -6,11 +6,12 @@ import DispatchIO
 /// streams, history, the feed and pushes see an ordinary end.
 ///
 /// Exactly one end, with any number of servers: a sweep claims due rows with `FOR UPDATE SKIP
-/// LOCKED` and moves their deadline to a fence a little ahead (so other servers' sweeps pass
-/// them by); the end is a compare-and-set on `seq` that also requires the deadline to still be
-/// the fence. A change or a touch after the claim moves one or the other, and the sweeper
-/// lets the activity live; a sweeper that died after its claim leaves a row that comes due
-/// again at the fence. Each tick is one index range scan (`activities_stale`), not a table scan.
+/// LOCKED`, reschedules those updated or touched since (their real deadline is later) and
+/// moves the really stale ones' look-again time to a fence a little ahead (so other servers'
+/// sweeps pass them by); the end is a compare-and-set on `seq` that also requires the touch
+/// time seen at the claim. A change or a touch after the claim changes one or the other, and
+/// the sweeper lets the activity live; a sweeper that died after its claim leaves a row that
+/// comes due again at the fence. Each tick is one index range scan (`activities_stale`).
 final class StaleSweeper {
     /// How long a claim keeps other sweeps away (ms): the end normally commits within a round trip.
     static let claimMs: Int64 = 30_000
@@ -57,8 +58,9 @@ final class StaleSweeper {
                 self.log.warning("stale.claim_failed", [("error", e.message)])
             case .success(let r):
                 for row in r.rows {
-                    guard let id = row["activity_id"], let seq = row.int64("seq"), let after = row.int("stale_after_s") else { continue }
-                    self.end(id, seq: seq, staleAfter: after, fence: fence)
+                    guard let id = row["activity_id"], let seq = row.int64("seq"), let after = row.int("stale_after_s"),
+                          let touched = row.int64("touched_ms") else { continue }
+                    self.end(id, seq: seq, staleAfter: after, touched: touched)
                 }
                 // A backlog (a server that was down for a while): go on at once.
                 if r.rows.count == StaleSweeper.batch { self.loop.soon { [weak self] in self?.sweep() } }
@@ -66,12 +68,12 @@ final class StaleSweeper {
         }
     }
 
-    private func end(_ id: String, seq: Int64, staleAfter: Int, fence: Int64) {
+    private func end(_ id: String, seq: Int64, staleAfter: Int, touched: Int64) {
         let op = PublishOp(
             activityID: id, kind: .end(StaleEnd.command(staleAfter: staleAfter)), idempotencyKey: nil, ownerKeyID: nil,
             authorize: { stored in
                 // Planned on a fresh read (never the cache): anything since the claim means it lives.
-                guard stored.activity.seq == seq, stored.staleAtMs == fence else {
+                guard stored.activity.seq == seq, stored.touchedMs == touched else {
                     return DispatchError(.conflict, "activity \(id) changed or was touched after it went stale")
                 }
                 return nil
@@ -91,7 +93,7 @@ final class StaleSweeper {
                     break
                 }
             })
-        op.staleFence = fence
+        op.staleTouch = touched
         publisher.submit(op)
     }
 }

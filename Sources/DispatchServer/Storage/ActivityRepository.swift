@@ -10,9 +10,9 @@ struct StoredActivity {
     var endFingerprint: String?
     /// Seconds without a change before the server ends it as stale; 0: never.
     var staleAfter: Int
-    /// The stored stale deadline (ms since epoch), when read from the database; the stale
-    /// sweeper's claim fence (see StaleSweeper).
-    var staleAtMs: Int64?
+    /// When it was last touched (ms since epoch; 0: never), when read from the database: the
+    /// stale sweeper's end applies only if it did not change since its claim.
+    var touchedMs: Int64 = 0
 
     init(activity: Activity, lastEvent: String, ownerKeyID: Int64?, startFingerprint: String, endFingerprint: String?, staleAfter: Int) {
         self.activity = activity
@@ -31,12 +31,6 @@ struct StoredActivity {
             + startFingerprint.utf8.count + (endFingerprint?.utf8.count ?? 0)
     }
 
-    /// When this activity goes stale after a change at `now` (ms since epoch); nil: never.
-    func staleAt(after snapshot: Activity) -> Int64? {
-        guard staleAfter > 0, !snapshot.state.isTerminal else { return nil }
-        return snapshot.updatedAt + Int64(staleAfter) * 1000
-    }
-
     /// Decodes a row of `ActivityRepository.columns`; nil when the row breaks the schema's rules.
     init?(row r: PGRow) {
         guard let id = r["activity_id"], let name = r["task_name"], let state = r["state"].flatMap(ActivityState.init(rawValue:)),
@@ -53,7 +47,7 @@ struct StoredActivity {
         startFingerprint = startFP
         endFingerprint = r["end_fingerprint"]
         staleAfter = r.int("stale_after_s") ?? 0
-        staleAtMs = r.int64("stale_at_ms")
+        touchedMs = r.int64("touched_ms") ?? 0
     }
 }
 
@@ -82,7 +76,7 @@ struct ActivityRepository {
     let db: Database
 
     /// The columns `StoredActivity(row:)` reads, from `activities a`.
-    static let columns = "a.activity_id, a.task_name, a.system_image, a.machine, a.cancel_url, a.state, a.progress, a.status, a.attempt, a.seq, a.cancel_requested, a.created_ms, a.updated_ms, a.ended_ms, a.error, a.last_event, a.owner_key_id, a.start_fingerprint, a.end_fingerprint, a.live_activity, a.stale_after_s, a.stale_at_ms, a.cancel_reason"
+    static let columns = "a.activity_id, a.task_name, a.system_image, a.machine, a.cancel_url, a.state, a.progress, a.status, a.attempt, a.seq, a.cancel_requested, a.created_ms, a.updated_ms, a.ended_ms, a.error, a.last_event, a.owner_key_id, a.start_fingerprint, a.end_fingerprint, a.live_activity, a.stale_after_s, a.touched_ms, a.cancel_reason"
 
     func read(_ id: String, _ completion: @escaping (Result<StoredActivity?, DispatchError>) -> Void) {
         db.read(PGQuery("SELECT \(Self.columns) FROM activities a WHERE a.activity_id = $1", [id], name: "read_activity")) { result in
@@ -186,22 +180,28 @@ struct ActivityRepository {
 
     // MARK: - Writes (statements for the group commit)
 
-    /// One applied change as the finalize step of its batch needs it.
-    struct Applied {
+    /// One change of a batch as its finalize step needs it: the history row to write (when the
+    /// change applied) and what the push outbox needs.
+    struct Change {
         let activityID: String
         let seq: Int64
-        /// `id \n seq \n event \n json`; the batch's position goes in front of it.
-        let payload: String
+        let event: String
+        let data: String
+        let idempotencyKey: String?
+        let createdMs: Int64
         let pushPriority: Int
     }
 
+    /// NOTIFY payloads stay under PostgreSQL's 8000 bytes: `position \n id \n seq \n event \n
+    /// json`, the json left out when it would not fit (listeners then read history).
     static let maxNotifyPayload = 7850
 
-    /// A PostgreSQL text[] literal: every element quoted, `"` and `\` escaped.
-    static func array(_ values: [String]) -> String {
+    /// A PostgreSQL text[] literal: every element quoted, `"` and `\` escaped; nil is NULL.
+    static func array(_ values: [String?]) -> String {
         var out = "{"
-        for (i, v) in values.enumerated() {
+        for (i, value) in values.enumerated() {
             if i > 0 { out += "," }
+            guard let v = value else { out += "NULL"; continue }
             out += "\""
             for ch in v.unicodeScalars {
                 if ch == "\"" || ch == "\\" { out += "\\" }
@@ -212,35 +212,21 @@ struct ActivityRepository {
         return out + "}"
     }
 
-    /// NOTIFY payload after the position: `id \n seq \n event \n json`, the json left out when
-    /// the whole would not fit PostgreSQL's 8000-byte limit (listeners then read history).
-    static func notifyPayload(_ event: ActivityEvent, json: [UInt8]) -> String {
-        let head = "\(event.snapshot.activityId)\n\(event.seq)\n\(event.name)\n"
-        if head.utf8.count + json.count <= maxNotifyPayload { return head + String(decoding: json, as: UTF8.self) }
-        return head
-    }
-
-    /// Creates the activity and its first history row in one statement; no row comes back
-    /// when the id exists.
-    static func startStatement(_ e: ActivityEvent, json: [UInt8], ownerKeyID: Int64?, fingerprint: String, staleAfter: Int,
-                               idempotencyKey: String?) -> PGQuery {
+    /// Creates the activity; no row comes back when the id exists. Its first history row is
+    /// written by the batch's finalize step.
+    static func startStatement(_ e: ActivityEvent, ownerKeyID: Int64?, fingerprint: String, staleAfter: Int) -> PGQuery {
         let a = e.snapshot
         let staleAt: Int64? = staleAfter > 0 && !a.state.isTerminal ? a.updatedAt + Int64(staleAfter) * 1000 : nil
         return PGQuery("""
-            WITH ins AS (
-              INSERT INTO activities (activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
-                                      attempt, seq, last_event, created_ms, updated_ms, owner_key_id, start_fingerprint,
-                                      live_activity, stale_after_s, stale_at_ms)
-              VALUES ($1, $2, $3, $4, $5, $6, $7::float8, $8, 1, 1, $6, $9::bigint, $9::bigint, $10::bigint, $11,
-                      $14::boolean, $15::integer, $16::bigint)
-              ON CONFLICT (activity_id) DO NOTHING RETURNING activity_id
-            )
-            INSERT INTO activity_events (activity_id, seq, event, data, idempotency_key, created_ms)
-            SELECT activity_id, 1, $6, $12, $13, $9::bigint FROM ins RETURNING activity_id
+            INSERT INTO activities (activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
+                                    attempt, seq, last_event, created_ms, updated_ms, owner_key_id, start_fingerprint,
+                                    live_activity, stale_after_s, stale_at_ms)
+            VALUES ($1, $2, $3, $4, $5, $6, $7::float8, $8, 1, 1, $6, $9::bigint, $9::bigint, $10::bigint, $11,
+                    $12::boolean, $13::integer, $14::bigint)
+            ON CONFLICT (activity_id) DO NOTHING RETURNING activity_id
             """, [a.activityId, a.taskName, a.systemImage, a.machine, a.cancelURL, a.state.rawValue, a.progress.map { "\($0)" },
                   a.status, String(a.createdAt), ownerKeyID.map { String($0) }, fingerprint,
-                  String(decoding: json, as: UTF8.self), idempotencyKey, a.liveActivity ? "true" : "false", String(staleAfter),
-                  staleAt.map { String($0) }],
+                  a.liveActivity ? "true" : "false", String(staleAfter), staleAt.map { String($0) }],
             name: "publish_start")
     }
 
@@ -252,31 +238,36 @@ struct ActivityRepository {
 
     /// Applies a change if the row is still at `expectedSeq` (compare-and-set across processes)
     /// and this Idempotency-Key was not applied yet; no row comes back otherwise. A webhook
-    /// given is queued in the same statement when the activity has a cancelURL.
+    /// given is queued in the same statement when the activity has a cancelURL. Its history
+    /// row is written by the batch's finalize step.
     ///
-    /// `staleFence`: apply only while `stale_at_ms` still holds this value (the stale sweeper's
-    /// claim: a touch or a change since then moved it, and the activity is fresh again).
-    static func changeStatement(_ e: ActivityEvent, json: [UInt8], expectedSeq: Int64, endFingerprint: String?, staleAt: Int64?,
-                                cancelReason: String?, webhook: Webhook?, idempotencyKey: String?, staleFence: Int64? = nil) -> PGQuery {
+    /// Progress updates change no indexed column, so they stay heap-only (HOT): the stale
+    /// deadline `stale_at_ms` (indexed) is cleared by the end only, never moved per change (the
+    /// sweeper works out the real deadline from `updated_ms` and `touched_ms`).
+    ///
+    /// `staleTouch`: the stale sweeper's end applies only if nobody touched the activity since
+    /// its claim (`touched_ms` still holds this value).
+    static func changeStatement(_ e: ActivityEvent, expectedSeq: Int64, endFingerprint: String?, cancelReason: String?,
+                                webhook: Webhook?, idempotencyKey: String?, staleTouch: Int64? = nil) -> PGQuery {
         let a = e.snapshot
         return PGQuery("""
             WITH upd AS (
               UPDATE activities SET state = $3, progress = $4::float8, status = $5, attempt = $6::bigint, seq = $7::bigint,
                      last_event = $8, updated_ms = $9::bigint, ended_ms = $10::bigint, error = $11, end_fingerprint = $12,
-                     cancel_requested = $15::boolean, cancel_reason = coalesce($16, cancel_reason), stale_at_ms = $17::bigint
-              WHERE activity_id = $1 AND seq = $2::bigint AND ($20::bigint IS NULL OR stale_at_ms = $20::bigint)
+                     cancel_requested = $14::boolean, cancel_reason = coalesce($15, cancel_reason),
+                     stale_at_ms = CASE WHEN $10::bigint IS NULL THEN stale_at_ms END
+              WHERE activity_id = $1 AND seq = $2::bigint AND ($18::bigint IS NULL OR coalesce(touched_ms, 0) = $18::bigint)
                 AND NOT EXISTS (SELECT 1 FROM activity_events WHERE activity_id = $1 AND idempotency_key = $13)
               RETURNING activity_id, cancel_url
             ), hook AS (
               INSERT INTO webhook_outbox (delivery_id, activity_id, url, body)
-              SELECT $18, activity_id, cancel_url, $19 FROM upd WHERE $18::text IS NOT NULL AND cancel_url IS NOT NULL
+              SELECT $16, activity_id, cancel_url, $17 FROM upd WHERE $16::text IS NOT NULL AND cancel_url IS NOT NULL
             )
-            INSERT INTO activity_events (activity_id, seq, event, data, idempotency_key, created_ms)
-            SELECT activity_id, $7::bigint, $8, $14, $13, $9::bigint FROM upd RETURNING activity_id
+            SELECT activity_id FROM upd
             """, [a.activityId, String(expectedSeq), a.state.rawValue, a.progress.map { "\($0)" }, a.status, String(a.attempt),
                   String(a.seq), e.name, String(a.updatedAt), a.endedAt.map { String($0) }, a.error, endFingerprint,
-                  idempotencyKey, String(decoding: json, as: UTF8.self), a.cancelRequested ? "true" : "false", cancelReason,
-                  staleAt.map { String($0) }, webhook?.deliveryID, webhook?.body, staleFence.map { String($0) }],
+                  idempotencyKey, a.cancelRequested ? "true" : "false", cancelReason,
+                  webhook?.deliveryID, webhook?.body, staleTouch.map { String($0) }],
             name: "publish_change")
     }
 
@@ -284,9 +275,11 @@ struct ActivityRepository {
     /// are drawn in commit order (see Migrations/0003_feed_positions.sql).
     static let positionLock = PGQuery("SELECT pg_advisory_xact_lock(7345103)", name: "position_lock")
 
-    /// The last statement of a publish batch, under `positionLock`: gives this transaction's new
-    /// events their feed positions, sends one NOTIFY per change in position order, and (with
-    /// APNs configured) marks the push outbox of every device with a token for each activity.
+    /// The last statement of a publish batch, under `positionLock`: writes the history rows of
+    /// the changes that applied (the activity rows this transaction wrote, `xmin`), each with
+    /// its feed position, sends one NOTIFY per change in position order, and (with APNs
+    /// configured) marks the push outbox of every device with a token for each activity. The
+    /// history row is written once, with its position (no second write to set it).
     /// It reads with a snapshot taken after the changes held their row locks, so a token
     /// registered concurrently is either seen here or registered after this commit (the
     /// registration locks the activity row, and then marks its own push). Rows are upserted
@@ -297,14 +290,14 @@ struct ActivityRepository {
     /// claim commits, so it pushes this change anyway. A row being sent gets the new seq. The
     /// look-ups are LATERAL subqueries (index probes per change): as plain joins, the generic
     /// plan of this prepared statement scanned whole tables on every batch.
-    static func finalizeStatement(_ applied: [Applied], pushes: Bool, now: Int64) -> PGQuery {
+    static func finalizeStatement(_ changes: [Change], pushes: Bool, now: Int64) -> PGQuery {
         func numbers(_ values: [Int64]) -> String {
             "{" + values.map(String.init).joined(separator: ",") + "}"
         }
         let marks = pushes ? """
             , marks AS (
               INSERT INTO push_outbox AS o (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
-              SELECT p.activity_id, t.device_id, 'update', p.seq, p.priority, $5::bigint
+              SELECT p.activity_id, t.device_id, 'update', p.seq, p.priority, $8::bigint
               FROM placed p CROSS JOIN LATERAL (
                 SELECT device_id FROM activity_tokens x WHERE x.activity_id = p.activity_id OFFSET 0) t
               ORDER BY p.activity_id, t.device_id
@@ -318,7 +311,7 @@ struct ActivityRepository {
               RETURNING 1
             ), starts AS (
               INSERT INTO push_outbox (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
-              SELECT p.activity_id, d.id, 'start', 1, 10, $5::bigint
+              SELECT p.activity_id, d.id, 'start', 1, 10, $8::bigint
               FROM placed p CROSS JOIN LATERAL (
                 SELECT 1 FROM activities x WHERE x.activity_id = p.activity_id AND x.live_activity LIMIT 1) a
               CROSS JOIN devices d
@@ -331,17 +324,28 @@ struct ActivityRepository {
         let counted = pushes ? ", (SELECT count(*) FROM marks) + (SELECT count(*) FROM starts) AS pushes" : ", 0 AS pushes"
         return PGQuery("""
             WITH c AS (
-              SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::smallint[]) AS c(activity_id, seq, payload, priority)
+              SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::smallint[])
+                WITH ORDINALITY AS c(activity_id, seq, event, data, idempotency_key, created_ms, priority, ord)
+            ), inserted AS (
+              INSERT INTO activity_events (activity_id, seq, event, data, idempotency_key, created_ms, position)
+              SELECT c.activity_id, c.seq, c.event, c.data, c.idempotency_key, c.created_ms, nextval('feed_positions')
+              FROM c CROSS JOIN LATERAL (
+                SELECT 1 FROM activities a
+                WHERE a.activity_id = c.activity_id AND a.seq = c.seq AND a.xmin = pg_current_xact_id()::xid LIMIT 1) mine
+              ORDER BY c.ord
+              RETURNING activity_id, seq, position, event, data
             ), placed AS (
-              UPDATE activity_events e SET position = nextval('feed_positions')
-              FROM c WHERE e.activity_id = c.activity_id AND e.seq = c.seq AND e.position IS NULL
-              RETURNING e.activity_id, e.seq, e.position, c.payload, c.priority
+              SELECT i.activity_id, i.seq, i.position, i.event, i.data, c.priority FROM inserted i JOIN c USING (activity_id, seq)
             )\(marks)
-            SELECT pg_notify('\(Channel.events)', ordered.position || E'\\n' || ordered.payload) AS notified,
+            SELECT pg_notify('\(Channel.events)', ordered.position || E'\\n' || ordered.activity_id || E'\\n' || ordered.seq
+                             || E'\\n' || ordered.event || E'\\n'
+                             || CASE WHEN octet_length(ordered.data) + octet_length(ordered.activity_id) <= \(maxNotifyPayload - 64)
+                                     THEN ordered.data ELSE '' END) AS notified,
                    ordered.activity_id, ordered.seq, ordered.position\(counted)
             FROM (SELECT * FROM placed ORDER BY position) ordered
-            """, [array(applied.map(\.activityID)), numbers(applied.map(\.seq)), array(applied.map(\.payload)),
-                  numbers(applied.map { Int64($0.pushPriority) })] + (pushes ? [String(now)] : []),
+            """, [array(changes.map(\.activityID)), numbers(changes.map(\.seq)), array(changes.map(\.event)),
+                  array(changes.map(\.data)), array(changes.map(\.idempotencyKey)), numbers(changes.map(\.createdMs)),
+                  numbers(changes.map { Int64($0.pushPriority) })] + (pushes ? [String(now)] : []),
             name: pushes ? "publish_finalize_push" : "publish_finalize")
     }
 }

@@ -37,15 +37,18 @@ final class PublishOp {
     var attempts = 0
     /// Times this op was sent again because another statement rolled its batch back.
     var replays = 0
+    /// Sent in a batch of its own: a batch it was in failed at a step shared by all its
+    /// changes (the finalize), so each is retried alone to find the one at fault.
+    var alone = false
     var planned: ActivityEvent?
     var expectedSeq: Int64 = 0
     var endFingerprint: String?
     var previousState: ActivityState?
-    var staleAt: Int64?
     var webhook: ActivityRepository.Webhook?
     /// Set by the stale sweeper: planned against a fresh read, never the cache, and applied
     /// only while the activity's stale deadline still holds this claim (see StaleSweeper).
-    var staleFence: Int64?
+    /// The stale sweeper's end: applies only if the activity's `touched_ms` still holds this.
+    var staleTouch: Int64?
 
     init(activityID: String, kind: Kind, idempotencyKey: String?, ownerKeyID: Int64?,
          authorize: @escaping (StoredActivity) -> DispatchError?, completion: @escaping (Outcome) -> Void) {
@@ -168,7 +171,7 @@ final class Publisher {
             enqueueWrite(op)
             return
         }
-        if op.attempts == 0, op.staleFence == nil, let current = cache[op.activityID] {
+        if op.attempts == 0, op.staleTouch == nil, let current = cache[op.activityID] {
             decide(op, current)
             return
         }
@@ -232,7 +235,6 @@ final class Publisher {
         op.planned = planned
         op.expectedSeq = current.activity.seq
         op.previousState = current.activity.state
-        op.staleAt = current.staleAt(after: planned.snapshot)
         enqueueWrite(op)
     }
 
@@ -241,17 +243,17 @@ final class Publisher {
         flushWrites()
     }
 
-    private func statement(for op: PublishOp, json: [UInt8]) -> PGQuery {
+    private func statement(for op: PublishOp) -> PGQuery {
         let event = op.planned!
         if case .start(let cmd) = op.kind {
-            return ActivityRepository.startStatement(event, json: json, ownerKeyID: op.ownerKeyID, fingerprint: cmd.fingerprint,
-                                                     staleAfter: cmd.staleAfter ?? defaultStaleAfter, idempotencyKey: op.idempotencyKey)
+            return ActivityRepository.startStatement(event, ownerKeyID: op.ownerKeyID, fingerprint: cmd.fingerprint,
+                                                     staleAfter: cmd.staleAfter ?? defaultStaleAfter)
         }
         var reason: String?
         if case .cancel(let r) = op.kind { reason = r }
-        return ActivityRepository.changeStatement(event, json: json, expectedSeq: op.expectedSeq, endFingerprint: op.endFingerprint,
-                                                  staleAt: op.staleAt, cancelReason: reason, webhook: op.webhook,
-                                                  idempotencyKey: op.idempotencyKey, staleFence: op.staleFence)
+        return ActivityRepository.changeStatement(event, expectedSeq: op.expectedSeq, endFingerprint: op.endFingerprint,
+                                                  cancelReason: reason, webhook: op.webhook, idempotencyKey: op.idempotencyKey,
+                                                  staleTouch: op.staleTouch)
     }
 
     /// Group commit: everything queued goes in one pipeline batch, which PostgreSQL runs as one
@@ -266,16 +268,17 @@ final class Publisher {
             for op in failed { finish(op, .failed(Database.unavailable)) }
             return
         }
-        let ops = Array(writeQueue.prefix(Publisher.maxBatch))
+        let ops = writeQueue[0].alone ? [writeQueue[0]] : Array(writeQueue.prefix(Publisher.maxBatch).prefix { !$0.alone })
         writeQueue.removeFirst(ops.count)
         let jsons = ops.map { $0.planned!.snapshot.json() }
-        let applied = zip(ops, jsons).map { op, json in
-            ActivityRepository.Applied(activityID: op.activityID, seq: op.planned!.seq,
-                                       payload: ActivityRepository.notifyPayload(op.planned!, json: json),
-                                       pushPriority: op.planned!.pushPriority(previous: op.previousState))
+        let changes = zip(ops, jsons).map { op, json in
+            ActivityRepository.Change(activityID: op.activityID, seq: op.planned!.seq, event: op.planned!.name,
+                                      data: String(decoding: json, as: UTF8.self), idempotencyKey: op.idempotencyKey,
+                                      createdMs: op.planned!.snapshot.updatedAt,
+                                      pushPriority: op.planned!.pushPriority(previous: op.previousState))
         }
-        let queries = zip(ops, jsons).map { statement(for: $0, json: $1) }
-            + [ActivityRepository.positionLock, ActivityRepository.finalizeStatement(applied, pushes: pushes, now: now())]
+        let queries = ops.map(statement(for:))
+            + [ActivityRepository.positionLock, ActivityRepository.finalizeStatement(changes, pushes: pushes, now: now())]
         writing = true
         metrics.publishBatches += 1
         db.writer.execute(queries) { [weak self] result in
@@ -301,17 +304,20 @@ final class Publisher {
                     for op in ops { self.finish(op, .failed(Database.refusesWrites)) }
                     return self.flushWrites()
                 }
+                let finalizeError = rs.dropFirst(ops.count).first { $0.sqlState != nil }
+                if let e = finalizeError?.errorMessage {
+                    self.log.error("publish.finalize_failed", [("error", e.trimmingNewlines), ("changes", ops.count)])
+                }
                 for (op, r) in zip(ops, rs) {
                     op.replays += 1
-                    if r.sqlState != nil || op.replays > 3 {
-                        self.log.error("publish.failed", [("activity", op.activityID), ("error", (r.errorMessage ?? "batch rolled back").trimmingNewlines)])
+                    let atFault = r.sqlState != nil || (finalizeError != nil && ops.count == 1)
+                    if atFault || op.replays > 3 {
+                        self.log.error("publish.failed", [("activity", op.activityID), ("error", (r.errorMessage ?? finalizeError?.errorMessage ?? "batch rolled back").trimmingNewlines)])
                         self.finish(op, .failed(DispatchError(.internalError, "the change could not be stored")))
                     } else {
+                        if finalizeError != nil { op.alone = true }
                         self.writeQueue.append(op)
                     }
-                }
-                if let e = rs.dropFirst(ops.count).first(where: { !$0.ok })?.errorMessage {
-                    self.log.error("publish.finalize_failed", [("error", e.trimmingNewlines)])
                 }
             }
             self.flushWrites()
