@@ -3,28 +3,18 @@ import DispatchIO
 import DispatchSystem
 
 /// One client's feed (`GET /v1/stream`).
-final class FeedSession {
+final class FeedSession: KeyedStream {
     let id: Int
     let keyID: Int64
-    let http: HTTPStream
+    let connection: SSEConnection
     /// Finished activities since this time (ms) are in the initial set: the last 24 hours.
     let since: Int64
-    /// CORS headers of the request, for the stream's answer.
-    let extraHeaders: [(String, String)]
-    var lastWrite: Double
-    var outbox: StreamOutbox<StreamPayload>
-    /// The next page of an initial set or replay, read once the outbox has drained (paced).
-    var deferredRead: (() -> Void)?
 
-    init(id: Int, keyID: Int64, http: HTTPStream, since: Int64, extraHeaders: [(String, String)], now: Double,
-         outbox: StreamOutbox<StreamPayload>) {
+    init(id: Int, keyID: Int64, connection: SSEConnection, since: Int64) {
         self.id = id
         self.keyID = keyID
-        self.http = http
+        self.connection = connection
         self.since = since
-        self.extraHeaders = extraHeaders
-        lastWrite = now
-        self.outbox = outbox
     }
 }
 
@@ -40,9 +30,7 @@ final class FeedService: HTTPStreamDelegate {
     let log: Logger
     let settings: StreamService.Settings
     private var hub = FeedHub<Int, FeedEvent>()
-    private var sessions: [Int: FeedSession] = [:]
-    private var streamsPerKey: [Int64: Int] = [:]
-    private var nextID = 1
+    private var sessions = StreamTable<FeedSession>()
     private var heartbeatTimer: Timer?
     /// Finished activities younger than this are part of the initial set.
     static let recentWindowMs: Int64 = 24 * 3_600_000
@@ -58,12 +46,7 @@ final class FeedService: HTTPStreamDelegate {
     }
 
     var openFeeds: Int { sessions.count }
-    func streams(forKey key: Int64) -> Int { streamsPerKey[key] ?? 0 }
-
-    private func makeOutbox() -> StreamOutbox<StreamPayload> {
-        let low = min(16 * 1024, settings.maxBacklog / 4)
-        return StreamOutbox(maxBacklog: settings.maxBacklog, lowWater: low, pageBudget: min(64 * 1024, settings.maxBacklog / 2))
-    }
+    func streams(forKey key: Int64) -> Int { sessions.streams(forKey: key) }
 
     // MARK: - Opening
 
@@ -71,21 +54,16 @@ final class FeedService: HTTPStreamDelegate {
     /// read (not a number), which is answered with `reset` and the initial set.
     func open(_ req: HTTPRequest, filter: FeedFilter, lastEventID: Int64?, invalidLastEventID: Bool, keyID: Int64,
               extraHeaders: [(String, String)]) {
-        let http = HTTPStream(loop: loop)
-        http.attach(req)
-        let session = FeedSession(id: nextID, keyID: keyID, http: http, since: Clock.nowMilliseconds() - FeedService.recentWindowMs,
-                                  extraHeaders: extraHeaders, now: Clock.monotonic(), outbox: makeOutbox())
-        nextID += 1
-        sessions[session.id] = session
-        streamsPerKey[keyID, default: 0] += 1
+        let session = sessions.add { id in
+            FeedSession(id: id, keyID: keyID,
+                        connection: SSEConnection(req, loop: loop, tag: id, delegate: self, extraHeaders: extraHeaders,
+                                                  maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 64 * 1024),
+                        since: Clock.nowMilliseconds() - FeedService.recentWindowMs)
+        }
         metrics.feedsActive = sessions.count
         metrics.feedsOpened += 1
-        http.tag = session.id
-        http.drainMark = session.outbox.lowWater
-        http.delegate = self
         // Headers (and heartbeats) at once: the initial set may take a few reads.
-        session.http.begin(headers: StreamService.headers + extraHeaders, writeTimeout: settings.writeTimeout)
-        _ = session.http.write(StreamPayload(SSE.retry(milliseconds: StreamService.retryMilliseconds)), maxBacklog: settings.maxBacklog)
+        session.connection.begin()
         perform(hub.subscribe(session.id, filter: filter, lastEventID: lastEventID, reset: invalidLastEventID))
     }
 
@@ -122,7 +100,7 @@ final class FeedService: HTTPStreamDelegate {
                 paced(s) { [weak self] session in
                     guard let self else { return }
                     self.repository.initialPage(filter, after: after, firstHead: firstHead, since: session.since,
-                                                limit: Int(self.settings.historyPage), maxBytes: session.outbox.pageBudget) { [weak self] result in
+                                                limit: Int(self.settings.historyPage), maxBytes: session.connection.pageBudget) { [weak self] result in
                         guard let self, self.sessions[s] != nil else { return }
                         switch result {
                         case .failure: self.perform(self.hub.readFailed(s))
@@ -135,7 +113,7 @@ final class FeedService: HTTPStreamDelegate {
                 paced(s) { [weak self] session in
                     guard let self else { return }
                     self.repository.replayPage(filter, after: after, limit: Int(self.settings.historyPage),
-                                               maxBytes: session.outbox.pageBudget) { [weak self] result in
+                                               maxBytes: session.connection.pageBudget) { [weak self] result in
                         guard let self, self.sessions[s] != nil else { return }
                         switch result {
                         case .failure:
@@ -166,15 +144,9 @@ final class FeedService: HTTPStreamDelegate {
 
     /// Runs a stream's next page read now if its outbox has room, else once it drains.
     private func paced(_ id: Int, _ read: @escaping (FeedSession) -> Void) {
-        guard let session = sessions[id] else { return }
-        let run = { [weak self] in
+        sessions[id]?.connection.whenRoom { [weak self] in
             guard let self, let session = self.sessions[id] else { return }
             read(session)
-        }
-        if session.outbox.wantsMore(socketBacklog: session.http.backlog) {
-            run()
-        } else {
-            session.deferredRead = run
         }
     }
 
@@ -206,54 +178,29 @@ final class FeedService: HTTPStreamDelegate {
     private func send(_ id: Int, _ events: [FeedEvent]) {
         guard let session = sessions[id] else { return }
         if events.count == 1 { return offer(id, frame(events[0]), delivered: 1) }
-        session.outbox.enqueue(events.map { let p = frame($0); return (p, p.size) })
+        session.connection.enqueue(events.map(frame))
         metrics.feedDeliveries += events.count
         pump(id)
     }
 
     private func offer(_ id: Int, _ payload: StreamPayload, delivered: Int) {
         guard let session = sessions[id] else { return }
-        switch session.outbox.offer(payload, size: payload.size, socketBacklog: session.http.backlog, live: true) {
-        case .writeNow(let p):
-            switch session.http.write(p, maxBacklog: settings.maxBacklog) {
-            case .written, .queued:
-                session.lastWrite = Clock.monotonic()
-                metrics.feedDeliveries += delivered
-            case .backlogExceeded:
-                close(id, reason: .slowClient)
-            case .failed:
-                close(id, reason: .writeFailed)
-            }
-        case .queued:
+        if let failure = session.connection.offer(payload) {
+            close(id, reason: failure == .slowClient ? .slowClient : .writeFailed)
+        } else {
             metrics.feedDeliveries += delivered
-        case .overCap:
-            close(id, reason: .slowClient)
         }
     }
 
     private func pump(_ id: Int) {
-        guard let session = sessions[id] else { return }
-        while let payload = session.outbox.next(socketBacklog: session.http.backlog) {
-            switch session.http.write(payload, maxBacklog: Int.max) {
-            case .written, .queued:
-                session.lastWrite = Clock.monotonic()
-            case .backlogExceeded, .failed:
-                return close(id, reason: .writeFailed)
-            }
-        }
-        if let read = session.deferredRead, session.outbox.wantsMore(socketBacklog: session.http.backlog) {
-            session.deferredRead = nil
-            read()
-        }
+        if sessions[id]?.connection.pump() == .failed { close(id, reason: .writeFailed) }
     }
 
     private func heartbeat(tick: Double) {
-        let now = Clock.monotonic()
-        let due = settings.heartbeatSeconds - tick
-        var ids: [Int] = []
-        for (id, s) in sessions where now - s.lastWrite >= due { ids.append(id) }
         let beat = StreamPayload(SSE.heartbeat)
-        for id in ids { offer(id, beat, delivered: 0) }
+        for id in sessions.needingHeartbeat(now: Clock.monotonic(), after: settings.heartbeatSeconds - tick) {
+            offer(id, beat, delivered: 0)
+        }
     }
 
     func streamPeerClosed(_ tag: Int) { close(tag, reason: .clientClosed) }
@@ -263,15 +210,12 @@ final class FeedService: HTTPStreamDelegate {
 
     /// Removes a feed from memory and ends its connection; safe to call more than once.
     func close(_ id: Int, reason: StreamCloseReason) {
-        guard let session = sessions.removeValue(forKey: id) else { return }
+        guard let session = sessions.remove(id) else { return }
         hub.unsubscribe(id)
-        session.deferredRead = nil
-        let remaining = (streamsPerKey[session.keyID] ?? 1) - 1
-        streamsPerKey[session.keyID] = remaining > 0 ? remaining : nil
+        session.connection.detach()
         metrics.feedsActive = sessions.count
         metrics.feedCloses[reason, default: 0] += 1
-        let http = session.http
-        http.delegate = nil
+        let http = session.connection.http
         switch reason {
         case .clientClosed:
             break
@@ -284,11 +228,10 @@ final class FeedService: HTTPStreamDelegate {
 
     /// Ends the feeds opened with a key that was revoked.
     func closeStreams(ofKey keyID: Int64) {
-        guard streamsPerKey[keyID] != nil else { return }
-        for (id, s) in sessions where s.keyID == keyID { close(id, reason: .revoked) }
+        for id in sessions.ids(ofKey: keyID) { close(id, reason: .revoked) }
     }
 
-    var keysWithStreams: [Int64] { Array(streamsPerKey.keys) }
+    var keysWithStreams: [Int64] { sessions.keys }
 
     /// Ends every feed (server shutdown), each told when to come back (spread out as status
     /// streams are: `StreamService.reconnectWindow`); clients resume with Last-Event-ID.
@@ -296,7 +239,7 @@ final class FeedService: HTTPStreamDelegate {
         heartbeatTimer?.cancel()
         let window = StreamService.reconnectWindow(streams: sessions.count + otherStreams)
         var rng = SystemRandomNumberGenerator()
-        for id in Array(sessions.keys) {
+        for id in sessions.ids {
             let delay = 500 + Int(Double.random(in: 0..<window, using: &rng) * 1000)
             offer(id, StreamPayload(SSE.retry(milliseconds: delay)), delivered: 0)
             close(id, reason: .shutdown)

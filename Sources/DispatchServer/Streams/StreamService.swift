@@ -3,27 +3,18 @@ import DispatchIO
 import DispatchSystem
 
 /// One client's status stream.
-final class StreamSession {
+final class StreamSession: KeyedStream {
     let id: Int
     let activityID: String
     let keyID: Int64
-    let http: HTTPStream
-    let opened: Double
-    var lastWrite: Double
-    var outbox: StreamOutbox<StreamPayload>
-    /// A replay's next history page, read once the outbox has drained (paced replay).
-    var deferredRead: (() -> Void)?
-    /// CORS headers of the request, for every answer the stream gives.
-    var extraHeaders: [(String, String)] = []
+    let connection: SSEConnection
+    let opened = Clock.monotonic()
 
-    init(id: Int, activityID: String, keyID: Int64, http: HTTPStream, now: Double, outbox: StreamOutbox<StreamPayload>) {
+    init(id: Int, activityID: String, keyID: Int64, connection: SSEConnection) {
         self.id = id
         self.activityID = activityID
         self.keyID = keyID
-        self.http = http
-        opened = now
-        lastWrite = now
-        self.outbox = outbox
+        self.connection = connection
     }
 }
 
@@ -46,13 +37,10 @@ final class StreamService: HTTPStreamDelegate {
     let log: Logger
     let settings: Settings
     private var hub = Hub<Int, WireEvent>()
-    private var sessions: [Int: StreamSession] = [:]
-    private var streamsPerKey: [Int64: Int] = [:]
+    private var sessions = StreamTable<StreamSession>()
     /// Final events of finished activities, answered from memory; bounded by bytes.
     private var terminalCache = BoundedCache<String, WireEvent>(maxBytes: 32 << 20)
-    private var nextID = 1
     private var heartbeatTimer: Timer?
-    static let retryMilliseconds = 3000
 
     init(loop: EventLoop, activities: ActivityRepository, publisher: Publisher, metrics: Metrics, log: Logger, settings: Settings) {
         self.loop = loop
@@ -66,33 +54,20 @@ final class StreamService: HTTPStreamDelegate {
     }
 
     var openStreams: Int { sessions.count }
-    func streams(forKey key: Int64) -> Int { streamsPerKey[key] ?? 0 }
-
-    static let headers: [(String, String)] = [
-        ("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"),
-    ]
-
-    private func makeOutbox() -> StreamOutbox<StreamPayload> {
-        let low = min(16 * 1024, settings.maxBacklog / 4)
-        return StreamOutbox(maxBacklog: settings.maxBacklog, lowWater: low, pageBudget: min(16 * 1024, settings.maxBacklog / 2))
-    }
+    func streams(forKey key: Int64) -> Int { sessions.streams(forKey: key) }
 
     // MARK: - Opening
 
     func open(_ req: HTTPRequest, activityID: String, lastEventID: Int64?, keyID: Int64, extraHeaders: [(String, String)] = []) {
-        let http = HTTPStream(loop: loop)
-        http.attach(req)
-        let session = StreamSession(id: nextID, activityID: activityID, keyID: keyID, http: http, now: Clock.monotonic(),
-                                    outbox: makeOutbox())
-        nextID += 1
-        session.extraHeaders = extraHeaders
-        sessions[session.id] = session
-        streamsPerKey[keyID, default: 0] += 1
+        let session = sessions.add { id in
+            StreamSession(id: id, activityID: activityID, keyID: keyID,
+                          connection: SSEConnection(req, loop: loop, tag: id, delegate: self, extraHeaders: extraHeaders,
+                                                    maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 16 * 1024))
+        }
         metrics.streamsActive = sessions.count
-        log.info("stream.open", [("activity", activityID), ("stream", session.id), ("resume_after", lastEventID.map { String($0) } ?? "-")])
-        http.tag = session.id
-        http.drainMark = session.outbox.lowWater
-        http.delegate = self
+        if log.enabled(.info) {
+            log.info("stream.open", [("activity", activityID), ("stream", session.id), ("resume_after", lastEventID.map { String($0) } ?? "-")])
+        }
 
         if let final = terminalCache[activityID] {
             // A finished activity never changes: answer from memory.
@@ -106,8 +81,8 @@ final class StreamService: HTTPStreamDelegate {
     /// A client whose Last-Event-ID is already the newest event goes live with nothing to
     /// send: start its response now, so it gets headers and heartbeats while it waits.
     private func beginIfLive(_ id: Int) {
-        guard let session = sessions[id], !session.http.started, hub.isLive(id) else { return }
-        begin(session)
+        guard let session = sessions[id], !session.connection.started, hub.isLive(id) else { return }
+        session.connection.begin()
     }
 
     private func beginLiveSubscribers(of topic: String) {
@@ -137,21 +112,16 @@ final class StreamService: HTTPStreamDelegate {
     /// Reads one page of a stream's replay once its outbox has room for it.
     private func readPage(_ id: Int, after: Int64, _ loaded: @escaping ([WireEvent]) -> Void) {
         guard let session = sessions[id] else { return }
-        let read = { [weak self] in
+        session.connection.whenRoom { [weak self] in
             guard let self, let session = self.sessions[id] else { return }
             self.activities.history(session.activityID, after: after, limit: self.settings.historyPage,
-                                    maxBytes: session.outbox.pageBudget) { [weak self] result in
+                                    maxBytes: session.connection.pageBudget) { [weak self] result in
                 guard let self, self.sessions[id] != nil else { return }
                 switch result {
                 case .failure: self.close(id, reason: .database)
                 case .success(let events): loaded(events.map(WireEvent.init(stored:)))
                 }
             }
-        }
-        if session.outbox.wantsMore(socketBacklog: session.http.backlog) {
-            read()
-        } else {
-            session.deferredRead = read
         }
     }
 
@@ -274,19 +244,12 @@ final class StreamService: HTTPStreamDelegate {
 
     // MARK: - Writing
 
-    private func begin(_ session: StreamSession) {
-        guard !session.http.started else { return }
-        session.http.begin(headers: StreamService.headers + session.extraHeaders, writeTimeout: settings.writeTimeout)
-        _ = session.http.write(StreamPayload(SSE.retry(milliseconds: StreamService.retryMilliseconds)), maxBacklog: settings.maxBacklog)
-    }
-
     /// One live event goes straight to the socket when nothing waits (counted against the
     /// slow-client cap); several (a replay page) queue and are written as the socket drains.
     private func send(_ id: Int, _ events: [WireEvent]) {
         guard let session = sessions[id] else { return }
         if events.count == 1 { return offer(id, events[0].payload, delivered: 1) }
-        begin(session)
-        session.outbox.enqueue(events.map { ($0.payload, $0.payload.size) })
+        session.connection.enqueue(events.map(\.payload))
         metrics.eventsDelivered += events.count
         pump(id)
     }
@@ -294,56 +257,31 @@ final class StreamService: HTTPStreamDelegate {
     /// Offers one payload (a live event, a heartbeat, `not_found`) to a stream.
     private func offer(_ id: Int, _ payload: StreamPayload, delivered: Int) {
         guard let session = sessions[id] else { return }
-        begin(session)
-        switch session.outbox.offer(payload, size: payload.size, socketBacklog: session.http.backlog, live: true) {
-        case .writeNow(let p):
-            switch session.http.write(p, maxBacklog: settings.maxBacklog) {
-            case .written, .queued:
-                session.lastWrite = Clock.monotonic()
-                metrics.eventsDelivered += delivered
-            case .backlogExceeded:
-                close(id, reason: .slowClient)
-            case .failed:
-                close(id, reason: .writeFailed)
-            }
-        case .queued:
+        if let failure = session.connection.offer(payload) {
+            close(id, reason: failure == .slowClient ? .slowClient : .writeFailed)
+        } else {
             metrics.eventsDelivered += delivered
-        case .overCap:
-            close(id, reason: .slowClient)
         }
     }
 
-    /// Writes queued payloads while the connection stays under the low-water mark, then reads
-    /// the replay's next page if one waits, or ends a finished stream.
     private func pump(_ id: Int) {
-        guard let session = sessions[id] else { return }
-        while let payload = session.outbox.next(socketBacklog: session.http.backlog) {
-            switch session.http.write(payload, maxBacklog: Int.max) {
-            case .written, .queued:
-                session.lastWrite = Clock.monotonic()
-            case .backlogExceeded, .failed:
-                return close(id, reason: .writeFailed)
-            }
-        }
-        if session.outbox.isFinished { return close(id, reason: .terminal) }
-        if let read = session.deferredRead, session.outbox.wantsMore(socketBacklog: session.http.backlog) {
-            session.deferredRead = nil
-            read()
+        switch sessions[id]?.connection.pump() {
+        case .finished?: close(id, reason: .terminal)
+        case .failed?: close(id, reason: .writeFailed)
+        case .open?, nil: break
         }
     }
 
     private func finishWhenDrained(_ id: Int) {
         guard let session = sessions[id] else { return }
-        if session.outbox.finishWhenDrained() { close(id, reason: .terminal) }
+        if session.connection.finishWhenDrained() { close(id, reason: .terminal) }
     }
 
     private func heartbeat(tick: Double) {
-        let now = Clock.monotonic()
-        let due = settings.heartbeatSeconds - tick
-        var ids: [Int] = []
-        for (id, s) in sessions where s.http.started && now - s.lastWrite >= due { ids.append(id) }
         let beat = StreamPayload(SSE.heartbeat)
-        for id in ids { offer(id, beat, delivered: 0) }
+        for id in sessions.needingHeartbeat(now: Clock.monotonic(), after: settings.heartbeatSeconds - tick) {
+            offer(id, beat, delivered: 0)
+        }
     }
 
     func streamPeerClosed(_ tag: Int) { close(tag, reason: .clientClosed) }
@@ -353,29 +291,27 @@ final class StreamService: HTTPStreamDelegate {
 
     /// Removes a stream from memory and ends its connection; safe to call more than once.
     func close(_ id: Int, reason: StreamCloseReason) {
-        guard let session = sessions.removeValue(forKey: id) else { return }
+        guard let session = sessions.remove(id) else { return }
         hub.unsubscribe(id)
-        session.deferredRead = nil
-        let remaining = (streamsPerKey[session.keyID] ?? 1) - 1
-        streamsPerKey[session.keyID] = remaining > 0 ? remaining : nil
+        session.connection.detach()
         metrics.streamsActive = sessions.count
         metrics.streamCloses[reason, default: 0] += 1
         if log.enabled(.info) {
             log.info("stream.close", [("activity", session.activityID), ("stream", id), ("reason", reason.rawValue),
                                       ("duration_s", ((Clock.monotonic() - session.opened) * 1000).rounded() / 1000)])
         }
-        let http = session.http
-        http.delegate = nil
+        let http = session.connection.http
+        let extraHeaders = session.connection.extraHeaders
         switch reason {
         case .clientClosed:
             break
         case .terminal where !http.started, .noContent:
             // Nothing was ever sent (the client already had the final event).
-            http.respond(status: 204, headers: session.extraHeaders, body: [])
+            http.respond(status: 204, headers: extraHeaders, body: [])
         case .terminal, .notFound:
             http.end()
         case .database where !http.started:
-            http.respond(status: 503, headers: [("Content-Type", "application/json")] + session.extraHeaders, body: Database.unavailable.jsonBody())
+            http.respond(status: 503, headers: [("Content-Type", "application/json")] + extraHeaders, body: Database.unavailable.jsonBody())
         case .shutdown where http.started:
             http.end()
         case .slowClient, .writeFailed, .shutdown, .database, .revoked:
@@ -385,12 +321,11 @@ final class StreamService: HTTPStreamDelegate {
 
     /// Ends the streams opened with a key that was revoked.
     func closeStreams(ofKey keyID: Int64) {
-        guard streamsPerKey[keyID] != nil else { return }
-        for (id, s) in sessions where s.keyID == keyID { close(id, reason: .revoked) }
+        for id in sessions.ids(ofKey: keyID) { close(id, reason: .revoked) }
     }
 
     /// The keys that hold streams here (to re-check after missed revocations).
-    var keysWithStreams: [Int64] { Array(streamsPerKey.keys) }
+    var keysWithStreams: [Int64] { sessions.keys }
 
     /// Ends every stream (server shutdown). Each is told first to reconnect after its own
     /// delay, spread over a window that grows with the number of streams, so that tens of
@@ -400,8 +335,8 @@ final class StreamService: HTTPStreamDelegate {
         heartbeatTimer?.cancel()
         let window = StreamService.reconnectWindow(streams: sessions.count + otherStreams)
         var rng = SystemRandomNumberGenerator()
-        for (id, session) in sessions {
-            if session.http.started {
+        for id in sessions.ids {
+            if sessions[id]?.connection.started == true {
                 let delay = 500 + Int(Double.random(in: 0..<window, using: &rng) * 1000)
                 offer(id, StreamPayload(SSE.retry(milliseconds: delay)), delivered: 0)
             }

@@ -1,0 +1,157 @@
+import DispatchCore
+import DispatchIO
+import DispatchSystem
+
+/// One server-sent-events response, written the way status streams and feeds both write:
+/// a live event goes straight to the socket when nothing waits, pages queue in the outbox and
+/// go out as the socket drains, and the next page is read only once there is room for it.
+final class SSEConnection {
+    enum Failure { case slowClient, writeFailed }
+    enum Pumped { case open, finished, failed }
+
+    static let headers: [(String, String)] = [
+        ("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"),
+    ]
+    static let retryMilliseconds = 3000
+
+    let http: HTTPStream
+    /// CORS headers of the request, for every answer the stream gives.
+    let extraHeaders: [(String, String)]
+    private(set) var outbox: StreamOutbox<StreamPayload>
+    private(set) var lastWrite: Double
+    private let maxBacklog: Int
+    private let writeTimeout: Double
+    /// The next page of a replay, read once the outbox has drained (paced).
+    private var deferredRead: (() -> Void)?
+
+    init(_ req: HTTPRequest, loop: EventLoop, tag: Int, delegate: HTTPStreamDelegate, extraHeaders: [(String, String)],
+         maxBacklog: Int, writeTimeout: Double, pageCap: Int) {
+        http = HTTPStream(loop: loop)
+        http.attach(req)
+        self.extraHeaders = extraHeaders
+        self.maxBacklog = maxBacklog
+        self.writeTimeout = writeTimeout
+        outbox = StreamOutbox(maxBacklog: maxBacklog, lowWater: min(16 * 1024, maxBacklog / 4), pageBudget: min(pageCap, maxBacklog / 2))
+        lastWrite = Clock.monotonic()
+        http.tag = tag
+        http.drainMark = outbox.lowWater
+        http.delegate = delegate
+    }
+
+    var started: Bool { http.started }
+    /// How many bytes the next history page may bring.
+    var pageBudget: Int { outbox.pageBudget }
+
+    /// Sends the headers and the reconnect delay, once.
+    func begin() {
+        guard !http.started else { return }
+        http.begin(headers: SSEConnection.headers + extraHeaders, writeTimeout: writeTimeout)
+        _ = http.write(StreamPayload(SSE.retry(milliseconds: SSEConnection.retryMilliseconds)), maxBacklog: maxBacklog)
+    }
+
+    /// Offers one payload (a live event, a heartbeat, a control event), counted against the
+    /// slow-client cap; nil when it was written or queued.
+    func offer(_ payload: StreamPayload) -> Failure? {
+        begin()
+        switch outbox.offer(payload, size: payload.size, socketBacklog: http.backlog, live: true) {
+        case .writeNow(let p):
+            switch http.write(p, maxBacklog: maxBacklog) {
+            case .written, .queued:
+                lastWrite = Clock.monotonic()
+                return nil
+            case .backlogExceeded: return .slowClient
+            case .failed: return .writeFailed
+            }
+        case .queued: return nil
+        case .overCap: return .slowClient
+        }
+    }
+
+    /// Queues a page; `pump` writes it.
+    func enqueue(_ payloads: [StreamPayload]) {
+        begin()
+        outbox.enqueue(payloads.map { ($0, $0.size) })
+    }
+
+    /// Writes queued payloads while the connection stays under the low-water mark, then runs
+    /// the replay's next read if one waits and there is room.
+    func pump() -> Pumped {
+        while let payload = outbox.next(socketBacklog: http.backlog) {
+            switch http.write(payload, maxBacklog: Int.max) {
+            case .written, .queued: lastWrite = Clock.monotonic()
+            case .backlogExceeded, .failed: return .failed
+            }
+        }
+        if outbox.isFinished { return .finished }
+        if let read = deferredRead, outbox.wantsMore(socketBacklog: http.backlog) {
+            deferredRead = nil
+            read()
+        }
+        return .open
+    }
+
+    /// Runs a page read now if the outbox has room, else once it drains.
+    func whenRoom(_ read: @escaping () -> Void) {
+        if outbox.wantsMore(socketBacklog: http.backlog) {
+            read()
+        } else {
+            deferredRead = read
+        }
+    }
+
+    /// Ends the response after what is queued; true when that is already the case.
+    func finishWhenDrained() -> Bool { outbox.finishWhenDrained() }
+
+    func needsHeartbeat(now: Double, after seconds: Double) -> Bool {
+        http.started && now - lastWrite >= seconds
+    }
+
+    /// Called once, on teardown: no more reads or callbacks reach the service.
+    func detach() {
+        deferredRead = nil
+        http.delegate = nil
+    }
+}
+
+/// A stream some API key opened.
+protocol KeyedStream: AnyObject {
+    var keyID: Int64 { get }
+    var connection: SSEConnection { get }
+}
+
+/// The open streams of one kind, by id and by the API key that opened them (per-key caps,
+/// and closing on revocation).
+struct StreamTable<Session: KeyedStream> {
+    private(set) var byID: [Int: Session] = [:]
+    private var perKey: [Int64: Int] = [:]
+    private var nextID = 1
+
+    var count: Int { byID.count }
+    var ids: [Int] { Array(byID.keys) }
+    subscript(id: Int) -> Session? { byID[id] }
+    func streams(forKey key: Int64) -> Int { perKey[key] ?? 0 }
+    /// The keys that hold streams here (to re-check after missed revocations).
+    var keys: [Int64] { Array(perKey.keys) }
+    func ids(ofKey key: Int64) -> [Int] {
+        guard perKey[key] != nil else { return [] }
+        return byID.compactMap { $0.value.keyID == key ? $0.key : nil }
+    }
+    func needingHeartbeat(now: Double, after seconds: Double) -> [Int] {
+        byID.compactMap { $0.value.connection.needsHeartbeat(now: now, after: seconds) ? $0.key : nil }
+    }
+
+    mutating func add(_ make: (Int) -> Session) -> Session {
+        let session = make(nextID)
+        byID[nextID] = session
+        nextID += 1
+        perKey[session.keyID, default: 0] += 1
+        return session
+    }
+
+    mutating func remove(_ id: Int) -> Session? {
+        guard let session = byID.removeValue(forKey: id) else { return nil }
+        let remaining = (perKey[session.keyID] ?? 1) - 1
+        perKey[session.keyID] = remaining > 0 ? remaining : nil
+        return session
+    }
+}
