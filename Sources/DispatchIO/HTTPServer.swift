@@ -30,6 +30,7 @@ public final class HTTPServer {
     public var handler: (HTTPRequest) -> Void = { $0.respond(status: 404, body: []) }
     /// Connections cut by the request deadline or the per-address cap (metrics).
     public var connectionsCut: Int { guardian.cut }
+    public var connectionsOpen: Int { guardian.count }
 
     public init(loop: EventLoop, limits: HTTPLimits) {
         self.loop = loop

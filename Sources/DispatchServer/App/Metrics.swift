@@ -23,6 +23,8 @@ public final class Metrics {
     public var webhookOutboxPending = -1
     /// Read at render time: connections cut by the request deadline or the per-address cap.
     public var connectionsCut: () -> Int = { 0 }
+    /// Read at render time: client connections open now (streams and requests alike).
+    public var connectionsOpen: () -> Int = { 0 }
     // The feed (contract §8).
     public var feedsActive = 0
     public var feedsOpened = 0
@@ -88,6 +90,7 @@ public final class Metrics {
         line("dispatch_db_reconnects_total", "counter", "Database connections lost.", [(w, "\(dbReconnects)")])
         line("dispatch_connections_cut_total", "counter", "Client connections cut: whole-request deadline or per-address cap.",
              [(w, "\(connectionsCut())")])
+        line("dispatch_connections_open", "gauge", "Client connections open now.", [(w, "\(connectionsOpen())")])
         s += "# HELP dispatch_db_query_seconds Database round trips (one pipeline batch each).\n# TYPE dispatch_db_query_seconds histogram\n"
         for (i, b) in bucketBounds.enumerated() { s += "dispatch_db_query_seconds_bucket{\(w),le=\"\(b)\"} \(bucketCounts[i])\n" }
         s += "dispatch_db_query_seconds_bucket{\(w),le=\"+Inf\"} \(queryCount)\n"

@@ -49,6 +49,7 @@ public final class Worker {
         limits.connections = ConnectionPolicy(requestDeadline: config.requestDeadlineSeconds, maxPendingPerClient: config.maxPendingPerClient)
         http = HTTPServer(loop: loop, limits: limits)
         metrics.connectionsCut = { [http] in http.connectionsCut }
+        metrics.connectionsOpen = { [http] in http.connectionsOpen }
         db = Database(loop: loop, conninfo: conninfo, log: log, metrics: metrics)
         listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log)
         publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
