@@ -126,7 +126,9 @@ try:
     cancel = driver.find_element(By.ID, "cancel")
     check("cancel button for a live job", cancel.is_displayed())
     cancel.click()
-    msg, _ = wait("cancel answered", lambda: driver.find_element(By.ID, "cancel-msg").text, 5)
+    # The page says "Asking the job to stop…" while the request is out; wait for the answer.
+    answered = lambda: (lambda t: t if t and not t.endswith("…") else None)(driver.find_element(By.ID, "cancel-msg").text)
+    msg, _ = wait("cancel answered", answered, 5)
     check("cancel answer shown", any(w in msg for w in ["requested", "may not", "cannot", "finished"]), msg)
     driver.find_element(By.ID, "detail-close").click()
 
