@@ -27,6 +27,8 @@ enum BenchMain {
       --template PATH             nginx config template (default bench/nginx.conf.template)
       --results DIR               where results JSON goes (default bench/results)
       --json PATH                 write the results JSON to PATH instead
+      --scenarios LIST            only these, comma-separated: idle,fanout,throughput,terminal
+      --throughput-seconds S      how long publishers run in the throughput scenario
     """
 
     static func run(_ args: [String]) -> Int32 {
@@ -64,6 +66,11 @@ enum BenchMain {
             case "--template": c.template = value() ?? c.template
             case "--results": c.resultsDir = value() ?? c.resultsDir
             case "--json": c.jsonOut = value()
+            case "--scenarios":
+                let wanted = Set((value() ?? "").split(separator: ",").map(String.init))
+                guard !wanted.isEmpty, wanted.isSubset(of: BenchConfig.allScenarios) else { log(usage); return 64 }
+                c.scenarios = wanted
+            case "--throughput-seconds": c.throughputSeconds = max(1, Double(value() ?? "") ?? c.throughputSeconds)
             default:
                 log("unknown option \(args[i])\n" + usage)
                 return 64

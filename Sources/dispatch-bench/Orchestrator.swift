@@ -30,6 +30,9 @@ struct BenchConfig {
     var resultsDir = "bench/results"
     var jsonOut: String?
     var deadlineSeconds: UInt32 = 300
+    /// Which scenarios run (`--scenarios`): all by default; one alone is handy under a profiler.
+    var scenarios: Set<String> = BenchConfig.allScenarios
+    static let allScenarios: Set<String> = ["idle", "fanout", "throughput", "terminal"]
 
     static func preset(_ mode: String) -> BenchConfig {
         var c = BenchConfig()
@@ -131,10 +134,11 @@ final class Orchestrator {
         for rep in 0..<config.repeats {
             // Alternate which server goes first so neither always gets the warmer machine.
             let order = rep % 2 == 0 ? targets : targets.reversed()
-            for t in order { try idle(t, rep: rep) }
-            for t in order { try fanout(t, rep: rep) }
-            for t in order { try throughput(t, rep: rep) }
-            for t in order { try terminal(t, rep: rep) }
+            let runs = config.scenarios.contains
+            if runs("idle") { for t in order { try idle(t, rep: rep) } }
+            if runs("fanout") { for t in order { try fanout(t, rep: rep) } }
+            if runs("throughput") { for t in order { try throughput(t, rep: rep) } }
+            if runs("terminal") { for t in order { try terminal(t, rep: rep) } }
         }
         let elapsed = Double(Clock.monotonicNanoseconds() - start) / 1e9
         let table = renderTable(elapsed: elapsed)

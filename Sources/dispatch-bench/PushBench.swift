@@ -177,12 +177,12 @@ final class PushRun {
         let t = try Servers.startDispatch(binary: o.dispatchd, dir: sub, workers: o.workers,
                                           port: Servers.freePort(startingAt: 18580), env: env)
         targets.append(t)
-        // /readyz reached one worker; the others may still be connecting to PostgreSQL. Wait
-        // until every worker's metrics say its database sessions are up.
+        // Wait until the database sessions are up (`dispatch_db_up` is 1 only when every
+        // worker's are).
         let deadline = Clock.monotonicNanoseconds() + 30_000_000_000
         while Clock.monotonicNanoseconds() < deadline {
             let m = Metrics.scrape(port: t.port, workers: o.workers)
-            if m.samples.count == o.workers && m.sum("dispatch_db_up") >= Double(o.workers) { break }
+            if m.sum("dispatch_db_up") >= 1 { break }
             Control.sleep(0.1)
         }
         return t
@@ -640,54 +640,45 @@ enum PlainHTTP {
     }
 }
 
-/// Prometheus text from every worker of a server: each scrape reaches one worker (the
-/// kernel spreads connections), so scrape from several source addresses until each worker's
-/// `worker="N"` samples have been seen, keeping the newest of each.
+/// A server's Prometheus figures: `/metrics` answers for the whole server (its workers
+/// summed), so one scrape is enough; per-worker `worker="N"` series are left out.
 struct Metrics {
-    var samples: [String: [String: Double]] = [:]  // worker -> "name{labels}" -> value
+    var values: [String: Double] = [:]  // "name{labels}" or "name" -> value
 
     static func scrape(port: UInt16, workers: Int) -> Metrics {
         var m = Metrics()
-        var attempt = 0
-        while m.samples.count < workers && attempt < 64 {
-            let address = Servers.addresses[attempt % Servers.addresses.count]
-            attempt += 1
+        for address in Servers.addresses.prefix(3) {
             guard let body = PlainHTTP.request(port: port, method: "GET", path: "/metrics", address: address) else { continue }
-            var worker = ""
-            var values: [String: Double] = [:]
             for line in String(decoding: body, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
                 guard let space = line.lastIndex(of: " "), let v = Double(line[line.index(after: space)...]) else { continue }
                 let key = String(line[..<space])
-                values[key] = v
-                if worker.isEmpty, let r = key.firstRange(of: "worker=\"") {
-                    worker = String(key[r.upperBound...].prefix { $0 != "\"" })
-                }
+                if !key.contains("worker=\"") { m.values[key] = v }
             }
-            if !worker.isEmpty { m.samples[worker] = values }
+            break
         }
         return m
     }
 
-    /// The sum over workers of every sample of `name` whose labels contain `label`.
+    private func samples(_ name: String) -> [(key: String, value: Double)] {
+        values.filter { $0.key == name || $0.key.hasPrefix(name + "{") }.map { ($0.key, $0.value) }
+    }
+
+    /// The sum of every sample of `name` whose labels contain `label`.
     func sum(_ name: String, _ label: String = "") -> Double {
-        samples.values.reduce(0.0) { total, values in
-            total + values.filter { $0.key.hasPrefix(name + "{") && (label.isEmpty || $0.key.contains(label)) }.reduce(0.0) { $0 + $1.value }
-        }
+        samples(name).filter { label.isEmpty || $0.key.contains(label) }.reduce(0.0) { $0 + $1.value }
     }
 
     func max(_ name: String) -> Double {
-        samples.values.compactMap { $0.first { $0.key.hasPrefix(name + "{") }?.value }.max() ?? 0
+        samples(name).map(\.value).max() ?? 0
     }
 
-    /// A histogram's cumulative buckets (upper bound -> count), summed over workers.
+    /// A histogram's cumulative buckets (upper bound -> count).
     func histogram(_ name: String) -> CumulativeHistogram {
         var buckets: [Double: Double] = [:]
-        for values in samples.values {
-            for (key, v) in values where key.hasPrefix(name + "_bucket{") {
-                guard let r = key.firstRange(of: "le=\""), let le = Double(key[r.upperBound...].prefix { $0 != "\"" }) ?? (key.contains("+Inf") ? .infinity : nil)
-                else { continue }
-                buckets[le, default: 0] += v
-            }
+        for (key, v) in samples(name + "_bucket") {
+            guard let r = key.firstRange(of: "le=\""), let le = Double(key[r.upperBound...].prefix { $0 != "\"" }) ?? (key.contains("+Inf") ? .infinity : nil)
+            else { continue }
+            buckets[le, default: 0] += v
         }
         return CumulativeHistogram(buckets: buckets)
     }

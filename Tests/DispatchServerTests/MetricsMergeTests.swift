@@ -52,4 +52,20 @@ final class MetricsMergeTests: XCTestCase {
 
         """)
     }
+
+    /// A deployment-wide count every worker reads for itself is not multiplied by the workers
+    /// (the push outbox depth once showed twice the real rows with two workers).
+    func testOutboxDepthsTakeTheHighestNotTheSum() {
+        let text = { (w: Int, depth: Int) in """
+            # HELP dispatch_push_outbox_depth Outbox rows with a push to make.
+            # TYPE dispatch_push_outbox_depth gauge
+            dispatch_push_outbox_depth{worker="\(w)"} \(depth)
+            # HELP dispatch_webhook_outbox_pending Webhook deliveries waiting.
+            # TYPE dispatch_webhook_outbox_pending gauge
+            dispatch_webhook_outbox_pending{worker="\(w)"} \(depth + 1)
+            """ }
+        let merged = MetricsMerge.merge([text(0, 4), text(1, 5)])
+        XCTAssertTrue(merged.contains("dispatch_push_outbox_depth 5\n"), merged)
+        XCTAssertTrue(merged.contains("dispatch_webhook_outbox_pending 6\n"), merged)
+    }
 }

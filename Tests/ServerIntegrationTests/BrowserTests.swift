@@ -29,6 +29,12 @@ final class BrowserTests: XCTestCase {
         XCTAssertEqual(unauthorized.headers["access-control-allow-origin"], "https://ops.example", "errors too")
         let post = try s.client.post("/v1/activities/c/update", #"{"progress":0.2}"#, headers: ok)
         XCTAssertEqual(post.headers["access-control-allow-origin"], "https://ops.example")
+        // An empty answer too (touch once answered its 204 without them, and unlogged).
+        let touch = try s.client.request("POST", "/v1/activities/c/touch", headers: ok)
+        XCTAssertEqual(touch.status, 204)
+        XCTAssertEqual(touch.headers["access-control-allow-origin"], "https://ops.example")
+        XCTAssertNil(touch.headers["content-type"], "a 204 has no body to describe")
+        XCTAssertTrue(s.log().contains("route=/v1/activities/{id}/touch"), "every answer is logged")
         XCTAssertNil(try s.client.get("/healthz", headers: ok).headers["access-control-allow-origin"], "only /v1")
 
         // Preflight: 204 with methods, headers and max-age for an allowed origin; bare 204 otherwise.

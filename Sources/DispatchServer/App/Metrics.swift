@@ -1,8 +1,8 @@
 import DispatchCore
 import DispatchSystem
 
-/// Prometheus figures for one worker process. Each worker serves its own, labelled `worker`;
-/// sum over the label for the server's total.
+/// Prometheus figures for one worker process, labelled `worker`; `/metrics` answers with every
+/// worker's merged into the server's (`MetricsMerge`).
 public final class Metrics {
     public var streamsActive = 0
     public var eventsPublished = 0
@@ -83,7 +83,7 @@ public final class Metrics {
         line("dispatch_webhook_deliveries_total", "counter", "Cancel webhook attempts, by result.",
              ["delivered", "retried", "failed", "refused"].map { ("\(w),result=\"\($0)\"", "\(webhookDeliveries[$0] ?? 0)") })
         if webhookOutboxPending >= 0 {
-            line("dispatch_webhook_outbox_pending", "gauge", "Webhook deliveries waiting (the whole outbox: take the max over workers).",
+            line("dispatch_webhook_outbox_pending", "gauge", "Webhook deliveries waiting in the whole outbox.",
                  [(w, "\(webhookOutboxPending)")])
         }
         line("dispatch_db_up", "gauge", "1 when the database connections are up.", [(w, dbConnected ? "1" : "0")])

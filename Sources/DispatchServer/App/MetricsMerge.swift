@@ -1,12 +1,15 @@
 /// Sums the Prometheus text of several workers into one server's: every sample keyed by its
 /// name and labels without `worker`. Counters, gauges and histogram series add up; a 0/1 state
-/// (`dispatch_db_up`) takes the lowest, so one worker down shows; process figures are summed
+/// (`dispatch_db_up`) takes the lowest, so one worker down shows; a figure of the whole
+/// deployment that each worker counts (outbox depths) takes the highest; process figures are summed
 /// and also kept per worker, where a per-worker series means something.
 enum MetricsMerge {
     /// Families whose per-worker series are kept beside the sum.
     static let perWorker: Set<String> = ["process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total"]
     /// Families whose samples take the lowest value instead of the sum.
     static let lowest: Set<String> = ["dispatch_db_up"]
+    /// Deployment-wide figures every worker reads for itself: the highest (the freshest count), not the sum.
+    static let highest: Set<String> = ["dispatch_push_outbox_depth", "dispatch_webhook_outbox_pending"]
 
     struct Family {
         var header: [String] = []
@@ -36,7 +39,7 @@ enum MetricsMerge {
                 if families[family] == nil { families[family] = Family(); order.append(family) }
                 let key = labels.isEmpty ? name : "\(name){\(labels)}"
                 if let old = families[family]!.values[key] {
-                    families[family]!.values[key] = lowest.contains(family) ? min(old, value) : old + value
+                    families[family]!.values[key] = lowest.contains(family) ? min(old, value) : highest.contains(family) ? max(old, value) : old + value
                 } else {
                     families[family]!.values[key] = value
                     families[family]!.keys.append(key)

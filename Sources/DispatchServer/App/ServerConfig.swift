@@ -209,6 +209,7 @@ public struct ServerConfig: Equatable, Sendable {
           dispatchd keys revoke NAME
           dispatchd webhooks status [--state pending|delivered|failed] [--limit N]
           dispatchd webhooks retry DELIVERY_ID
+          dispatchd push status               the Live Activity push outbox: pending, failed, up to date
 
         Every option is also an environment variable:
 

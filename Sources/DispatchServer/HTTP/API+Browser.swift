@@ -25,6 +25,7 @@ extension API {
         }
         metrics.httpRequests[204, default: 0] += 1
         req.respond(status: 204, headers: headers, body: [])
+        logRequest(req, status: 204, bytes: 0)
     }
 
     /// Streams of one key on this worker: status streams and feeds share the limit.

@@ -58,8 +58,7 @@ extension API {
                         return self.fail(req, DispatchError(.notFound, "no activity \(id)"))
                     }
                     if row.int("touched") == 1 {
-                        self.metrics.httpRequests[204, default: 0] += 1
-                        return req.respond(status: 204, headers: [], body: [])
+                        return self.reply(req, 204, [])
                     }
                     if stored.activity.state.isTerminal {
                         return self.fail(req, DispatchError(.alreadyFinished, "activity \(id) has already finished", snapshot: stored.activity))

@@ -94,7 +94,7 @@ final class API {
     func reply(_ req: HTTPRequest, _ status: Int, _ body: [UInt8], contentType: String = "application/json", headers: [(String, String)] = []) {
         metrics.httpRequests[status, default: 0] += 1
         var h = headers + corsHeaders(req)
-        h.append(("Content-Type", contentType))
+        if status != 204 { h.append(("Content-Type", contentType)) }
         req.respond(status: status, headers: h, body: body)
         logRequest(req, status: status, bytes: body.count)
     }
