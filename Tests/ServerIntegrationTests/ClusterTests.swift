@@ -170,4 +170,38 @@ final class GroupCommitTests: XCTestCase {
         XCTAssertEqual(try s.update("gc-0").status, 200)
         XCTAssertGreaterThan(try s.metric("dispatch_publish_batches_total"), 0)
     }
+
+    /// Starts, updates, idempotent repeats, cancels with a webhook and ends, all at once on one
+    /// worker, so they share batches (one statement per kind): each applies exactly once.
+    func testMixedBatchesApplyEachChangeOnce() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_WORKERS": "1", "DISPATCH_WEBHOOK_ALLOW_PRIVATE": "1"])
+        defer { s.stop() }
+        for i in 0..<10 { try s.startActivity("m-\(i)", extra: #","cancelURL":"http://127.0.0.1:9/hook""#) }
+        let auth = "-H 'Authorization: Bearer \(s.adminKey)' -H 'Content-Type: application/json'"
+        let base = "http://127.0.0.1:\(s.port)/v1/activities"
+        var scripts: [String] = []
+        for i in 0..<10 {
+            // Updates with one Idempotency-Key sent three times, then a cancel, then an end.
+            scripts.append("""
+                for k in 1 2 3 4 5; do for r in 1 2 3; do curl -s -o /dev/null -XPOST \(auth) -H "Idempotency-Key: u$k" \
+                  -d "{\\"progress\\":0.$k}" \(base)/m-\(i)/update; done; done
+                curl -s -o /dev/null -XPOST \(auth) -d '{"reason":"stop"}' \(base)/m-\(i)/cancel
+                curl -s -o /dev/null -XPOST \(auth) -d '{"state":"cancelled"}' \(base)/m-\(i)/end
+                """)
+            scripts.append("for j in 1 2 3 4 5; do curl -s -o /dev/null -XPOST \(auth) -d '{\"activityId\":\"n-\(i)-'$j'\",\"taskName\":\"T\"}' \(base)/start; done")
+        }
+        let pids = scripts.compactMap { Subprocess.start(["/bin/sh", "-c", $0]) }
+        for p in pids { XCTAssertEqual(Subprocess.wait(p), 0) }
+        for i in 0..<10 {
+            XCTAssertEqual(try Kit.sql(s, "SELECT string_agg(event, ',' ORDER BY seq) FROM activity_events WHERE activity_id = 'm-\(i)'"),
+                           ["processing,processing,processing,processing,processing,processing,cancel_requested,cancelled"])
+            XCTAssertEqual(try Kit.sql(s, "SELECT state || ' ' || seq || ' ' || cancel_requested FROM activities WHERE activity_id = 'm-\(i)'"),
+                           ["cancelled 8 true"])
+        }
+        XCTAssertEqual(try Kit.sql(s, "SELECT count(*) FROM webhook_outbox"), ["10"], "one webhook per cancel")
+        XCTAssertEqual(try Kit.sql(s, "SELECT count(*) FROM activities WHERE activity_id LIKE 'n-%' AND seq = 1"), ["50"])
+        XCTAssertEqual(try Kit.sql(s, "SELECT count(DISTINCT position) = count(*) FROM activity_events"), ["t"], "one position each")
+        XCTAssertGreaterThan(try s.metric("dispatch_publish_batches_total"), 0)
+    }
 }
+

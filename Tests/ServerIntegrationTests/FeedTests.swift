@@ -211,8 +211,9 @@ final class FeedTests: XCTestCase {
         let event = ActivityEvent(name: "processing", snapshot: next)
         let pg = try BlockingPG(a.conninfo)
         try pg.script("BEGIN")
-        let change = try pg.query(ActivityRepository.changeStatement(event, expectedSeq: expectedSeq, endFingerprint: nil,
-                                                                      cancelReason: nil, webhook: nil, idempotencyKey: nil))
+        let change = try pg.query(ActivityRepository.updatesStatement([.init(event: event, expectedSeq: expectedSeq, endFingerprint: nil,
+                                                                             cancelReason: nil, webhook: nil, idempotencyKey: nil,
+                                                                             staleTouch: nil)]))
         XCTAssertEqual(change.rows.count, 1)
         _ = try pg.query(ActivityRepository.positionLock)
         let applied = ActivityRepository.Change(activityID: "held", seq: next.seq, event: event.name, data: String(decoding: next.json(), as: UTF8.self),

@@ -1,4 +1,5 @@
 import DispatchCore
+import PGCore
 import DispatchCrypto
 import DispatchIO
 
@@ -47,7 +48,7 @@ enum DeviceRepository {
         let ids = r.activityTokens.map(\.activityID).sorted()
         if !ids.isEmpty {
             queries.append(PGQuery("SELECT activity_id FROM activities WHERE activity_id = ANY($1::text[]) ORDER BY activity_id FOR SHARE",
-                                   [ActivityRepository.array(ids)], name: "device_lock_activities"))
+                                   [PGArray.text(ids)], name: "device_lock_activities"))
         }
         let forgotten = r.activityTokens.filter { $0.change == .forget }.map(\.activityID)
         if !forgotten.isEmpty {
@@ -55,7 +56,7 @@ enum DeviceRepository {
                 WITH dev AS (SELECT id FROM devices WHERE token_mac = $1::bytea),
                 gone AS (DELETE FROM activity_tokens t USING dev WHERE t.device_id = dev.id AND t.activity_id = ANY($2::text[]) RETURNING 1)
                 DELETE FROM push_outbox o USING dev WHERE o.device_id = dev.id AND o.kind = 'update' AND o.activity_id = ANY($2::text[])
-                """, [mac, ActivityRepository.array(forgotten)], name: "device_forget_tokens"))
+                """, [mac, PGArray.text(forgotten)], name: "device_forget_tokens"))
         }
         var set: [(id: String, token: TokenVault.Sealed)] = []
         for t in r.activityTokens {
@@ -70,8 +71,8 @@ enum DeviceRepository {
                 ORDER BY i.activity_id
                 ON CONFLICT (device_id, activity_id) DO UPDATE SET token_mac = EXCLUDED.token_mac,
                   token_sealed = EXCLUDED.token_sealed, token_hint = EXCLUDED.token_hint, registered_at = now()
-                """, [mac, ActivityRepository.array(set.map(\.id)), Bytea.array(set.map(\.token.mac)),
-                      Bytea.array(set.map(\.token.sealed)), ActivityRepository.array(set.map(\.token.hint))], name: "device_keep_tokens"))
+                """, [mac, PGArray.text(set.map(\.id)), Bytea.array(set.map(\.token.mac)),
+                      Bytea.array(set.map(\.token.sealed)), PGArray.text(set.map(\.token.hint))], name: "device_keep_tokens"))
         } else if !set.isEmpty {
             queries.append(PGQuery("""
                 WITH dev AS (SELECT id FROM devices WHERE token_mac = $1::bytea),
@@ -102,8 +103,8 @@ enum DeviceRepository {
                   pending_since_ms = EXCLUDED.pending_since_ms, due_at = now(), failed = false, attempts = 0,
                   lease_id = NULL, lease_until = NULL
                 RETURNING 1
-                """, [mac, ActivityRepository.array(set.map(\.id)), Bytea.array(set.map(\.token.mac)),
-                      Bytea.array(set.map(\.token.sealed)), ActivityRepository.array(set.map(\.token.hint)),
+                """, [mac, PGArray.text(set.map(\.id)), Bytea.array(set.map(\.token.mac)),
+                      Bytea.array(set.map(\.token.sealed)), PGArray.text(set.map(\.token.hint)),
                       String(nowMs), String(forgetAfterEndMs)], name: "device_set_tokens"))
         }
         queries.append(summaryQuery(mac: mac))

@@ -1,4 +1,5 @@
 import DispatchCore
+import PGCore
 import DispatchIO
 
 /// The sender's SQL on `push_outbox` (Migrations/0004_push.sql): claiming due rows under a
@@ -128,8 +129,8 @@ enum PushOutboxRepository {
                 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[],
                             $9::boolean[]) AS m(activity_id, device_id, kind, lease, seq, ts, not_before, claimed_ms, pushed)
                 WHERE \(match)
-                """, keys(jobs) + [numbers(jobs.map(\.leaseID)), numbers(jobs.map(\.seq)), numbers(jobs.map(\.timestamp)),
-                                   numbers(jobs.map { PushTimestamp.nextAllowed(after: $0.timestamp) }), numbers(jobs.map(\.claimedAtMs)),
+                """, keys(jobs) + [PGArray.numbers(jobs.map(\.leaseID)), PGArray.numbers(jobs.map(\.seq)), PGArray.numbers(jobs.map(\.timestamp)),
+                                   PGArray.numbers(jobs.map { PushTimestamp.nextAllowed(after: $0.timestamp) }), PGArray.numbers(jobs.map(\.claimedAtMs)),
                                    "{" + sent.map { $0.pushed ? "t" : "f" }.joined(separator: ",") + "}"],
                 name: "push_mark_sent"))
         }
@@ -141,8 +142,8 @@ enum PushOutboxRepository {
                 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::int[])
                      AS m(activity_id, device_id, kind, lease, delay_ms, status, uncount)
                 WHERE \(match)
-                """, keys(jobs) + [numbers(jobs.map(\.leaseID)), numbers(retries.map(\.delayMs)),
-                                   ActivityRepository.array(retries.map(\.status)), numbers(retries.map { Int64($0.uncount) })],
+                """, keys(jobs) + [PGArray.numbers(jobs.map(\.leaseID)), PGArray.numbers(retries.map(\.delayMs)),
+                                   PGArray.text(retries.map(\.status)), PGArray.numbers(retries.map { Int64($0.uncount) })],
                 name: "push_mark_retry"))
         }
         if !failed.isEmpty {
@@ -151,13 +152,13 @@ enum PushOutboxRepository {
                 UPDATE push_outbox o SET failed = true, lease_id = NULL, lease_until = NULL, due_at = now(), last_status = m.status
                 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS m(activity_id, device_id, kind, lease, status)
                 WHERE \(match)
-                """, keys(jobs) + [numbers(jobs.map(\.leaseID)), ActivityRepository.array(failed.map(\.1))], name: "push_mark_failed"))
+                """, keys(jobs) + [PGArray.numbers(jobs.map(\.leaseID)), PGArray.text(failed.map(\.1))], name: "push_mark_failed"))
         }
         if !dropped.isEmpty {
             queries.append(PGQuery("""
                 DELETE FROM push_outbox o USING unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[]) AS m(activity_id, device_id, kind, lease)
                 WHERE \(match)
-                """, keys(dropped) + [numbers(dropped.map(\.leaseID))], name: "push_mark_drop"))
+                """, keys(dropped) + [PGArray.numbers(dropped.map(\.leaseID))], name: "push_mark_drop"))
         }
         for r in retired {
             queries.append(retire(r.0, sinceMs: r.sinceMs, status: r.status))
@@ -202,8 +203,7 @@ enum PushOutboxRepository {
 
     /// The rows' keys as the three array parameters (activity, device, kind).
     static func keys(_ jobs: [PushJob]) -> [String?] {
-        [ActivityRepository.array(jobs.map(\.activityID)), numbers(jobs.map(\.deviceID)), ActivityRepository.array(jobs.map(\.kind.rawValue))]
+        [PGArray.text(jobs.map(\.activityID)), PGArray.numbers(jobs.map(\.deviceID)), PGArray.text(jobs.map(\.kind.rawValue))]
     }
 
-    static func numbers(_ values: [Int64]) -> String { "{" + values.map(String.init).joined(separator: ",") + "}" }
 }

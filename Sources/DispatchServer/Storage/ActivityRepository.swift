@@ -1,5 +1,6 @@
 import DispatchCore
 import DispatchIO
+import PGCore
 
 /// An activity row with what the publishing rules need beyond the snapshot.
 struct StoredActivity {
@@ -196,38 +197,40 @@ struct ActivityRepository {
     /// json`, the json left out when it would not fit (listeners then read history).
     static let maxNotifyPayload = 7850
 
-    /// A PostgreSQL text[] literal: every element quoted, `"` and `\` escaped; nil is NULL.
-    static func array(_ values: [String?]) -> String {
-        var out = "{"
-        for (i, value) in values.enumerated() {
-            if i > 0 { out += "," }
-            guard let v = value else { out += "NULL"; continue }
-            out += "\""
-            for ch in v.unicodeScalars {
-                if ch == "\"" || ch == "\\" { out += "\\" }
-                out.unicodeScalars.append(ch)
-            }
-            out += "\""
-        }
-        return out + "}"
+    /// A new activity of a batch.
+    struct Start {
+        let event: ActivityEvent
+        let ownerKeyID: Int64?
+        let fingerprint: String
+        let staleAfter: Int
     }
 
-    /// Creates the activity; no row comes back when the id exists. Its first history row is
-    /// written by the batch's finalize step.
-    static func startStatement(_ e: ActivityEvent, ownerKeyID: Int64?, fingerprint: String, staleAfter: Int) -> PGQuery {
-        let a = e.snapshot
-        let staleAt: Int64? = staleAfter > 0 && !a.state.isTerminal ? a.updatedAt + Int64(staleAfter) * 1000 : nil
+    /// Creates a batch's new activities in one statement; an id that exists already comes back
+    /// in no row. Their first history rows are written by the batch's finalize step.
+    static func startsStatement(_ starts: [Start]) -> PGQuery {
+        let a = starts.map(\.event.snapshot)
+        let staleAt: [Int64?] = starts.map {
+            $0.staleAfter > 0 && !$0.event.snapshot.state.isTerminal ? $0.event.snapshot.updatedAt + Int64($0.staleAfter) * 1000 : nil
+        }
         return PGQuery("""
             INSERT INTO activities (activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
                                     attempt, seq, last_event, created_ms, updated_ms, owner_key_id, start_fingerprint,
                                     live_activity, stale_after_s, stale_at_ms)
-            VALUES ($1, $2, $3, $4, $5, $6, $7::float8, $8, 1, 1, $6, $9::bigint, $9::bigint, $10::bigint, $11,
-                    $12::boolean, $13::integer, $14::bigint)
+            SELECT n.activity_id, n.task_name, n.system_image, n.machine, n.cancel_url, n.state, n.progress, n.status,
+                   1, 1, n.state, n.created_ms, n.created_ms, n.owner_key_id, n.start_fingerprint,
+                   n.live_activity, n.stale_after_s, n.stale_at_ms
+            FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::float8[], $8::text[],
+                        $9::bigint[], $10::bigint[], $11::text[], $12::boolean[], $13::integer[], $14::bigint[])
+              AS n(activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
+                   created_ms, owner_key_id, start_fingerprint, live_activity, stale_after_s, stale_at_ms)
             ON CONFLICT (activity_id) DO NOTHING RETURNING activity_id
-            """, [a.activityId, a.taskName, a.systemImage, a.machine, a.cancelURL, a.state.rawValue, a.progress.map { "\($0)" },
-                  a.status, String(a.createdAt), ownerKeyID.map { String($0) }, fingerprint,
-                  a.liveActivity ? "true" : "false", String(staleAfter), staleAt.map { String($0) }],
-            name: "publish_start")
+            """, [PGArray.text(a.map(\.activityId)), PGArray.text(a.map(\.taskName)), PGArray.text(a.map(\.systemImage)),
+                  PGArray.text(a.map(\.machine)), PGArray.text(a.map(\.cancelURL)), PGArray.text(a.map(\.state.rawValue)),
+                  PGArray.text(a.map { $0.progress.map { "\($0)" } }), PGArray.text(a.map(\.status)),
+                  PGArray.numbers(a.map(\.createdAt)), PGArray.numbers(starts.map(\.ownerKeyID)),
+                  PGArray.text(starts.map(\.fingerprint)), PGArray.text(a.map { $0.liveActivity ? "true" : "false" }),
+                  PGArray.numbers(starts.map { Int64($0.staleAfter) }), PGArray.numbers(staleAt)],
+            name: "publish_starts")
     }
 
     /// A signed webhook to queue with a change (a cancel request to an activity with a cancelURL).
@@ -236,39 +239,65 @@ struct ActivityRepository {
         let body: String
     }
 
-    /// Applies a change if the row is still at `expectedSeq` (compare-and-set across processes)
-    /// and this Idempotency-Key was not applied yet; no row comes back otherwise. A webhook
-    /// given is queued in the same statement when the activity has a cancelURL. Its history
-    /// row is written by the batch's finalize step.
+    /// A change to an existing activity, planned against `expectedSeq`.
+    struct Update {
+        let event: ActivityEvent
+        let expectedSeq: Int64
+        let endFingerprint: String?
+        let cancelReason: String?
+        /// Queued in the same statement when the activity has a cancelURL.
+        let webhook: Webhook?
+        let idempotencyKey: String?
+        /// The stale sweeper's end applies only if nobody touched the activity since its claim
+        /// (`touched_ms` still holds this value).
+        let staleTouch: Int64?
+    }
+
+    /// Applies a batch's changes in one statement (one executor start and one constraint check
+    /// set for the batch, not one per change). A change applies only if the activity is still
+    /// at its expected seq and its Idempotency-Key was not applied yet; its id comes back then.
+    /// A batch holds one change per activity (the publisher serialises each activity's), and
+    /// rows are locked in id order (a nested loop over the sorted changes and the primary key),
+    /// so two servers' batches never deadlock.
     ///
     /// Progress updates change no indexed column, so they stay heap-only (HOT): the stale
     /// deadline `stale_at_ms` (indexed) is cleared by the end only, never moved per change (the
     /// sweeper works out the real deadline from `updated_ms` and `touched_ms`).
-    ///
-    /// `staleTouch`: the stale sweeper's end applies only if nobody touched the activity since
-    /// its claim (`touched_ms` still holds this value).
-    static func changeStatement(_ e: ActivityEvent, expectedSeq: Int64, endFingerprint: String?, cancelReason: String?,
-                                webhook: Webhook?, idempotencyKey: String?, staleTouch: Int64? = nil) -> PGQuery {
-        let a = e.snapshot
+    static func updatesStatement(_ updates: [Update]) -> PGQuery {
+        let sorted = updates.sorted { $0.event.snapshot.activityId < $1.event.snapshot.activityId }
+        let a = sorted.map(\.event.snapshot)
         return PGQuery("""
-            WITH upd AS (
-              UPDATE activities SET state = $3, progress = $4::float8, status = $5, attempt = $6::bigint, seq = $7::bigint,
-                     last_event = $8, updated_ms = $9::bigint, ended_ms = $10::bigint, error = $11, end_fingerprint = $12,
-                     cancel_requested = $14::boolean, cancel_reason = coalesce($15, cancel_reason),
-                     stale_at_ms = CASE WHEN $10::bigint IS NULL THEN stale_at_ms END
-              WHERE activity_id = $1 AND seq = $2::bigint AND ($18::bigint IS NULL OR coalesce(touched_ms, 0) = $18::bigint)
-                AND NOT EXISTS (SELECT 1 FROM activity_events WHERE activity_id = $1 AND idempotency_key = $13)
-              RETURNING activity_id, cancel_url
+            WITH c AS (
+              SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::float8[], $5::text[], $6::bigint[], $7::bigint[],
+                                   $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[],
+                                   $14::boolean[], $15::text[], $16::text[], $17::text[], $18::bigint[])
+                AS c(activity_id, expected_seq, state, progress, status, attempt, seq, last_event, updated_ms, ended_ms,
+                     error, end_fingerprint, idempotency_key, cancel_requested, cancel_reason, hook_id, hook_body, stale_touch)
+            ), upd AS (
+              UPDATE activities a SET state = c.state, progress = c.progress, status = c.status, attempt = c.attempt,
+                     seq = c.seq, last_event = c.last_event, updated_ms = c.updated_ms, ended_ms = c.ended_ms,
+                     error = c.error, end_fingerprint = c.end_fingerprint, cancel_requested = c.cancel_requested,
+                     cancel_reason = coalesce(c.cancel_reason, a.cancel_reason),
+                     stale_at_ms = CASE WHEN c.ended_ms IS NULL THEN a.stale_at_ms END
+              FROM c
+              WHERE a.activity_id = c.activity_id AND a.seq = c.expected_seq
+                AND (c.stale_touch IS NULL OR coalesce(a.touched_ms, 0) = c.stale_touch)
+                AND (c.idempotency_key IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM activity_events e WHERE e.activity_id = c.activity_id AND e.idempotency_key = c.idempotency_key))
+              RETURNING a.activity_id, a.cancel_url, c.hook_id, c.hook_body
             ), hook AS (
               INSERT INTO webhook_outbox (delivery_id, activity_id, url, body)
-              SELECT $16, activity_id, cancel_url, $17 FROM upd WHERE $16::text IS NOT NULL AND cancel_url IS NOT NULL
+              SELECT hook_id, activity_id, cancel_url, hook_body FROM upd WHERE hook_id IS NOT NULL AND cancel_url IS NOT NULL
             )
             SELECT activity_id FROM upd
-            """, [a.activityId, String(expectedSeq), a.state.rawValue, a.progress.map { "\($0)" }, a.status, String(a.attempt),
-                  String(a.seq), e.name, String(a.updatedAt), a.endedAt.map { String($0) }, a.error, endFingerprint,
-                  idempotencyKey, a.cancelRequested ? "true" : "false", cancelReason,
-                  webhook?.deliveryID, webhook?.body, staleTouch.map { String($0) }],
-            name: "publish_change")
+            """, [PGArray.text(a.map(\.activityId)), PGArray.numbers(sorted.map(\.expectedSeq)), PGArray.text(a.map(\.state.rawValue)),
+                  PGArray.text(a.map { $0.progress.map { "\($0)" } }), PGArray.text(a.map(\.status)), PGArray.numbers(a.map(\.attempt)),
+                  PGArray.numbers(a.map(\.seq)), PGArray.text(sorted.map(\.event.name)), PGArray.numbers(a.map(\.updatedAt)),
+                  PGArray.numbers(a.map(\.endedAt)), PGArray.text(a.map(\.error)), PGArray.text(sorted.map(\.endFingerprint)),
+                  PGArray.text(sorted.map(\.idempotencyKey)), PGArray.text(a.map { $0.cancelRequested ? "true" : "false" }),
+                  PGArray.text(sorted.map(\.cancelReason)), PGArray.text(sorted.map { $0.webhook?.deliveryID }),
+                  PGArray.text(sorted.map { $0.webhook?.body }), PGArray.numbers(sorted.map(\.staleTouch))],
+            name: "publish_updates")
     }
 
     /// Feed order: the finalize step of a batch takes this lock after its changes, so positions
@@ -291,9 +320,6 @@ struct ActivityRepository {
     /// look-ups are LATERAL subqueries (index probes per change): as plain joins, the generic
     /// plan of this prepared statement scanned whole tables on every batch.
     static func finalizeStatement(_ changes: [Change], pushes: Bool, now: Int64) -> PGQuery {
-        func numbers(_ values: [Int64]) -> String {
-            "{" + values.map(String.init).joined(separator: ",") + "}"
-        }
         let marks = pushes ? """
             , marks AS (
               INSERT INTO push_outbox AS o (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
@@ -343,9 +369,9 @@ struct ActivityRepository {
                                      THEN ordered.data ELSE '' END) AS notified,
                    ordered.activity_id, ordered.seq, ordered.position\(counted)
             FROM (SELECT * FROM placed ORDER BY position) ordered
-            """, [array(changes.map(\.activityID)), numbers(changes.map(\.seq)), array(changes.map(\.event)),
-                  array(changes.map(\.data)), array(changes.map(\.idempotencyKey)), numbers(changes.map(\.createdMs)),
-                  numbers(changes.map { Int64($0.pushPriority) })] + (pushes ? [String(now)] : []),
+            """, [PGArray.text(changes.map(\.activityID)), PGArray.numbers(changes.map(\.seq)), PGArray.text(changes.map(\.event)),
+                  PGArray.text(changes.map(\.data)), PGArray.text(changes.map(\.idempotencyKey)), PGArray.numbers(changes.map(\.createdMs)),
+                  PGArray.numbers(changes.map { Int64($0.pushPriority) })] + (pushes ? [String(now)] : []),
             name: pushes ? "publish_finalize_push" : "publish_finalize")
     }
 }

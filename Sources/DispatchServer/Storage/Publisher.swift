@@ -46,8 +46,7 @@ final class PublishOp {
     var previousState: ActivityState?
     var webhook: ActivityRepository.Webhook?
     /// Set by the stale sweeper: planned against a fresh read, never the cache, and applied
-    /// only while the activity's stale deadline still holds this claim (see StaleSweeper).
-    /// The stale sweeper's end: applies only if the activity's `touched_ms` still holds this.
+    /// only if the activity's `touched_ms` still holds this (see StaleSweeper).
     var staleTouch: Int64?
 
     init(activityID: String, kind: Kind, idempotencyKey: String?, ownerKeyID: Int64?,
@@ -243,23 +242,34 @@ final class Publisher {
         flushWrites()
     }
 
-    private func statement(for op: PublishOp) -> PGQuery {
-        let event = op.planned!
-        if case .start(let cmd) = op.kind {
-            return ActivityRepository.startStatement(event, ownerKeyID: op.ownerKeyID, fingerprint: cmd.fingerprint,
-                                                     staleAfter: cmd.staleAfter ?? defaultStaleAfter)
+    /// The batch's writes: its new activities in one statement, its changes in another.
+    private func writeStatements(_ ops: [PublishOp]) -> [PGQuery] {
+        var starts: [ActivityRepository.Start] = []
+        var updates: [ActivityRepository.Update] = []
+        for op in ops {
+            let event = op.planned!
+            switch op.kind {
+            case .start(let cmd):
+                starts.append(.init(event: event, ownerKeyID: op.ownerKeyID, fingerprint: cmd.fingerprint,
+                                    staleAfter: cmd.staleAfter ?? defaultStaleAfter))
+            case .update, .end, .cancel:
+                var reason: String?
+                if case .cancel(let r) = op.kind { reason = r }
+                updates.append(.init(event: event, expectedSeq: op.expectedSeq, endFingerprint: op.endFingerprint,
+                                     cancelReason: reason, webhook: op.webhook, idempotencyKey: op.idempotencyKey,
+                                     staleTouch: op.staleTouch))
+            }
         }
-        var reason: String?
-        if case .cancel(let r) = op.kind { reason = r }
-        return ActivityRepository.changeStatement(event, expectedSeq: op.expectedSeq, endFingerprint: op.endFingerprint,
-                                                  cancelReason: reason, webhook: op.webhook, idempotencyKey: op.idempotencyKey,
-                                                  staleTouch: op.staleTouch)
+        return (starts.isEmpty ? [] : [ActivityRepository.startsStatement(starts)])
+            + (updates.isEmpty ? [] : [ActivityRepository.updatesStatement(updates)])
     }
 
     /// Group commit: everything queued goes in one pipeline batch, which PostgreSQL runs as one
     /// implicit transaction committed at the batch's sync point (no BEGIN/COMMIT: an error then
     /// rolls the whole batch back instead of leaving the session in an aborted transaction).
-    /// Each publisher is answered after that commit. One batch in flight at a time.
+    /// A batch is at most four statements however many changes it carries: the new activities,
+    /// the changes, the position lock and the finalize. Each publisher is answered after the
+    /// commit. One batch in flight at a time.
     private func flushWrites() {
         guard !writing, !writeQueue.isEmpty else { return }
         guard db.writer.isReady else {
@@ -277,8 +287,8 @@ final class Publisher {
                                       createdMs: op.planned!.snapshot.updatedAt,
                                       pushPriority: op.planned!.pushPriority(previous: op.previousState))
         }
-        let queries = ops.map(statement(for:))
-            + [ActivityRepository.positionLock, ActivityRepository.finalizeStatement(changes, pushes: pushes, now: now())]
+        let writes = writeStatements(ops)
+        let queries = writes + [ActivityRepository.positionLock, ActivityRepository.finalizeStatement(changes, pushes: pushes, now: now())]
         writing = true
         metrics.publishBatches += 1
         db.writer.execute(queries) { [weak self] result in
@@ -289,33 +299,35 @@ final class Publisher {
                 for op in ops { self.cache.remove(op.activityID); self.finish(op, .failed(Database.unavailable)) }
             case .success(let rs) where rs.allSatisfy(\.ok):
                 self.writesRefused = false
+                var applied: Set<String> = []
+                for r in rs.prefix(writes.count) { for row in r.rows { if let id = row["activity_id"] { applied.insert(id) } } }
                 var positions: [String: Int64] = [:]
                 for row in rs[rs.count - 1].rows {
                     if let id = row["activity_id"], let position = row.int64("position") { positions[id] = position }
                 }
-                for (i, op) in ops.enumerated() { self.settle(op, rs[i], json: jsons[i], position: positions[op.activityID]) }
+                for (i, op) in ops.enumerated() {
+                    self.settle(op, applied: applied.contains(op.activityID), json: jsons[i], position: positions[op.activityID])
+                }
                 if self.pushes, let marked = rs[rs.count - 1].first?.int64("pushes"), marked > 0 { self.onPushesMarked?() }
             case .success(let rs):
-                // The batch rolled back: fail a change that erred, replay the others (a few
-                // times at most, in case the cause is not theirs to fix).
+                // The batch rolled back. Its statements carry every change, so the one at fault
+                // is found by retrying each change alone; a change that fails alone fails (a
+                // few replays at most, in case the cause is not its own).
                 if let refused = rs.first(where: { Database.refusedWrite($0.sqlState) }) {
                     self.writesRefused = true
                     self.log.warning("publish.writes_refused", [("error", (refused.errorMessage ?? "").trimmingNewlines)])
                     for op in ops { self.finish(op, .failed(Database.refusesWrites)) }
                     return self.flushWrites()
                 }
-                let finalizeError = rs.dropFirst(ops.count).first { $0.sqlState != nil }
-                if let e = finalizeError?.errorMessage {
-                    self.log.error("publish.finalize_failed", [("error", e.trimmingNewlines), ("changes", ops.count)])
-                }
-                for (op, r) in zip(ops, rs) {
+                let error = rs.first { $0.sqlState != nil }?.errorMessage ?? "batch rolled back"
+                if ops.count > 1 { self.log.warning("publish.batch_failed", [("error", error.trimmingNewlines), ("changes", ops.count)]) }
+                for op in ops {
                     op.replays += 1
-                    let atFault = r.sqlState != nil || (finalizeError != nil && ops.count == 1)
-                    if atFault || op.replays > 3 {
-                        self.log.error("publish.failed", [("activity", op.activityID), ("error", (r.errorMessage ?? finalizeError?.errorMessage ?? "batch rolled back").trimmingNewlines)])
+                    if ops.count == 1 || op.replays > 3 {
+                        self.log.error("publish.failed", [("activity", op.activityID), ("error", error.trimmingNewlines)])
                         self.finish(op, .failed(DispatchError(.internalError, "the change could not be stored")))
                     } else {
-                        if finalizeError != nil { op.alone = true }
+                        op.alone = true
                         self.writeQueue.append(op)
                     }
                 }
@@ -324,8 +336,8 @@ final class Publisher {
         }
     }
 
-    private func settle(_ op: PublishOp, _ r: PGResult, json: [UInt8], position: Int64?) {
-        guard r.rows.count == 1, let event = op.planned, let position else {
+    private func settle(_ op: PublishOp, applied: Bool, json: [UInt8], position: Int64?) {
+        guard applied, let event = op.planned, let position else {
             // Someone else changed it first (or this request was already applied): re-read, re-plan.
             cache.remove(op.activityID)
             op.attempts += 1

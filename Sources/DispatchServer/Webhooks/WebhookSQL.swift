@@ -3,7 +3,7 @@ import DispatchIO
 
 /// All SQL on `webhook_outbox` (Migrations/0005_cancel_and_stale.sql), for the sender in the
 /// event loop and for `dispatchd webhooks` alike. Rows are queued by the cancel's own publish
-/// statement (`ActivityRepository.changeStatement`), never here.
+/// statement (`ActivityRepository.updatesStatement`), never here.
 ///
 /// A claim is `FOR UPDATE SKIP LOCKED`: concurrent claims by several servers never take the
 /// same row. It counts the attempt and moves `due_at` past the attempt's deadline, which is
