@@ -4,15 +4,19 @@ import DispatchSystem
 import Glibc
 #endif
 
-/// `runuser -u postgres -- pg_ctl -D <cluster> stop -m fast`, ready for the signal handler.
-nonisolated(unsafe) var emergencyPgStop: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?
+/// `runuser -u postgres -- pg_ctl -D <cluster> stop -m fast` per embedded cluster this run
+/// started (the main target's, the nodes scenario's), ready for the signal handler.
+nonisolated(unsafe) var emergencyPgStops: [UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>] = []
+nonisolated(unsafe) var emergencyPgClusters: Set<String> = []
 
 func prepareEmergencyPgStop(cluster: String) {
+    guard !emergencyPgClusters.contains(cluster) else { return }
+    emergencyPgClusters.insert(cluster)
     let args = ["/usr/sbin/runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_ctl", "-D", cluster, "stop", "-m", "fast"]
     let argv = UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>.allocate(capacity: args.count + 1)
     for (i, a) in args.enumerated() { argv[i] = strdup(a) }
     argv[args.count] = nil
-    emergencyPgStop = argv
+    emergencyPgStops.append(argv)
 }
 
 enum BenchMain {
@@ -27,6 +31,9 @@ enum BenchMain {
       --template PATH             nginx config template (default bench/nginx.conf.template)
       --results DIR               where results JSON goes (default bench/results)
       --json PATH                 write the results JSON to PATH instead
+      --scenarios LIST            comma-separated subset of: idle, fanout, throughput, terminal,
+                                  restart, nodes, replay (default all; restart needs a server
+                                  this run starts, nodes and replay need dispatchd)
     """
 
     static func run(_ args: [String]) -> Int32 {
@@ -64,6 +71,10 @@ enum BenchMain {
             case "--template": c.template = value() ?? c.template
             case "--results": c.resultsDir = value() ?? c.resultsDir
             case "--json": c.jsonOut = value()
+            case "--scenarios":
+                let list = Set((value() ?? "").split(separator: ",").map { String($0) })
+                guard !list.isEmpty, list.isSubset(of: BenchConfig.allScenarios) else { log(usage); return 64 }
+                c.scenarios = list
             default:
                 log("unknown option \(args[i])\n" + usage)
                 return 64
@@ -92,7 +103,7 @@ enum BenchMain {
             for group in startedGroups { kill(-group, SIGKILL) }
             // dispatchd's embedded PostgreSQL is not our child: stop it with pg_ctl (fork and
             // exec are safe in a signal handler; the argv was prepared beforehand).
-            if let argv = emergencyPgStop {
+            for argv in emergencyPgStops {
                 let child = fork()
                 if child == 0 { execv(argv[0]!, argv); _exit(127) }
                 if child > 0 { var st: Int32 = 0; waitpid(child, &st, 0) }
