@@ -177,12 +177,12 @@ final class PushRun {
         let t = try Servers.startDispatch(binary: o.dispatchd, dir: sub, workers: o.workers,
                                           port: Servers.freePort(startingAt: 18580), env: env)
         targets.append(t)
-        // /readyz reached one worker; the others may still be connecting to PostgreSQL. Wait
-        // until every worker's metrics say its database sessions are up.
+        // /readyz answers for the whole server; also wait until its metrics say the database
+        // sessions of every worker are up (the lowest of them).
         let deadline = Clock.monotonicNanoseconds() + 30_000_000_000
         while Clock.monotonicNanoseconds() < deadline {
             let m = Metrics.scrape(port: t.port, workers: o.workers)
-            if m.samples.count == o.workers && m.sum("dispatch_db_up") >= Double(o.workers) { break }
+            if m.sum("dispatch_db_up") >= 1 { break }
             Control.sleep(0.1)
         }
         return t
@@ -640,30 +640,27 @@ enum PlainHTTP {
     }
 }
 
-/// Prometheus text from every worker of a server: each scrape reaches one worker (the
-/// kernel spreads connections), so scrape from several source addresses until each worker's
-/// `worker="N"` samples have been seen, keeping the newest of each.
+/// Prometheus text of a server. dispatchd answers /metrics for the whole server (every
+/// worker's samples summed; `dispatch_db_up` the lowest), so one scrape is enough. (It once
+/// answered per worker, and scraping until every `worker="N"` had been seen, as this did,
+/// now counted the whole server once per worker label it saw.)
 struct Metrics {
-    var samples: [String: [String: Double]] = [:]  // worker -> "name{labels}" -> value
+    var samples: [String: [String: Double]] = [:]  // "server" -> "name{labels}" -> value
 
-    static func scrape(port: UInt16, workers: Int) -> Metrics {
+    static func scrape(port: UInt16, workers: Int = 1) -> Metrics {
         var m = Metrics()
-        var attempt = 0
-        while m.samples.count < workers && attempt < 64 {
+        for attempt in 0..<8 {
             let address = Servers.addresses[attempt % Servers.addresses.count]
-            attempt += 1
             guard let body = PlainHTTP.request(port: port, method: "GET", path: "/metrics", address: address) else { continue }
-            var worker = ""
             var values: [String: Double] = [:]
             for line in String(decoding: body, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
                 guard let space = line.lastIndex(of: " "), let v = Double(line[line.index(after: space)...]) else { continue }
-                let key = String(line[..<space])
-                values[key] = v
-                if worker.isEmpty, let r = key.firstRange(of: "worker=\"") {
-                    worker = String(key[r.upperBound...].prefix { $0 != "\"" })
-                }
+                values[String(line[..<space])] = v
             }
-            if !worker.isEmpty { m.samples[worker] = values }
+            if !values.isEmpty {
+                m.samples["server"] = values
+                break
+            }
         }
         return m
     }
@@ -671,12 +668,13 @@ struct Metrics {
     /// The sum over workers of every sample of `name` whose labels contain `label`.
     func sum(_ name: String, _ label: String = "") -> Double {
         samples.values.reduce(0.0) { total, values in
-            total + values.filter { $0.key.hasPrefix(name + "{") && (label.isEmpty || $0.key.contains(label)) }.reduce(0.0) { $0 + $1.value }
+            total + values.filter { ($0.key == name || $0.key.hasPrefix(name + "{")) && (label.isEmpty || $0.key.contains(label)) }
+                .reduce(0.0) { $0 + $1.value }
         }
     }
 
     func max(_ name: String) -> Double {
-        samples.values.compactMap { $0.first { $0.key.hasPrefix(name + "{") }?.value }.max() ?? 0
+        samples.values.compactMap { $0.first { $0.key == name || $0.key.hasPrefix(name + "{") }?.value }.max() ?? 0
     }
 
     /// A histogram's cumulative buckets (upper bound -> count), summed over workers.
