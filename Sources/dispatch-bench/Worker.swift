@@ -143,7 +143,8 @@ final class Worker {
     /// waiting when an answer comes early, so the server sees a steady rate (0: closed loop).
     var pubInterval: Int64 = 0
     var pubNextAt: [Int64] = []
-    var pacedFD: [Int: Int32] = [:]
+    /// Connections waiting to send their next request: their `token` then.
+    var pacedFD: [Int: UInt32] = [:]
     var batchRequests: [(method: String, path: String, body: String)] = []
     var batchNext = 0
     var batchStatus: [Int: Int] = [:]
@@ -305,6 +306,7 @@ final class Worker {
             return false
         }
         conns[i].fd = fd
+        conns[i].token &+= 1
         conns[i].phase = .connecting
         conns[i].parser = BenchStreamParser()
         watch(i, write: true)
@@ -451,7 +453,7 @@ final class Worker {
         case .publisher, .batch, .terminal:
             reqErrors += 1
             reqActive -= 1
-            restartRequester()
+            restartRequester(slot: Int(conns[i].channel))
         }
     }
 
@@ -468,10 +470,11 @@ final class Worker {
         case .publisher, .batch, .terminal:
             let busy = conns[i].phase == .waiting && conns[i].sentAt != 0
             if busy && conns[i].role == .publisher && pubRetryDelay > 0 { return publisherRetry(i, reopen: true) }
+            let slot = Int(conns[i].channel)
             close(i)
             if busy { reqErrors += 1; noteError("closed by server mid-request") }
             reqActive -= 1
-            restartRequester()
+            restartRequester(slot: slot)
         }
     }
 
@@ -956,21 +959,13 @@ final class Worker {
     }
 
     /// After a requester connection closed: open a new one while there is work left.
-    func restartRequester() {
-        if hasMoreWork() && reqActive < 4096 && !reqDone {
-            let slot = freeSlotForRestart()
-            openRequester(slot: slot)
+    /// `slot`: the publisher slot whose connection closed (it owns its channels: the new
+    /// connection takes it over, so no channel is left without its publisher or gets two).
+    func restartRequester(slot: Int) {
+        if (reqMode == .publisher ? slotHasWork(slot) : hasMoreWork()) && reqActive < 4096 && !reqDone {
+            openRequester(slot: reqMode == .publisher ? slot : 0)
         }
         if reqActive <= 0 { finishRequests() }
-    }
-
-    func freeSlotForRestart() -> Int {
-        // Publisher slots own channels; reuse the first slot no live connection holds.
-        guard reqMode == .publisher else { return 0 }
-        var used = Set<Int32>()
-        for c in conns where c.role == .publisher && c.phase != .free { used.insert(c.channel) }
-        for s in 0..<pubCursor.count where !used.contains(Int32(s)) { return s }
-        return 0
     }
 
     func hasMoreWork() -> Bool {
@@ -1047,14 +1042,14 @@ final class Worker {
 
     /// Sends connection `i`'s next request at `until` (open-loop publishing).
     func pace(_ i: Int, until: Int64, now: Int64) {
-        pacedFD[i] = conns[i].fd
+        pacedFD[i] = conns[i].token
         var tv = timeval(tv_sec: Int((until - now) / 1_000_000_000), tv_usec: Int((until - now) % 1_000_000_000 / 1000))
         event_base_once(base, -1, Int16(EV_TIMEOUT), { _, _, arg in currentWorker?.paced(Int(bitPattern: arg) - 1) },
                         UnsafeMutableRawPointer(bitPattern: i + 1), &tv)
     }
 
     func paced(_ i: Int) {
-        guard let fd = pacedFD.removeValue(forKey: i), i < conns.count, conns[i].fd == fd, conns[i].phase != .free else { return }
+        guard let token = pacedFD.removeValue(forKey: i), i < conns.count, conns[i].token == token, conns[i].phase != .free else { return }
         nextRequest(i)
     }
 
@@ -1136,9 +1131,10 @@ final class Worker {
             if keepAlive {
                 nextRequest(i)
             } else {
+                let slot = Int(conns[i].channel)
                 close(i)
                 reqActive -= 1
-                restartRequester()
+                restartRequester(slot: slot)
             }
         case .malformed:
             failed(i, "malformed response")
