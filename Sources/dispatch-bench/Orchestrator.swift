@@ -200,7 +200,8 @@ final class Orchestrator {
             let order = rep % 2 == 0 ? targets : targets.reversed()
             if want.contains("restart") { for t in order { try restartStorm(t, rep: rep) } }
             if want.contains("replay") { for t in order where t.kind == .dispatch { try replayStorm(t, rep: rep) } }
-            if want.contains("nodes") && config.targets.contains(.dispatch) { try nodes(rep: rep) }
+            // Nodes start their own dispatchd supervisors: not with an already running Dispatch.
+            if want.contains("nodes") && config.targets.contains(.dispatch) && config.externalDispatchPort == nil { try nodes(rep: rep) }
         }
         let elapsed = Double(Clock.monotonicNanoseconds() - start) / 1e9
         let table = renderTable(elapsed: elapsed)

@@ -46,17 +46,47 @@ extension Orchestrator {
         }
         log("bench: \(scenario): \(k) histories of \(events) events made in \(fmt(Double(Clock.monotonicNanoseconds() - made) / 1e9)) s")
 
+        // The readers alone, then the same readers with as many streams that never read: the
+        // difference is what the stalled streams cost.
+        let stalled = config.replayStalledMod > 0 ? config.replayStreams / config.replayStalledMod : 0
+        let readers = config.replayStreams - stalled
+        var alone: Double?
+        for phase in stalled > 0 ? [0, 1] : [1] {
+            let mod = phase == 0 ? 0 : config.replayStalledMod
+            let count = phase == 0 ? readers : config.replayStreams
+            let label = phase == 0 ? "readers only" : "with stalled"
+            let r = try replayPhase(t, scenario: scenario, label: label, prefix: prefix, finals: finals, count: count, stalledMod: mod,
+                                    readers: readers, rep: rep)
+            if phase == 0 {
+                alone = r
+                record(scenario, "peak RSS growth, \(readers) readers alone", "MB", higher: false, t, r.map { $0 / 1024 / 1024 })
+            } else if let r {
+                record(scenario, "peak RSS growth, +\(stalled) stalled", "MB", higher: false, t, r / 1024 / 1024)
+                if let a = alone, stalled > 0 {
+                    record(scenario, "RSS per stalled stream", "KB", higher: false, t, (r - a) / 1024 / Double(stalled))
+                }
+                if r > 64 * 1024 * 1024 {
+                    notes.append("\(scenario): peak RSS growth \(fmt(r / 1024 / 1024)) MB is above the 64 MB target (issue 13)")
+                }
+            }
+        }
+    }
+
+    /// One wave of streams on a fresh server; returns the peak RSS growth in bytes.
+    func replayPhase(_ t: Target, scenario: String, label: String, prefix: String, finals: [Int64], count: Int, stalledMod: Int,
+                     readers: Int, rep: Int) throws -> Double? {
+        let k = config.replayActivities
+        let events = Int64(config.replayEvents)
+        let stalled = count - readers
         try t.restart()
         Control.sleep(1)
         guard let before = t.memory() else { throw BenchError("replay storm: cannot read dispatchd's memory") }
         let tcpBefore = Self.kernelTCPBytes()
-        let stalled = config.replayStalledMod > 0 ? config.replayStreams / config.replayStalledMod : 0
-        let readers = config.replayStreams - stalled
         let start = Clock.wallNanoseconds()
         let path = t.streamPath("\(prefix)-{ch}")
-        startSubscribe(t, count: config.replayStreams, path: path, channels: k, trackSeqs: false) { w in
+        startSubscribe(t, count: count, path: path, channels: k, trackSeqs: false) { w in
             w.field("lastEventID", "0")
-            w.field("stalledMod", Int64(config.replayStalledMod))
+            w.field("stalledMod", Int64(stalledMod))
             w.field("stalledRcvbuf", Int64(config.replayStalledRcvbuf))
             w.field("untilSeq", events)
         }
@@ -77,28 +107,29 @@ extension Orchestrator {
             if finishedAt > 0 && Clock.monotonicNanoseconds() - finishedAt > 2_000_000_000 { break }
             Control.sleep(0.1)
         }
-        let s = try collectSubscribed(t, count: config.replayStreams, path: path, timeout: 5)
+        let s = try collectSubscribed(t, count: count, path: path, timeout: 5)
         let v = verifyCounts(finals: finals)
         let after = t.memory()
         closeSubscribers()
 
         let mb = 1024.0 * 1024.0
-        record(scenario, "peak RSS growth", "MB", higher: false, t, Double(peak - before.rss) / mb)
-        if stalled > 0 { record(scenario, "peak growth per stalled stream", "KB", higher: false, t, Double(peak - before.rss) / 1024 / Double(stalled)) }
-        record(scenario, "kernel TCP memory peak growth", "MB", higher: false, t, Double(peakTCP - tcpBefore) / mb)
-        if done >= readers { record(scenario, "readers have everything", "s", higher: false, t, Double(lastDone - start) / 1e9) }
-        record(scenario, "events replayed to readers/s", "1/s", higher: true, t,
-               done >= readers && lastDone > start ? Double(readers) * Double(events) / (Double(lastDone - start) / 1e9) : nil)
-        check(t, "\(scenario): events lost", v.lost)
-        check(t, "\(scenario): events duplicated", v.duplicated)
-        check(t, "\(scenario): readers without every event", Int64(readers - done))
-        if peak - before.rss > 64 << 20 {
-            notes.append("\(scenario): peak RSS growth \(fmt(Double(peak - before.rss) / mb)) MB is above the 64 MB target (issue 13)")
+        let name = "\(scenario) (\(label))"
+        if stalled > 0 {
+            if done >= readers { record(scenario, "readers have everything", "s", higher: false, t, Double(lastDone - start) / 1e9) }
+            record(scenario, "events replayed to readers/s", "1/s", higher: true, t,
+                   done >= readers && lastDone > start ? Double(readers) * Double(events) / (Double(lastDone - start) / 1e9) : nil)
+            record(scenario, "kernel TCP memory peak growth", "MB", higher: false, t, Double(peakTCP - tcpBefore) / mb, table: false)
+        } else if done >= readers {
+            record(scenario, "readers alone have everything", "s", higher: false, t, Double(lastDone - start) / 1e9, table: false)
         }
-        log("bench: \(scenario) rep \(rep + 1): \(s.ready) streams (\(stalled) never reading), \(done)/\(readers) readers complete "
+        check(t, "\(name): events lost", v.lost)
+        check(t, "\(name): events duplicated", v.duplicated)
+        check(t, "\(name): readers without every event", Int64(readers - done))
+        log("bench: \(name) rep \(rep + 1): \(s.ready) streams (\(stalled) never reading), \(done)/\(readers) readers complete "
             + "in \(fmt(Double(lastDone - start) / 1e9)) s, \(open) open; RSS \(before.rss / 1024) KiB -> peak \(peak / 1024) KiB"
             + (after.map { ", \($0.rss / 1024) KiB after" } ?? "") + "; kernel TCP +\((peakTCP - tcpBefore) / 1024) KiB; "
             + "lost \(v.lost), duplicated \(v.duplicated)")
+        return Double(peak - before.rss)
     }
 
     /// Memory the kernel holds in TCP socket buffers, machine-wide (/proc/net/sockstat, pages).
