@@ -86,6 +86,7 @@ final class BenchParserTests: XCTestCase {
             .retry(125),
             .event(BenchEvent(id: -1, seq: 4, kind: .message, pairID: 1_764_547_200 << 24 | 17)),
             .event(BenchEvent(id: 12, seq: 12, kind: .message)),
+            .end(keepAlive: false),  // read until close
         ])
         XCTAssertEqual(BenchEvent(pairID: 1_764_547_200 << 24 | 17).idText, "1764547200:17")
         XCTAssertEqual(BenchEvent(id: 12).idText, "12")
