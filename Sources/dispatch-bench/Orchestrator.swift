@@ -25,6 +25,8 @@ struct BenchConfig {
     var stormRate = 400.0
     var stormPublishers = 16
     var stormWarmup = 2.0
+    /// Every n-th stream's client is away from 1 s before the restart until 3 s after it.
+    var stormAwayEvery = 20
     /// Longest wait after the restart for every stream to resume and catch up.
     var stormSettle = 45.0
     // Nodes (Nodes.swift): dispatchd supervisors on one PostgreSQL.
@@ -95,7 +97,7 @@ struct BenchConfig {
             c.stormActivities = 20
             c.stormRate = 40
             c.stormPublishers = 4
-            c.stormWarmup = 1
+            c.stormWarmup = 2
             c.stormSettle = 20
             c.nodeCounts = [1, 2]
             c.nodeSubscribers = 200
@@ -343,6 +345,9 @@ final class Orchestrator {
         var duplicated: Int64 = 0
         var notOpen: Int64 = 0
         var checked: Int64 = 0
+        /// Of streams that were away across a restart (restart storm).
+        var awayLost: Int64 = 0
+        var awayDuplicated: Int64 = 0
     }
 
     /// Waits until every stream has seen its channel's final seq (or 10 s), then records losses.
@@ -371,7 +376,7 @@ final class Orchestrator {
         } while Clock.monotonicNanoseconds() < deadline
         func sum(_ k: String) -> Int64 { last.reduce(Int64(0)) { $0 + Int64($1?.int(k) ?? 0) } }
         return Verified(lost: sum("missing") + sum("gaps") + sum("lostAtStart"), duplicated: sum("dups") + sum("extra"),
-                        notOpen: sum("notOpen"), checked: sum("checked"))
+                        notOpen: sum("notOpen"), checked: sum("checked"), awayLost: sum("awayLost"), awayDuplicated: sum("awayDuplicated"))
     }
 
     func reports() -> (deliveries: Int, hist: BenchHistogram) {

@@ -45,6 +45,8 @@ final class Worker {
         var node: UInt8 = 0
         /// A stream that never reads (replay storm).
         var stalled = false
+        /// A stream whose client went away for a while around a restart (`away` command).
+        var away = false
         /// A reconnect attempt is in flight (holds one of `reconMax` connect slots).
         var reconnecting = false
         /// Successful opens of this stream (0: the first attempt is still going).
@@ -97,6 +99,8 @@ final class Worker {
     var deliveries = 0
     var hist = BenchHistogram()
     var gaps: Int64 = 0, dups: Int64 = 0, lostAtStart: Int64 = 0
+    /// The same, for streams that were away (`away` command).
+    var awayGaps: Int64 = 0, awayDups: Int64 = 0
     var serverClosed = 0
     var firstError = ""
     /// EventSource-like streams (see the type's comment).
@@ -228,6 +232,7 @@ final class Worker {
             reqDeadline = min(reqDeadline, Clock.wallNanoseconds())
         case "storm": stormReport(since: Int64(v.double("since") ?? 0))
         case "progress": progress()
+        case "away": goAway(every: max(1, v.int("every") ?? 20), ms: v.int("ms") ?? 4000)
         case "exit": exitNow()
         default:
             emit { $0.field("ev", "error"); $0.field("message", "unknown command \(cmd)") }
@@ -528,7 +533,7 @@ final class Worker {
         deliveries = 0
         hist.reset()
         fan = [:]
-        gaps = 0; dups = 0; lostAtStart = 0; serverClosed = 0
+        gaps = 0; dups = 0; lostAtStart = 0; serverClosed = 0; awayGaps = 0; awayDups = 0
         firstError = ""
         subStart = Clock.wallNanoseconds()
         subReportedDone = false
@@ -554,6 +559,7 @@ final class Worker {
             conns[i].caughtUpAt = 0
             conns[i].lastBeforeOpen = 0
             conns[i].doneAt = 0
+            conns[i].away = false
             subStarted += 1
             subInflight += 1
             if !connect(i) {
@@ -635,11 +641,13 @@ final class Worker {
             if !conns[i].sawEvent {
                 conns[i].sawEvent = true
                 let expectedFirst = subSeqAtSubscribe + 1
-                if seq > expectedFirst { lostAtStart += seq - expectedFirst }
+                if seq > expectedFirst {
+                    if conns[i].away { awayGaps += seq - expectedFirst } else { lostAtStart += seq - expectedFirst }
+                }
             } else if seq <= conns[i].lastSeq {
-                dups += 1
+                if conns[i].away { awayDups += 1 } else { dups += 1 }
             } else if seq > conns[i].lastSeq + 1 {
-                gaps += seq - conns[i].lastSeq - 1
+                if conns[i].away { awayGaps += seq - conns[i].lastSeq - 1 } else { gaps += seq - conns[i].lastSeq - 1 }
             }
             conns[i].lastSeq = max(conns[i].lastSeq, seq)
             if subUntilSeq >= 0 && conns[i].doneAt == 0 && conns[i].lastSeq >= subUntilSeq { conns[i].doneAt = now }
@@ -709,8 +717,22 @@ final class Worker {
         drainReconnects()
     }
 
+    /// Every `every`-th open reconnecting stream loses its connection now and comes back after
+    /// `ms` (a phone changing networks): it reconnects with Last-Event-ID like the others.
+    func goAway(every: Int, ms: Int) {
+        var n = 0
+        for i in conns.indices where conns[i].role == .subscriber && conns[i].phase == .ready && conns[i].opens > 0 && i % every == 0 {
+            conns[i].away = true
+            conns[i].retryMs = Int32(ms)
+            lost(i)
+            n += 1
+        }
+        emit { $0.field("ev", "away"); $0.field("count", Int64(n)) }
+    }
+
     func retryDue(_ i: Int, token: UInt32) {
         guard i >= 0, i < conns.count, conns[i].phase == .sleeping, conns[i].token == token else { return }
+        if conns[i].away && conns[i].retryMs > 3000 { conns[i].retryMs = 3000 }  // back to EventSource's default
         conns[i].phase = .queued
         reconQueue.append(i)
         drainReconnects()
@@ -740,7 +762,13 @@ final class Worker {
         var reopen = BenchHistogram(), caught = BenchHistogram()
         var streams = 0, resumed = 0, caughtUp = 0, open = 0
         var lastResumed: Int64 = 0, lastCaught: Int64 = 0
+        var away = 0, awayResumed = 0
         for c in conns where c.role == .subscriber && c.phase != .free {
+            if c.away {
+                away += 1
+                if c.phase == .ready && c.openedAt > since { awayResumed += 1 }
+                continue
+            }
             streams += 1
             if c.phase == .ready { open += 1 }
             guard c.openedAt > since, c.opens > 1 else { continue }
@@ -767,6 +795,8 @@ final class Worker {
             $0.field("refused", Int64(reconRefused))
             $0.field("httpErrors", Int64(reconHTTPErrors))
             $0.field("stopped", Int64(reconStopped))
+            $0.field("away", Int64(away))
+            $0.field("awayResumed", Int64(awayResumed))
             $0.field("error", firstError)
             writeHistogram(&$0, "reopen", reopen)
             writeHistogram(&$0, "caught", caught)
@@ -804,13 +834,15 @@ final class Worker {
         var extra: Int64 = 0
         var checked = 0
         var notOpen = 0
+        var awayMissing: Int64 = 0, awayExtra: Int64 = 0
         for c in conns where c.role == .subscriber && !c.stalled && c.phase != .free {
             guard c.phase == .ready else { notOpen += 1; continue }
             let ch = Int(c.channel)
             guard ch < finals.count else { continue }
             checked += 1
-            if c.lastSeq < finals[ch] { missing += finals[ch] - max(c.lastSeq, subSeqAtSubscribe) }
-            if c.lastSeq > finals[ch] { extra += c.lastSeq - finals[ch] }
+            let short = c.lastSeq < finals[ch] ? finals[ch] - max(c.lastSeq, subSeqAtSubscribe) : 0
+            let over = c.lastSeq > finals[ch] ? c.lastSeq - finals[ch] : 0
+            if c.away { awayMissing += short; awayExtra += over } else { missing += short; extra += over }
         }
         emit {
             $0.field("ev", "verify")
@@ -818,6 +850,8 @@ final class Worker {
             $0.field("extra", extra)
             $0.field("checked", Int64(checked))
             $0.field("notOpen", Int64(notOpen))
+            $0.field("awayLost", awayMissing + awayGaps)
+            $0.field("awayDuplicated", awayExtra + awayDups)
             $0.field("gaps", gaps)
             $0.field("dups", dups)
             $0.field("lostAtStart", lostAtStart)
