@@ -188,7 +188,7 @@ extension Orchestrator {
             // (AccessExclusive on a shared object, from pre-commit to the end of the commit).
             let positionWaits = Double(waits["Lock:advisory"] ?? 0) / Double(samples)
             let notifyWaits = Double(waits["Lock:object"] ?? 0) / Double(samples)
-            record(label, "waiting on position+NOTIFY locks", "sessions", higher: false, t, positionWaits + notifyWaits)
+            record(label, "waiting on position/NOTIFY lock", "sessions", higher: false, t, positionWaits + notifyWaits)
             record(label, "waiting on the position lock", "sessions", higher: false, t, positionWaits, table: false)
             record(label, "waiting on the NOTIFY lock", "sessions", higher: false, t, notifyWaits, table: false)
             record(label, "waiting on WAL flush", "sessions", higher: false, t,

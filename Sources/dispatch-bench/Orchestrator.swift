@@ -581,8 +581,10 @@ final class Orchestrator {
         var lines: [String] = []
         let names = targets.map(\.name)
         let hasBoth = names.contains("dispatch") && names.contains("nchan")
+        // A column never runs into the next: a value as wide as its column gets one space.
         func pad(_ s: String, _ n: Int, right: Bool = false) -> String {
-            s.count >= n ? s : (right ? String(repeating: " ", count: n - s.count) + s : s + String(repeating: " ", count: n - s.count))
+            s.count >= n ? (right ? " " + s : s + " ")
+                : (right ? String(repeating: " ", count: n - s.count) + s : s + String(repeating: " ", count: n - s.count))
         }
         lines.append("Dispatch vs nginx+nchan — \(config.mode) mode, \(config.repeats) run(s) each, medians; \(fmt(elapsed)) s")
         lines.append(machine().map { "\($0.0): \($0.1)" }.joined(separator: "; "))
@@ -663,8 +665,11 @@ final class Orchestrator {
             gmtime_r(&now, &tm)
             let stamp = String(format4(Int(tm.tm_year) + 1900)) + two(Int(tm.tm_mon) + 1) + two(Int(tm.tm_mday))
                 + "-" + two(Int(tm.tm_hour)) + two(Int(tm.tm_min)) + two(Int(tm.tm_sec))
-            path = "\(dir)/\(stamp)-\(config.mode).json"
-            try Files.write("\(dir)/latest-\(config.mode).json", w.string + "\n")
+            // A run of some scenarios only does not replace the latest complete run.
+            let tag = config.scenarios == BenchConfig.allScenarios ? config.mode
+                : config.mode + "-" + config.scenarios.sorted().joined(separator: "+")
+            path = "\(dir)/\(stamp)-\(tag).json"
+            try Files.write("\(dir)/latest-\(tag).json", w.string + "\n")
         }
         try Files.write(path, w.string + "\n")
         return path

@@ -59,9 +59,9 @@ extension Orchestrator {
                                     readers: readers, rep: rep)
             if phase == 0 {
                 alone = r
-                record(scenario, "peak RSS growth, \(readers) readers alone", "MB", higher: false, t, r.map { $0 / 1024 / 1024 })
+                record(scenario, "RSS growth, \(readers) readers alone", "MB", higher: false, t, r.map { $0 / 1024 / 1024 })
             } else if let r {
-                record(scenario, "peak RSS growth, +\(stalled) stalled", "MB", higher: false, t, r / 1024 / 1024)
+                record(scenario, "RSS growth, +\(stalled) stalled", "MB", higher: false, t, r / 1024 / 1024)
                 if let a = alone, stalled > 0 {
                     record(scenario, "RSS per stalled stream", "KB", higher: false, t, (r - a) / 1024 / Double(stalled))
                 }
