@@ -2,7 +2,9 @@ import DispatchCore
 
 /// What the benchmark pulls out of one SSE event (or one plain response body): the
 /// numeric `id:`, the `"seq":N` and the publish timestamp `t=<ns>` found in `data:`.
-/// Fields that are absent are -1.
+/// Fields that are absent are -1. An id of the form `A:B` (nchan's `<time>:<tag>`) is kept in
+/// `pairID` as `A << 24 | B` (see `BenchEvent.idText`), so a client can send it back as
+/// `Last-Event-ID`.
 public struct BenchEvent: Equatable, Sendable {
     public enum Kind: UInt8, Sendable {
         /// Any event that does not end the stream.
@@ -18,13 +20,26 @@ public struct BenchEvent: Equatable, Sendable {
     public var seq: Int64
     public var t: Int64
     public var kind: Kind
+    /// An `A:B` id as `A << 24 | B`; -1 when the id was not of that form.
+    public var pairID: Int64
 
-    public init(id: Int64 = -1, seq: Int64 = -1, t: Int64 = -1, kind: Kind = .message) {
+    public init(id: Int64 = -1, seq: Int64 = -1, t: Int64 = -1, kind: Kind = .message, pairID: Int64 = -1) {
         self.id = id
         self.seq = seq
         self.t = t
         self.kind = kind
+        self.pairID = pairID
     }
+
+    /// The id as the server sent it (for `Last-Event-ID`), or nil when it had none we kept.
+    public var idText: String? {
+        if id >= 0 { return String(id) }
+        if pairID >= 0 { return Self.pairText(pairID) }
+        return nil
+    }
+
+    /// `A << 24 | B` back to `A:B`.
+    public static func pairText(_ v: Int64) -> String { "\(v >> 24):\(v & 0xFFFFFF)" }
 }
 
 /// One step of an HTTP response as the benchmark client sees it.
@@ -32,6 +47,8 @@ public enum BenchParseOutput: Equatable, Sendable {
     /// The status line and headers are complete.
     case headers(status: Int, eventStream: Bool)
     case event(BenchEvent)
+    /// A `retry:` field: the reconnection time an EventSource must use from now on (ms).
+    case retry(Int64)
     /// The response is complete; `keepAlive` says whether the connection may carry another request.
     case end(keepAlive: Bool)
     /// The bytes are not HTTP the parser understands; the connection should be closed.
@@ -205,6 +222,7 @@ public struct BenchStreamParser: Sendable {
         switch nameLength {
         case 2 where Self.matches(line, "id"):
             event.id = Self.parseInt(value) ?? -1
+            event.pairID = event.id < 0 ? Self.parsePair(value) ?? -1 : -1
         case 4 where Self.matches(line, "data"):
             hasData = true
             var e = event
@@ -212,6 +230,9 @@ public struct BenchStreamParser: Sendable {
             event = e
         case 5 where Self.matches(line, "event"):
             event.kind = Self.kind(of: value)
+        case 5 where Self.matches(line, "retry"):
+            // WHATWG: only ASCII digits set the reconnection time; anything else is ignored.
+            if let ms = Self.parseInt(value) { out.append(.retry(ms)) }
         default:
             break
         }
@@ -240,6 +261,14 @@ public struct BenchStreamParser: Sendable {
             r = r * 10 + Int64(b - 0x30)
         }
         return r
+    }
+
+    /// `A:B` (both decimal, B < 2^24) as `A << 24 | B`.
+    static func parsePair<C: Collection>(_ value: C) -> Int64? where C.Element == UInt8, C.Index == Int {
+        guard let colon = value.firstIndex(of: UInt8(ascii: ":")),
+              let a = parseInt(value[value.startIndex..<colon]), a < (Int64(1) << 38),
+              let b = parseInt(value[(colon + 1)..<value.endIndex]), b < (Int64(1) << 24) else { return nil }
+        return a << 24 | b
     }
 
     /// Finds `"seq":N` and `t=<digits>` (the benchmark's status) in a data line.

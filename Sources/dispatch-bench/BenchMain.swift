@@ -4,15 +4,19 @@ import DispatchSystem
 import Glibc
 #endif
 
-/// `runuser -u postgres -- pg_ctl -D <cluster> stop -m fast`, ready for the signal handler.
-nonisolated(unsafe) var emergencyPgStop: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?
+/// `runuser -u postgres -- pg_ctl -D <cluster> stop -m fast` per embedded cluster this run
+/// started (the main target's, the nodes scenario's), ready for the signal handler.
+nonisolated(unsafe) var emergencyPgStops: [UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>] = []
+nonisolated(unsafe) var emergencyPgClusters: Set<String> = []
 
 func prepareEmergencyPgStop(cluster: String) {
+    guard !emergencyPgClusters.contains(cluster) else { return }
+    emergencyPgClusters.insert(cluster)
     let args = ["/usr/sbin/runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_ctl", "-D", cluster, "stop", "-m", "fast"]
     let argv = UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>.allocate(capacity: args.count + 1)
     for (i, a) in args.enumerated() { argv[i] = strdup(a) }
     argv[args.count] = nil
-    emergencyPgStop = argv
+    emergencyPgStops.append(argv)
 }
 
 enum BenchMain {
@@ -27,8 +31,9 @@ enum BenchMain {
       --template PATH             nginx config template (default bench/nginx.conf.template)
       --results DIR               where results JSON goes (default bench/results)
       --json PATH                 write the results JSON to PATH instead
-      --scenarios LIST            only these, comma-separated: idle,fanout,throughput,terminal
-      --throughput-seconds S      how long publishers run in the throughput scenario
+      --scenarios LIST            comma-separated subset of: idle, fanout, throughput, terminal,
+                                  restart, nodes, replay (default all; restart needs a server
+                                  this run starts, nodes and replay need dispatchd)
     """
 
     static func run(_ args: [String]) -> Int32 {
@@ -67,9 +72,9 @@ enum BenchMain {
             case "--results": c.resultsDir = value() ?? c.resultsDir
             case "--json": c.jsonOut = value()
             case "--scenarios":
-                let wanted = Set((value() ?? "").split(separator: ",").map(String.init))
-                guard !wanted.isEmpty, wanted.isSubset(of: BenchConfig.allScenarios) else { log(usage); return 64 }
-                c.scenarios = wanted
+                let list = Set((value() ?? "").split(separator: ",").map { String($0) })
+                guard !list.isEmpty, list.isSubset(of: BenchConfig.allScenarios) else { log(usage); return 64 }
+                c.scenarios = list
             case "--throughput-seconds": c.throughputSeconds = max(1, Double(value() ?? "") ?? c.throughputSeconds)
             default:
                 log("unknown option \(args[i])\n" + usage)
@@ -99,7 +104,7 @@ enum BenchMain {
             for group in startedGroups { kill(-group, SIGKILL) }
             // dispatchd's embedded PostgreSQL is not our child: stop it with pg_ctl (fork and
             // exec are safe in a signal handler; the argv was prepared beforehand).
-            if let argv = emergencyPgStop {
+            for argv in emergencyPgStops {
                 let child = fork()
                 if child == 0 { execv(argv[0]!, argv); _exit(127) }
                 if child > 0 { var st: Int32 = 0; waitpid(child, &st, 0) }

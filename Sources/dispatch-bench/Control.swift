@@ -152,6 +152,7 @@ enum BlockingHTTP {
                 switch o {
                 case .headers(let status, _): response.status = status
                 case .event(let e): response.event = e
+                case .retry: break
                 case .end: return response
                 case .malformed: throw BenchError("malformed answer from \(path)")
                 }

@@ -19,6 +19,34 @@ struct BenchConfig {
     var terminalConnections = 128
     var terminalActivities = 1000
     var terminalSeconds = 2.0
+    // Restart storm (RestartStorm.swift): EventSource-like streams through a server restart.
+    var stormStreams = 2000
+    var stormActivities = 200
+    var stormRate = 400.0
+    var stormPublishers = 16
+    var stormWarmup = 2.0
+    /// Every n-th stream's client is away from 1 s before the restart until 3 s after it.
+    var stormAwayEvery = 20
+    /// Longest wait after the restart for every stream to resume and catch up.
+    var stormSettle = 45.0
+    // Nodes (Nodes.swift): dispatchd supervisors on one PostgreSQL.
+    var nodeCounts = [1, 2, 4]
+    var nodeWorkers = 2
+    var nodeSubscribers = 5000
+    var nodeActivities = 1000
+    var nodePublishers = 32
+    var nodeSeconds = 4.0
+    // Replay storm (ReplayStorm.swift): Last-Event-ID: 0 on long histories, half not reading.
+    var replayStreams = 2000
+    var replayActivities = 20
+    var replayEvents = 1000
+    var replayStalledMod = 2
+    /// SO_RCVBUF of the streams that never read: backpressure reaches dispatchd after a few KB.
+    var replayStalledRcvbuf = 4096
+    /// Repetitions of the three scenarios above (each restarts servers; they take longer).
+    var stormRepeats = 1
+    var scenarios: Set<String> = BenchConfig.allScenarios
+    static let allScenarios: Set<String> = ["idle", "fanout", "throughput", "terminal", "restart", "nodes", "replay"]
     var repeats = 3
     var targets: [Target.Kind] = [.dispatch, .nchan]
     var serverWorkers = 2
@@ -29,10 +57,7 @@ struct BenchConfig {
     var template = "bench/nginx.conf.template"
     var resultsDir = "bench/results"
     var jsonOut: String?
-    var deadlineSeconds: UInt32 = 300
-    /// Which scenarios run (`--scenarios`): all by default; one alone is handy under a profiler.
-    var scenarios: Set<String> = BenchConfig.allScenarios
-    static let allScenarios: Set<String> = ["idle", "fanout", "throughput", "terminal"]
+    var deadlineSeconds: UInt32 = 720
 
     static func preset(_ mode: String) -> BenchConfig {
         var c = BenchConfig()
@@ -45,7 +70,17 @@ struct BenchConfig {
             c.terminalSeconds = 8
             c.repeats = 5
             c.serverWorkers = 3  // 50k streams need three processes of at most 20,000 files each
-            c.deadlineSeconds = 1200
+            c.stormStreams = 10000
+            c.stormActivities = 1000
+            c.stormRate = 1000
+            c.stormPublishers = 32
+            c.nodeSubscribers = 10000
+            c.nodeActivities = 2000
+            c.nodePublishers = 64
+            c.nodeSeconds = 10
+            c.replayActivities = 50
+            c.stormRepeats = 3
+            c.deadlineSeconds = 2700
         case "smoke":
             c.idleCounts = [300]
             c.idleActivities = 30
@@ -58,8 +93,22 @@ struct BenchConfig {
             c.terminalConnections = 8
             c.terminalActivities = 30
             c.terminalSeconds = 1
+            c.stormStreams = 200
+            c.stormActivities = 20
+            c.stormRate = 40
+            c.stormPublishers = 4
+            c.stormWarmup = 2
+            c.stormSettle = 20
+            c.nodeCounts = [1, 2]
+            c.nodeSubscribers = 200
+            c.nodeActivities = 40
+            c.nodePublishers = 4
+            c.nodeSeconds = 1.5
+            c.replayStreams = 100
+            c.replayActivities = 4
+            c.replayEvents = 200
             c.repeats = 1
-            c.deadlineSeconds = 120
+            c.deadlineSeconds = 240
         default:
             break
         }
@@ -73,6 +122,8 @@ struct Figure {
     let metric: String
     let unit: String
     let higherIsBetter: Bool
+    /// Shown in the table (false: in the JSON only, to keep the table readable).
+    var inTable = true
     var runs: [String: [Double]] = [:]
 
     func median(_ target: String) -> Double? { BenchStats.median(runs[target] ?? []) }
@@ -87,6 +138,10 @@ final class Orchestrator {
     var figures: [Figure] = []
     var problems: [String] = []
     var checks: [String: [String: Int64]] = [:]
+    /// Printed under the table and kept in the JSON.
+    var notes: [String] = []
+    /// The nodes scenario's dispatchd supervisors (node 1 owns their PostgreSQL).
+    var nodeTargets: [Target] = []
     let runTag: String
     var tempDir = ""
 
@@ -100,12 +155,14 @@ final class Orchestrator {
 
     // MARK: - Figures
 
-    func record(_ scenario: String, _ metric: String, _ unit: String, higher: Bool, _ target: Target, _ value: Double?) {
+    func record(_ scenario: String, _ metric: String, _ unit: String, higher: Bool, _ target: Target, _ value: Double?,
+                table: Bool = true) {
         guard let value, value.isFinite else { return }
         if let k = figures.firstIndex(where: { $0.scenario == scenario && $0.metric == metric }) {
             figures[k].runs[target.name, default: []].append(value)
         } else {
             var f = Figure(scenario: scenario, metric: metric, unit: unit, higherIsBetter: higher)
+            f.inTable = table
             f.runs[target.name] = [value]
             figures.append(f)
         }
@@ -123,22 +180,30 @@ final class Orchestrator {
         tempDir = makeTempDir()
         defer { cleanup() }
         try startTargets()
-        let maxConns = max(config.idleCounts.max() ?? 0, config.fanoutSubscribers, config.throughputSubscribers)
+        let maxConns = max(config.idleCounts.max() ?? 0, config.fanoutSubscribers, config.throughputSubscribers,
+                           config.stormStreams, config.nodeSubscribers, config.replayStreams)
         let subWorkers = max(2, (maxConns + 15999) / 16000)
         for k in 0..<subWorkers { subscribers.append(try WorkerHandle(name: "sub\(k)")) }
         publisher = try WorkerHandle(name: "pub")
         log("bench: \(config.mode) run \(runTag): targets \(targets.map(\.name).joined(separator: ", ")), "
             + "\(subWorkers) subscriber processes, \(config.serverWorkers) server processes each")
 
-        try setupIdleActivities()
-        for rep in 0..<config.repeats {
+        let want = config.scenarios
+        if want.contains("idle") { try setupIdleActivities() }
+        for rep in 0..<config.repeats where !want.isDisjoint(with: ["idle", "fanout", "throughput", "terminal"]) {
             // Alternate which server goes first so neither always gets the warmer machine.
             let order = rep % 2 == 0 ? targets : targets.reversed()
-            let runs = config.scenarios.contains
-            if runs("idle") { for t in order { try idle(t, rep: rep) } }
-            if runs("fanout") { for t in order { try fanout(t, rep: rep) } }
-            if runs("throughput") { for t in order { try throughput(t, rep: rep) } }
-            if runs("terminal") { for t in order { try terminal(t, rep: rep) } }
+            if want.contains("idle") { for t in order { try idle(t, rep: rep) } }
+            if want.contains("fanout") { for t in order { try fanout(t, rep: rep) } }
+            if want.contains("throughput") { for t in order { try throughput(t, rep: rep) } }
+            if want.contains("terminal") { for t in order { try terminal(t, rep: rep) } }
+        }
+        for rep in 0..<config.stormRepeats {
+            let order = rep % 2 == 0 ? targets : targets.reversed()
+            if want.contains("restart") { for t in order { try restartStorm(t, rep: rep) } }
+            if want.contains("replay") { for t in order where t.kind == .dispatch { try replayStorm(t, rep: rep) } }
+            // Nodes start their own dispatchd supervisors: not with an already running Dispatch.
+            if want.contains("nodes") && config.targets.contains(.dispatch) && config.externalDispatchPort == nil { try nodes(rep: rep) }
         }
         let elapsed = Double(Clock.monotonicNanoseconds() - start) / 1e9
         let table = renderTable(elapsed: elapsed)
@@ -184,6 +249,8 @@ final class Orchestrator {
     func cleanup() {
         for w in subscribers { w.stop() }
         publisher?.stop()
+        for t in nodeTargets.reversed() { t.stop() }
+        nodeTargets.removeAll()
         for t in targets { t.stop() }
         if !tempDir.isEmpty, tempDir.hasPrefix("/tmp/dispatch-bench-") {
             _ = Proc.run("/bin/rm", ["-rf", tempDir])
@@ -221,8 +288,16 @@ final class Orchestrator {
     }
 
     /// Opens `count` streams spread over the subscriber processes; returns when all are ready.
+    /// `extra` adds fields to each process's command (reconnecting, Last-Event-ID, nodes…).
     func subscribe(_ t: Target, count: Int, path: String, channels: Int, trackSeqs: Bool,
-                   firstIndex: Int = 0) throws -> Subscribed {
+                   firstIndex: Int = 0, extra: (inout JSONWriter) -> Void = { _ in }) throws -> Subscribed {
+        startSubscribe(t, count: count, path: path, channels: channels, trackSeqs: trackSeqs, firstIndex: firstIndex, extra: extra)
+        return try collectSubscribed(t, count: count, path: path, timeout: 60)
+    }
+
+    /// Sends the subscribe commands without waiting (the replay storm samples memory meanwhile).
+    func startSubscribe(_ t: Target, count: Int, path: String, channels: Int, trackSeqs: Bool,
+                        firstIndex: Int = 0, extra: (inout JSONWriter) -> Void = { _ in }) {
         let n = subscribers.count
         var first = firstIndex
         for (k, w) in subscribers.enumerated() {
@@ -241,12 +316,16 @@ final class Orchestrator {
                 w.field("needFirstEvent", t.readyOnFirstEvent)
                 w.field("seqAtSubscribe", t.seqAtSubscribe)
                 w.field("trackSeqs", trackSeqs)
+                extra(&w)
             }
         }
-        let got = Control.collect(subscribers, "subscribed", timeout: 60)
+    }
+
+    func collectSubscribed(_ t: Target, count: Int, path: String, timeout: Double) throws -> Subscribed {
+        let got = Control.collect(subscribers, "subscribed", timeout: timeout)
         var s = Subscribed()
         for (k, g) in got.enumerated() {
-            guard let g else { throw BenchError("\(t.name): subscriber process \(k) did not get all \(count / subscribers.count) streams open within 60 s (\(path))") }
+            guard let g else { throw BenchError("\(t.name): subscriber process \(k) did not get all \(count / subscribers.count) streams open within \(Int(timeout)) s (\(path))") }
             s.ready += g.int("ready") ?? 0
             s.failed += g.int("failed") ?? 0
             s.elapsed = max(s.elapsed, g.double("elapsed") ?? 0)
@@ -261,8 +340,26 @@ final class Orchestrator {
         _ = Control.collect(subscribers, "closed", timeout: 30)
     }
 
+    struct Verified {
+        var lost: Int64 = 0
+        var duplicated: Int64 = 0
+        var notOpen: Int64 = 0
+        var checked: Int64 = 0
+        /// Of streams that were away across a restart (restart storm).
+        var awayLost: Int64 = 0
+        var awayDuplicated: Int64 = 0
+    }
+
     /// Waits until every stream has seen its channel's final seq (or 10 s), then records losses.
     func verify(_ t: Target, finals: [Int64], scenario: String) {
+        let v = verifyCounts(finals: finals)
+        check(t, "\(scenario): events lost", v.lost)
+        check(t, "\(scenario): events duplicated", v.duplicated)
+    }
+
+    /// The same wait, returning what it found (lost: gaps, never-received finals and a first
+    /// event after a skipped one; duplicated: repeats and ids past the final).
+    func verifyCounts(finals: [Int64]) -> Verified {
         var last: [JSONValue?] = []
         let deadline = Clock.monotonicNanoseconds() + 10_000_000_000
         repeat {
@@ -273,13 +370,13 @@ final class Orchestrator {
                 }
             }
             last = Control.collect(subscribers, "verify", timeout: 10)
-            let missing = last.reduce(Int64(0)) { $0 + Int64($1?.int("missing") ?? 0) }
+            let missing = last.reduce(Int64(0)) { $0 + Int64($1?.int("missing") ?? 0) + Int64($1?.int("notOpen") ?? 0) }
             if missing == 0 { break }
             Control.sleep(0.2)
         } while Clock.monotonicNanoseconds() < deadline
         func sum(_ k: String) -> Int64 { last.reduce(Int64(0)) { $0 + Int64($1?.int(k) ?? 0) } }
-        check(t, "\(scenario): events lost", sum("missing") + sum("gaps") + sum("lostAtStart"))
-        check(t, "\(scenario): events duplicated", sum("dups") + sum("extra"))
+        return Verified(lost: sum("missing") + sum("gaps") + sum("lostAtStart"), duplicated: sum("dups") + sum("extra"),
+                        notOpen: sum("notOpen"), checked: sum("checked"), awayLost: sum("awayLost"), awayDuplicated: sum("awayDuplicated"))
     }
 
     func reports() -> (deliveries: Int, hist: BenchHistogram) {
@@ -484,18 +581,20 @@ final class Orchestrator {
         var lines: [String] = []
         let names = targets.map(\.name)
         let hasBoth = names.contains("dispatch") && names.contains("nchan")
+        // A column never runs into the next: a value as wide as its column gets one space.
         func pad(_ s: String, _ n: Int, right: Bool = false) -> String {
-            s.count >= n ? s : (right ? String(repeating: " ", count: n - s.count) + s : s + String(repeating: " ", count: n - s.count))
+            s.count >= n ? (right ? " " + s : s + " ")
+                : (right ? String(repeating: " ", count: n - s.count) + s : s + String(repeating: " ", count: n - s.count))
         }
         lines.append("Dispatch vs nginx+nchan — \(config.mode) mode, \(config.repeats) run(s) each, medians; \(fmt(elapsed)) s")
         lines.append(machine().map { "\($0.0): \($0.1)" }.joined(separator: "; "))
-        var header = pad("scenario", 22) + pad("figure", 26) + pad("unit", 10)
+        var header = pad("scenario", 22) + pad("figure", 32) + pad("unit", 10)
         for n in names { header += pad(n, 12, right: true) }
         if hasBoth { header += pad("D/nchan", 10, right: true) + "  better" }
         lines.append(header)
         lines.append(String(repeating: "-", count: header.count))
-        for f in figures {
-            var l = pad(f.scenario, 22) + pad(f.metric, 26) + pad(f.unit, 10)
+        for f in figures where f.inTable {
+            var l = pad(f.scenario, 22) + pad(f.metric, 32) + pad(f.unit, 10)
             for n in names { l += pad(f.median(n).map(fmt) ?? "-", 12, right: true) }
             if hasBoth {
                 if let d = f.median("dispatch"), let c = f.median("nchan"), c != 0 {
@@ -514,6 +613,7 @@ final class Orchestrator {
             lines.append("\(n): " + (bad.isEmpty ? "no lost, duplicated or failed events/streams"
                                                  : bad.map { "\($0.key) = \($0.value)" }.sorted().joined(separator: "; ")))
         }
+        for n in notes { lines.append("note: " + n) }
         return lines.joined(separator: "\n")
     }
 
@@ -535,6 +635,7 @@ final class Orchestrator {
             w.field("figure", f.metric)
             w.field("unit", f.unit)
             w.field("better", f.higherIsBetter ? "higher" : "lower")
+            if !f.inTable { w.field("inTable", false) }
             for t in targets { if let m = f.median(t.name) { w.field(t.name, m) } else { w.key(t.name); w.null() } }
             if let d = f.median("dispatch"), let c = f.median("nchan"), c != 0 { w.field("ratio", d / c) }
             w.key("runs"); w.beginObject()
@@ -551,6 +652,7 @@ final class Orchestrator {
         }
         w.endObject()
         w.key("problems"); w.beginArray(); for p in problems { w.string(p) }; w.endArray()
+        w.key("notes"); w.beginArray(); for n in notes { w.string(n) }; w.endArray()
         w.endObject()
         let path: String
         if let j = config.jsonOut {
@@ -563,8 +665,11 @@ final class Orchestrator {
             gmtime_r(&now, &tm)
             let stamp = String(format4(Int(tm.tm_year) + 1900)) + two(Int(tm.tm_mon) + 1) + two(Int(tm.tm_mday))
                 + "-" + two(Int(tm.tm_hour)) + two(Int(tm.tm_min)) + two(Int(tm.tm_sec))
-            path = "\(dir)/\(stamp)-\(config.mode).json"
-            try Files.write("\(dir)/latest-\(config.mode).json", w.string + "\n")
+            // A run of some scenarios only does not replace the latest complete run.
+            let tag = config.scenarios == BenchConfig.allScenarios ? config.mode
+                : config.mode + "-" + config.scenarios.sorted().joined(separator: "+")
+            path = "\(dir)/\(stamp)-\(tag).json"
+            try Files.write("\(dir)/latest-\(tag).json", w.string + "\n")
         }
         try Files.write(path, w.string + "\n")
         return path

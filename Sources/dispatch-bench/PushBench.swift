@@ -177,8 +177,8 @@ final class PushRun {
         let t = try Servers.startDispatch(binary: o.dispatchd, dir: sub, workers: o.workers,
                                           port: Servers.freePort(startingAt: 18580), env: env)
         targets.append(t)
-        // Wait until the database sessions are up (`dispatch_db_up` is 1 only when every
-        // worker's are).
+        // /readyz answers for the whole server; also wait until its metrics say the database
+        // sessions of every worker are up (the lowest of them).
         let deadline = Clock.monotonicNanoseconds() + 30_000_000_000
         while Clock.monotonicNanoseconds() < deadline {
             let m = Metrics.scrape(port: t.port, workers: o.workers)
@@ -640,45 +640,52 @@ enum PlainHTTP {
     }
 }
 
-/// A server's Prometheus figures: `/metrics` answers for the whole server (its workers
-/// summed), so one scrape is enough; per-worker `worker="N"` series are left out.
+/// Prometheus text of a server. dispatchd answers /metrics for the whole server (every
+/// worker's samples summed; `dispatch_db_up` the lowest), so one scrape is enough. (It once
+/// answered per worker, and scraping until every `worker="N"` had been seen, as this did,
+/// now counted the whole server once per worker label it saw.)
 struct Metrics {
-    var values: [String: Double] = [:]  // "name{labels}" or "name" -> value
+    var samples: [String: [String: Double]] = [:]  // "server" -> "name{labels}" -> value
 
-    static func scrape(port: UInt16, workers: Int) -> Metrics {
+    static func scrape(port: UInt16, workers: Int = 1) -> Metrics {
         var m = Metrics()
-        for address in Servers.addresses.prefix(3) {
+        for attempt in 0..<8 {
+            let address = Servers.addresses[attempt % Servers.addresses.count]
             guard let body = PlainHTTP.request(port: port, method: "GET", path: "/metrics", address: address) else { continue }
+            var values: [String: Double] = [:]
             for line in String(decoding: body, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
                 guard let space = line.lastIndex(of: " "), let v = Double(line[line.index(after: space)...]) else { continue }
-                let key = String(line[..<space])
-                if !key.contains("worker=\"") { m.values[key] = v }
+                values[String(line[..<space])] = v
             }
-            break
+            if !values.isEmpty {
+                m.samples["server"] = values
+                break
+            }
         }
         return m
     }
 
-    private func samples(_ name: String) -> [(key: String, value: Double)] {
-        values.filter { $0.key == name || $0.key.hasPrefix(name + "{") }.map { ($0.key, $0.value) }
-    }
-
-    /// The sum of every sample of `name` whose labels contain `label`.
+    /// The sum over workers of every sample of `name` whose labels contain `label`.
     func sum(_ name: String, _ label: String = "") -> Double {
-        samples(name).filter { label.isEmpty || $0.key.contains(label) }.reduce(0.0) { $0 + $1.value }
+        samples.values.reduce(0.0) { total, values in
+            total + values.filter { ($0.key == name || $0.key.hasPrefix(name + "{")) && (label.isEmpty || $0.key.contains(label)) }
+                .reduce(0.0) { $0 + $1.value }
+        }
     }
 
     func max(_ name: String) -> Double {
-        samples(name).map(\.value).max() ?? 0
+        samples.values.compactMap { $0.first { $0.key == name || $0.key.hasPrefix(name + "{") }?.value }.max() ?? 0
     }
 
-    /// A histogram's cumulative buckets (upper bound -> count).
+    /// A histogram's cumulative buckets (upper bound -> count), summed over workers.
     func histogram(_ name: String) -> CumulativeHistogram {
         var buckets: [Double: Double] = [:]
-        for (key, v) in samples(name + "_bucket") {
-            guard let r = key.firstRange(of: "le=\""), let le = Double(key[r.upperBound...].prefix { $0 != "\"" }) ?? (key.contains("+Inf") ? .infinity : nil)
-            else { continue }
-            buckets[le, default: 0] += v
+        for values in samples.values {
+            for (key, v) in values where key.hasPrefix(name + "_bucket{") {
+                guard let r = key.firstRange(of: "le=\""), let le = Double(key[r.upperBound...].prefix { $0 != "\"" }) ?? (key.contains("+Inf") ? .infinity : nil)
+                else { continue }
+                buckets[le, default: 0] += v
+            }
         }
         return CumulativeHistogram(buckets: buckets)
     }

@@ -19,6 +19,8 @@ final class Target {
     var starter: (() throws -> pid_t)?
     /// Dispatch's embedded PostgreSQL cluster, stopped after dispatchd if it is still up.
     var postgresCluster: String?
+    /// Dispatch's data dir (its embedded cluster's socket and pgpass live there).
+    var dataDir = ""
 
     init(kind: Kind, port: UInt16, key: String, rootPid: pid_t?) {
         self.kind = kind
@@ -166,9 +168,10 @@ enum Servers {
         return "bench-" + String((0..<32).map { _ in chars[Int.random(in: 0..<chars.count)] })
     }
 
-    static func startDispatch(binary: String, dir: String, workers: Int, port: UInt16, env: [String: String] = [:]) throws -> Target {
+    static func startDispatch(binary: String, dir: String, workers: Int, port: UInt16, env: [String: String] = [:],
+                              key: String? = nil) throws -> Target {
         guard access(binary, X_OK) == 0 else { throw BenchError("dispatchd not found at \(binary) (build it, or pass --dispatchd)") }
-        let key = randomKey()
+        let key = key ?? randomKey()
         let data = "\(dir)/dispatch-data"
         try? Files.makeDirectory(data)
         let logPath = "\(dir)/dispatchd.log"
@@ -194,8 +197,11 @@ enum Servers {
         let target = Target(kind: .dispatch, port: port, key: key, rootPid: try start())
         target.logPath = logPath
         target.starter = start
-        target.postgresCluster = "\(data)/pg"
-        prepareEmergencyPgStop(cluster: "\(data)/pg")
+        if env["DATABASE_URL"] == nil {
+            target.postgresCluster = "\(data)/pg"
+            prepareEmergencyPgStop(cluster: "\(data)/pg")
+        }
+        target.dataDir = data
         return target
     }
 

@@ -13,10 +13,19 @@ nonisolated(unsafe) var currentWorker: Worker?
 /// JSON-line commands on stdin and answering with JSON-line events on stdout.
 ///
 /// Commands (`cmd`): `subscribe`, `verify`, `report`, `reset`, `close`, `publish`,
-/// `batch`, `terminal`, `exit`. See `Orchestrator` for how they are combined.
+/// `batch`, `terminal`, `stop` (publishers finish now), `storm` (reconnect figures),
+/// `progress` (replay readers), `exit`. See `Orchestrator` for how they are combined.
+///
+/// Subscribers opened with `reconnect` behave like a browser's EventSource: they keep the
+/// last event id and the `retry:` time, and when the stream ends, fails or the connection
+/// is refused they wait that long and reconnect with `Last-Event-ID`.
 final class Worker {
     enum Role: UInt8 { case subscriber, publisher, batch, terminal }
-    enum Phase: UInt8 { case free, connecting, waiting, ready, closed }
+    enum Phase: UInt8 {
+        case free, connecting, waiting, ready, closed
+        /// Reconnecting streams: waiting for their retry time, then for a connect slot.
+        case sleeping, queued
+    }
 
     /// Per-connection state, kept compact: tens of thousands of these live in one array.
     struct Conn {
@@ -32,6 +41,31 @@ final class Worker {
         var sentAt: Int64 = 0
         var status: Int16 = 0
         var pendingOut: [UInt8] = []
+        /// Index into `ports` (several servers: the nodes scenario).
+        var node: UInt8 = 0
+        /// A stream that never reads (replay storm).
+        var stalled = false
+        /// A stream whose client went away for a while around a restart (`away` command).
+        var away = false
+        /// A reconnect attempt is in flight (holds one of `reconMax` connect slots).
+        var reconnecting = false
+        /// Successful opens of this stream (0: the first attempt is still going).
+        var opens: Int32 = 0
+        /// EventSource's reconnection time, from `retry:` (ms).
+        var retryMs: Int32 = 3000
+        /// Invalidates reconnect timers of an earlier sleep.
+        var token: UInt32 = 0
+        /// The last event id: numeric, or nchan's `A:B` packed (`BenchEvent.pairID`).
+        var lastID: Int64 = -1
+        var lastPairID: Int64 = -1
+        /// Wall-clock ns of the last successful (re)open.
+        var openedAt: Int64 = 0
+        /// When the stream had every event published before it reopened (0: not yet known).
+        var caughtUpAt: Int64 = 0
+        /// Receipt time of the newest event published before `openedAt`.
+        var lastBeforeOpen: Int64 = 0
+        /// When the stream reached `subUntilSeq` (replay readers).
+        var doneAt: Int64 = 0
     }
 
     let base: OpaquePointer
@@ -46,6 +80,8 @@ final class Worker {
     // Targets.
     var addrs: [in_addr_t] = []
     var port: UInt16 = 0
+    /// Several servers (nodes): a connection goes to `ports[conn.node]`.
+    var ports: [UInt16] = []
     var nextAddr = 0
 
     // Subscribers.
@@ -63,8 +99,24 @@ final class Worker {
     var deliveries = 0
     var hist = BenchHistogram()
     var gaps: Int64 = 0, dups: Int64 = 0, lostAtStart: Int64 = 0
+    /// The same, for streams that were away (`away` command).
+    var awayGaps: Int64 = 0, awayDups: Int64 = 0
     var serverClosed = 0
     var firstError = ""
+    /// EventSource-like streams (see the type's comment).
+    var subReconnect = false
+    var subLastEventID = ""
+    /// Every `subStalledMod`-th stream (by index) never reads; 0: none.
+    var subStalledMod = 0
+    var subStalledRcvbuf: Int32 = 0
+    var subUntilSeq: Int64 = -1
+    /// Spread streams over `ports`: stream j goes to node (j / channels) % ports.
+    var subSpreadNodes = false
+    var reconQueue: [Int] = []
+    var reconQueueHead = 0
+    var reconInflight = 0
+    var reconMax = 256
+    var reconAttempts = 0, reconRefused = 0, reconHTTPErrors = 0, reconOpened = 0, reconStopped = 0
 
     // Publishers, batches and terminal streams.
     var reqTarget = "dispatch"
@@ -81,11 +133,22 @@ final class Worker {
     var pubFinal: [Int64] = []
     var pubNextSeq: [Int64] = []
     var pubAckHist = BenchHistogram()
+    /// Per slot: the channel whose publish is outstanding (resent as is after a failure), or -1.
+    var pubPending: [Int] = []
+    /// Publishes acknowledged per channel; with `pubLimit` > 0 a channel stops at that count.
+    var pubAcked: [Int] = []
+    var pubLimit = 0
+    /// > 0: a failed publish (refused, cut, non-2xx) is retried after this many ns instead of
+    /// counting as an error (publishing through a server restart).
+    var pubRetryDelay: Int64 = 0
+    var pubIdempotent = false
+    var pubRetries = 0
     /// Open-loop publishing (`rate`): each connection sends one request per `pubInterval` ns,
     /// waiting when an answer comes early, so the server sees a steady rate (0: closed loop).
     var pubInterval: Int64 = 0
     var pubNextAt: [Int64] = []
-    var pacedFD: [Int: Int32] = [:]
+    /// Connections waiting to send their next request: their `token` then.
+    var pacedFD: [Int: UInt32] = [:]
     var batchRequests: [(method: String, path: String, body: String)] = []
     var batchNext = 0
     var batchStatus: [Int: Int] = [:]
@@ -146,6 +209,11 @@ final class Worker {
             addrs = a.compactMap { if case .string(let s) = $0 { return inet_addr(s) } else { return nil } }
         }
         if let p = v.int("port") { port = UInt16(p) }
+        if case .array(let a)? = v["ports"] {
+            ports = a.compactMap { if case .number(let d) = $0 { return UInt16(d) } else { return nil } }
+        } else if v["port"] != nil {
+            ports = []
+        }
         switch cmd {
         case "subscribe": startSubscribe(v)
         case "verify": verify(v)
@@ -159,6 +227,12 @@ final class Worker {
             closeAll()
             emit { $0.field("ev", "closed") }
         case "publish", "batch", "terminal": startRequests(cmd, v)
+        case "stop":
+            // Publishers finish the request they are in (and retries of it), then report.
+            reqDeadline = min(reqDeadline, Clock.wallNanoseconds())
+        case "storm": stormReport(since: Int64(v.double("since") ?? 0))
+        case "progress": progress()
+        case "away": goAway(every: max(1, v.int("every") ?? 20), ms: v.int("ms") ?? 4000)
         case "exit": exitNow()
         default:
             emit { $0.field("ev", "error"); $0.field("message", "unknown command \(cmd)") }
@@ -215,9 +289,15 @@ final class Worker {
         }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        if conns[i].stalled && subStalledRcvbuf > 0 {
+            // Before connect, so the window the server sees is this small from the start.
+            var size = subStalledRcvbuf
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         var sa = sockaddr_in()
         sa.sin_family = sa_family_t(AF_INET)
-        sa.sin_port = port.bigEndian
+        let node = Int(conns[i].node)
+        sa.sin_port = (ports.isEmpty ? port : ports[node % ports.count]).bigEndian
         sa.sin_addr.s_addr = addrs.isEmpty ? inet_addr("127.0.0.1") : addrs[nextAddr % addrs.count]
         nextAddr &+= 1
         let r = withUnsafePointer(to: &sa) {
@@ -231,10 +311,9 @@ final class Worker {
             return false
         }
         conns[i].fd = fd
+        conns[i].token &+= 1
         conns[i].phase = .connecting
         conns[i].parser = BenchStreamParser()
-        conns[i].sawEvent = false
-        conns[i].lastSeq = -1
         watch(i, write: true)
         return true
     }
@@ -255,9 +334,11 @@ final class Worker {
 
     func close(_ i: Int) {
         guard conns[i].phase != .free else { return }
+        if conns[i].reconnecting { conns[i].reconnecting = false; reconInflight -= 1 }
         if let ev = conns[i].ev { event_del(ev) }
         if conns[i].fd >= 0 { Glibc.close(conns[i].fd) }
         conns[i].fd = -1
+        conns[i].token &+= 1
         conns[i].phase = .free
         conns[i].parser = BenchStreamParser()
         conns[i].pendingOut = []
@@ -266,6 +347,10 @@ final class Worker {
 
     func closeAll() {
         for i in conns.indices where conns[i].phase != .free && conns[i].role == .subscriber { close(i) }
+        reconQueue.removeAll()
+        reconQueueHead = 0
+        reconInflight = 0
+        subReconnect = false
         subReportedDone = true
         subTotal = 0
     }
@@ -296,13 +381,14 @@ final class Worker {
     }
 
     func onSocket(_ i: Int, _ what: Int16) {
-        guard i >= 0, i < conns.count, conns[i].phase != .free else { return }
+        guard i >= 0, i < conns.count, conns[i].phase != .free, conns[i].fd >= 0 else { return }
         if conns[i].phase == .connecting {
             guard Int32(what) & EV_WRITE != 0 || Int32(what) & EV_READ != 0 else { return }
             var err: Int32 = 0
             var len = socklen_t(MemoryLayout<Int32>.size)
             getsockopt(conns[i].fd, SOL_SOCKET, SO_ERROR, &err, &len)
             if err != 0 {
+                if err == ECONNREFUSED && conns[i].role == .subscriber && conns[i].opens > 0 { reconRefused += 1 }
                 failed(i, "connect: \(String(cString: strerror(err)))")
                 return
             }
@@ -311,13 +397,16 @@ final class Worker {
             connected(i)
             return
         }
+        let gen = conns[i].token
         if Int32(what) & EV_WRITE != 0 && !conns[i].pendingOut.isEmpty { flush(i) }
-        if Int32(what) & EV_READ != 0 { readable(i) }
+        if Int32(what) & EV_READ != 0 && conns[i].token == gen { readable(i) }
     }
 
     func readable(_ i: Int) {
         var now: Int64 = 0
-        while conns[i].phase != .free {
+        // `token` changes when the connection is closed or replaced while its bytes are handled.
+        let gen = conns[i].token
+        while conns[i].token == gen && conns[i].phase != .free {
             let r = recv(conns[i].fd, readBuffer, 65536, 0)
             if r > 0 {
                 if now == 0 { now = Clock.wallNanoseconds() }
@@ -330,7 +419,7 @@ final class Worker {
                 conns[i].parser.finish(into: &out)
                 if now == 0 { now = Clock.wallNanoseconds() }
                 handle(i, now)
-                if conns[i].phase != .free { closedByPeer(i) }
+                if conns[i].token == gen && conns[i].phase != .free { closedByPeer(i) }
                 return
             } else {
                 if errno == EAGAIN || errno == EINTR { return }
@@ -341,8 +430,9 @@ final class Worker {
     }
 
     func handle(_ i: Int, _ now: Int64) {
+        let gen = conns[i].token
         for o in out {
-            guard conns[i].phase != .free else { return }
+            guard conns[i].token == gen, conns[i].phase != .free else { return }
             switch conns[i].role {
             case .subscriber: subscriberOutput(i, o, now)
             case .publisher, .batch, .terminal: requestOutput(i, o, now)
@@ -356,8 +446,10 @@ final class Worker {
 
     /// Every way a connection fails reaches here once.
     func failed(_ i: Int, _ reason: String) {
-        noteError(reason)
         let role = conns[i].role
+        if role == .subscriber && subReconnect && conns[i].opens > 0 { return lost(i) }
+        if role == .publisher && pubRetryDelay > 0 { return publisherRetry(i, reopen: true) }
+        noteError(reason)
         let phase = conns[i].phase
         close(i)
         switch role {
@@ -366,13 +458,14 @@ final class Worker {
         case .publisher, .batch, .terminal:
             reqErrors += 1
             reqActive -= 1
-            restartRequester()
+            restartRequester(slot: Int(conns[i].channel))
         }
     }
 
     func closedByPeer(_ i: Int) {
         switch conns[i].role {
         case .subscriber:
+            if subReconnect && conns[i].opens > 0 { return lost(i) }
             if conns[i].phase == .ready {
                 serverClosed += 1
                 close(i)
@@ -381,10 +474,12 @@ final class Worker {
             }
         case .publisher, .batch, .terminal:
             let busy = conns[i].phase == .waiting && conns[i].sentAt != 0
+            if busy && conns[i].role == .publisher && pubRetryDelay > 0 { return publisherRetry(i, reopen: true) }
+            let slot = Int(conns[i].channel)
             close(i)
             if busy { reqErrors += 1; noteError("closed by server mid-request") }
             reqActive -= 1
-            restartRequester()
+            restartRequester(slot: slot)
         }
     }
 
@@ -392,7 +487,21 @@ final class Worker {
         switch conns[i].role {
         case .subscriber:
             let path = subPathTemplate.replacing("{ch}", with: String(conns[i].channel))
-            send(i, Array("GET \(path) HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\nCache-Control: no-cache\r\n\r\n".utf8))
+            // As an EventSource: the last event id it saw, if any (or the one it was given).
+            var lastEventID = subLastEventID
+            if conns[i].lastID >= 0 {
+                lastEventID = String(conns[i].lastID)
+            } else if conns[i].lastPairID >= 0 {
+                lastEventID = BenchEvent.pairText(conns[i].lastPairID)
+            }
+            let resume = lastEventID.isEmpty ? "" : "Last-Event-ID: \(lastEventID)\r\n"
+            send(i, Array("GET \(path) HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\nCache-Control: no-cache\r\n\(resume)\r\n".utf8))
+            if conns[i].stalled, conns[i].phase == .waiting, conns[i].pendingOut.isEmpty {
+                // Never reads: not even the headers. Counted as open once its request is out.
+                if let ev = conns[i].ev { event_del(ev) }
+                conns[i].phase = .ready
+                subscriberSettled(ready: true)
+            }
         case .publisher, .batch, .terminal:
             nextRequest(i)
         }
@@ -413,10 +522,18 @@ final class Worker {
         subNeedFirstEvent = v.bool("needFirstEvent") ?? false
         subSeqAtSubscribe = Int64(v.int("seqAtSubscribe") ?? 0)
         trackSeqs = v.bool("trackSeqs") ?? false
+        subReconnect = v.bool("reconnect") ?? false
+        subLastEventID = v.string("lastEventID") ?? ""
+        subStalledMod = max(0, v.int("stalledMod") ?? 0)
+        subStalledRcvbuf = Int32(v.int("stalledRcvbuf") ?? 0)
+        subUntilSeq = Int64(v.int("untilSeq") ?? -1)
+        subSpreadNodes = v.bool("spreadNodes") ?? false
+        reconMax = max(1, v.int("reconnectInflight") ?? 256)
+        reconAttempts = 0; reconRefused = 0; reconHTTPErrors = 0; reconOpened = 0; reconStopped = 0
         deliveries = 0
         hist.reset()
         fan = [:]
-        gaps = 0; dups = 0; lostAtStart = 0; serverClosed = 0
+        gaps = 0; dups = 0; lostAtStart = 0; serverClosed = 0; awayGaps = 0; awayDups = 0
         firstError = ""
         subStart = Clock.wallNanoseconds()
         subReportedDone = false
@@ -428,7 +545,21 @@ final class Worker {
     func startMoreSubscribers() {
         while subStarted < subTotal && subInflight < subMaxInflight {
             let i = allocate(role: .subscriber)
-            conns[i].channel = Int32((subFirst + subStarted) % subChannels)
+            let index = subFirst + subStarted
+            conns[i].channel = Int32(index % subChannels)
+            conns[i].node = UInt8(subSpreadNodes && !ports.isEmpty ? (index / subChannels) % ports.count : 0)
+            conns[i].stalled = subStalledMod > 0 && index % subStalledMod == subStalledMod - 1
+            conns[i].sawEvent = false
+            conns[i].lastSeq = -1
+            conns[i].opens = 0
+            conns[i].retryMs = 3000
+            conns[i].lastID = -1
+            conns[i].lastPairID = -1
+            conns[i].openedAt = 0
+            conns[i].caughtUpAt = 0
+            conns[i].lastBeforeOpen = 0
+            conns[i].doneAt = 0
+            conns[i].away = false
             subStarted += 1
             subInflight += 1
             if !connect(i) {
@@ -462,34 +593,76 @@ final class Worker {
     func subscriberOutput(_ i: Int, _ o: BenchParseOutput, _ now: Int64) {
         switch o {
         case .headers(let status, let eventStream):
+            let reopening = subReconnect && conns[i].opens > 0
+            if reopening && status == 204 {
+                // EventSource stops for good on 204 (the activity is finished).
+                reconStopped += 1
+                close(i)
+                return
+            }
             if status != 200 || !eventStream {
+                if reopening { reconHTTPErrors += 1; noteError("reconnect answered \(status)") }
                 failed(i, "subscribe answered \(status)\(eventStream ? "" : " (not text/event-stream)")")
                 return
             }
-            if !subNeedFirstEvent && conns[i].phase == .waiting {
+            conns[i].opens += 1
+            conns[i].openedAt = now
+            conns[i].caughtUpAt = 0
+            conns[i].status = 0
+            if reopening {
+                conns[i].phase = .ready
+                reconOpened += 1
+                if conns[i].reconnecting {
+                    conns[i].reconnecting = false
+                    reconInflight -= 1
+                    drainReconnects()
+                }
+            } else if !subNeedFirstEvent && conns[i].phase == .waiting {
                 conns[i].phase = .ready
                 subscriberSettled(ready: true)
             }
+        case .retry(let ms):
+            conns[i].retryMs = Int32(clamping: ms)
         case .event(let e):
             if e.kind == .notFound {
                 failed(i, "stream answered not_found")
                 return
             }
+            if e.id >= 0 {
+                conns[i].lastID = e.id
+                conns[i].lastPairID = -1
+            } else if e.pairID >= 0 {
+                conns[i].lastPairID = e.pairID
+                conns[i].lastID = -1
+            }
+            if e.kind == .terminal { conns[i].status = 1 }
             let seq = e.seq >= 0 ? e.seq : e.id
             if seq < 0 { return }
             if !conns[i].sawEvent {
                 conns[i].sawEvent = true
                 let expectedFirst = subSeqAtSubscribe + 1
-                if seq > expectedFirst { lostAtStart += seq - expectedFirst }
+                if seq > expectedFirst {
+                    if conns[i].away { awayGaps += seq - expectedFirst } else { lostAtStart += seq - expectedFirst }
+                }
             } else if seq <= conns[i].lastSeq {
-                dups += 1
+                if conns[i].away { awayDups += 1 } else { dups += 1 }
             } else if seq > conns[i].lastSeq + 1 {
-                gaps += seq - conns[i].lastSeq - 1
+                if conns[i].away { awayGaps += seq - conns[i].lastSeq - 1 } else { gaps += seq - conns[i].lastSeq - 1 }
             }
             conns[i].lastSeq = max(conns[i].lastSeq, seq)
+            if subUntilSeq >= 0 && conns[i].doneAt == 0 && conns[i].lastSeq >= subUntilSeq { conns[i].doneAt = now }
             if conns[i].phase == .waiting {
                 conns[i].phase = .ready
                 subscriberSettled(ready: true)
+            }
+            if subReconnect && conns[i].opens > 1 && conns[i].caughtUpAt == 0 && e.t > 0 {
+                // Caught up = it has every event published before it reopened: known once an
+                // event published after the reopen arrives (order is checked separately).
+                if e.t < conns[i].openedAt {
+                    conns[i].lastBeforeOpen = now
+                } else {
+                    conns[i].caughtUpAt = max(conns[i].lastBeforeOpen, conns[i].openedAt)
+                }
             }
             if seq > subSeqAtSubscribe && e.t > 0 {
                 deliveries += 1
@@ -512,10 +685,143 @@ final class Worker {
                 }
             }
         case .end:
-            // A Dispatch stream ends after the terminal event; nothing more will come.
+            // A Dispatch stream ends after the terminal event; nothing more will come. An
+            // EventSource reconnects when a stream ends otherwise (a server stopping).
+            if subReconnect && conns[i].opens > 0 && conns[i].status != 1 { return lost(i) }
             if conns[i].phase == .ready { serverClosed += 1; close(i) } else { failed(i, "stream ended before ready") }
         case .malformed:
             failed(i, "malformed response")
+        }
+    }
+
+    // MARK: - Reconnecting like an EventSource
+
+    /// A reconnecting stream's connection ended (closed, reset, refused, or an error answer):
+    /// keep its state, sleep its `retry:` time, then queue for a connect slot.
+    func lost(_ i: Int) {
+        if conns[i].reconnecting { conns[i].reconnecting = false; reconInflight -= 1 }
+        if let ev = conns[i].ev { event_del(ev) }
+        if conns[i].fd >= 0 { Glibc.close(conns[i].fd) }
+        conns[i].fd = -1
+        conns[i].token &+= 1
+        conns[i].parser = BenchStreamParser()
+        conns[i].pendingOut = []
+        conns[i].phase = .sleeping
+        let ms = Int(max(0, conns[i].retryMs))
+        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
+        let arg = UnsafeMutableRawPointer(bitPattern: UInt(i + 1) | UInt(conns[i].token) << 32)
+        event_base_once(base, -1, Int16(EV_TIMEOUT), { _, _, arg in
+            let v = UInt(bitPattern: Int(bitPattern: arg))
+            currentWorker?.retryDue(Int(v & 0xFFFF_FFFF) - 1, token: UInt32(truncatingIfNeeded: v >> 32))
+        }, arg, &tv)
+        drainReconnects()
+    }
+
+    /// Every `every`-th open reconnecting stream loses its connection now and comes back after
+    /// `ms` (a phone changing networks): it reconnects with Last-Event-ID like the others.
+    func goAway(every: Int, ms: Int) {
+        var n = 0
+        for i in conns.indices where conns[i].role == .subscriber && conns[i].phase == .ready && conns[i].opens > 0 && i % every == 0 {
+            conns[i].away = true
+            conns[i].retryMs = Int32(ms)
+            lost(i)
+            n += 1
+        }
+        emit { $0.field("ev", "away"); $0.field("count", Int64(n)) }
+    }
+
+    func retryDue(_ i: Int, token: UInt32) {
+        guard i >= 0, i < conns.count, conns[i].phase == .sleeping, conns[i].token == token else { return }
+        if conns[i].away && conns[i].retryMs > 3000 { conns[i].retryMs = 3000 }  // back to EventSource's default
+        conns[i].phase = .queued
+        reconQueue.append(i)
+        drainReconnects()
+    }
+
+    /// At most `reconMax` reconnects in flight per process, as for first connects (the
+    /// kernel's accept backlog); the rest wait their turn in order.
+    func drainReconnects() {
+        while reconInflight < reconMax && reconQueueHead < reconQueue.count {
+            let i = reconQueue[reconQueueHead]
+            reconQueueHead += 1
+            guard conns[i].phase == .queued else { continue }
+            reconAttempts += 1
+            if connect(i) {
+                conns[i].reconnecting = true
+                reconInflight += 1
+            } else {
+                conns[i].phase = .ready  // so lost() sees a live stream to put back to sleep
+                lost(i)
+            }
+        }
+        if reconQueueHead == reconQueue.count { reconQueue.removeAll(keepingCapacity: true); reconQueueHead = 0 }
+    }
+
+    /// Restart figures since `since` (wall ns): when each stream reopened and caught up.
+    func stormReport(since: Int64) {
+        var reopen = BenchHistogram(), caught = BenchHistogram()
+        var streams = 0, resumed = 0, caughtUp = 0, open = 0
+        var lastResumed: Int64 = 0, lastCaught: Int64 = 0
+        var away = 0, awayResumed = 0
+        for c in conns where c.role == .subscriber && c.phase != .free {
+            if c.away {
+                away += 1
+                if c.phase == .ready && c.openedAt > since { awayResumed += 1 }
+                continue
+            }
+            streams += 1
+            if c.phase == .ready { open += 1 }
+            guard c.openedAt > since, c.opens > 1 else { continue }
+            if c.phase == .ready {
+                resumed += 1
+                reopen.record(c.openedAt - since)
+                lastResumed = max(lastResumed, c.openedAt)
+            }
+            if c.caughtUpAt > 0 {
+                caughtUp += 1
+                caught.record(c.caughtUpAt - since)
+                lastCaught = max(lastCaught, c.caughtUpAt)
+            }
+        }
+        emit {
+            $0.field("ev", "storm")
+            $0.field("streams", Int64(streams))
+            $0.field("open", Int64(open))
+            $0.field("resumed", Int64(resumed))
+            $0.field("caughtUp", Int64(caughtUp))
+            $0.field("lastResumed", lastResumed)
+            $0.field("lastCaughtUp", lastCaught)
+            $0.field("attempts", Int64(reconAttempts))
+            $0.field("refused", Int64(reconRefused))
+            $0.field("httpErrors", Int64(reconHTTPErrors))
+            $0.field("stopped", Int64(reconStopped))
+            $0.field("away", Int64(away))
+            $0.field("awayResumed", Int64(awayResumed))
+            $0.field("error", firstError)
+            writeHistogram(&$0, "reopen", reopen)
+            writeHistogram(&$0, "caught", caught)
+        }
+    }
+
+    /// Replay readers: how many have reached `untilSeq`, and when the last did.
+    func progress() {
+        var readers = 0, done = 0, open = 0, stalled = 0
+        var last: Int64 = 0
+        for c in conns where c.role == .subscriber && c.phase != .free {
+            if c.stalled { stalled += 1; continue }
+            readers += 1
+            if c.phase == .ready { open += 1 }
+            if c.doneAt > 0 { done += 1; last = max(last, c.doneAt) }
+        }
+        emit {
+            $0.field("ev", "progress")
+            $0.field("readers", Int64(readers))
+            $0.field("open", Int64(open))
+            $0.field("done", Int64(done))
+            $0.field("stalled", Int64(stalled))
+            $0.field("lastDone", last)
+            $0.field("serverClosed", Int64(serverClosed))
+            $0.field("error", firstError)
         }
     }
 
@@ -527,18 +833,25 @@ final class Worker {
         var missing: Int64 = 0
         var extra: Int64 = 0
         var checked = 0
-        for c in conns where c.role == .subscriber && c.phase == .ready {
+        var notOpen = 0
+        var awayMissing: Int64 = 0, awayExtra: Int64 = 0
+        for c in conns where c.role == .subscriber && !c.stalled && c.phase != .free {
+            guard c.phase == .ready else { notOpen += 1; continue }
             let ch = Int(c.channel)
             guard ch < finals.count else { continue }
             checked += 1
-            if c.lastSeq < finals[ch] { missing += finals[ch] - max(c.lastSeq, subSeqAtSubscribe) }
-            if c.lastSeq > finals[ch] { extra += c.lastSeq - finals[ch] }
+            let short = c.lastSeq < finals[ch] ? finals[ch] - max(c.lastSeq, subSeqAtSubscribe) : 0
+            let over = c.lastSeq > finals[ch] ? c.lastSeq - finals[ch] : 0
+            if c.away { awayMissing += short; awayExtra += over } else { missing += short; extra += over }
         }
         emit {
             $0.field("ev", "verify")
             $0.field("missing", missing)
             $0.field("extra", extra)
             $0.field("checked", Int64(checked))
+            $0.field("notOpen", Int64(notOpen))
+            $0.field("awayLost", awayMissing + awayGaps)
+            $0.field("awayDuplicated", awayExtra + awayDups)
             $0.field("gaps", gaps)
             $0.field("dups", dups)
             $0.field("lostAtStart", lostAtStart)
@@ -550,7 +863,7 @@ final class Worker {
         emit {
             $0.field("ev", "report")
             $0.field("deliveries", Int64(deliveries))
-            $0.field("open", Int64(conns.reduce(0) { $0 + ($1.phase == .ready ? 1 : 0) }))
+            $0.field("open", Int64(conns.reduce(0) { $0 + ($1.phase == .ready && $1.role == .subscriber ? 1 : 0) }))
             $0.field("gaps", gaps)
             $0.field("dups", dups)
             $0.field("lostAtStart", lostAtStart)
@@ -573,6 +886,10 @@ final class Worker {
         reqDone = false
         firstError = ""
         pubAckHist.reset()
+        pubRetryDelay = 0
+        pubRetries = 0
+        pubLimit = 0
+        pubIdempotent = false
         let connsWanted = max(1, v.int("conns") ?? 1)
         switch reqMode {
         case .publisher:
@@ -586,6 +903,11 @@ final class Worker {
             let rate = v.double("rate") ?? 0
             pubInterval = rate > 0 ? Int64(Double(connsWanted) / rate * 1e9) : 0
             pubNextAt = (0..<connsWanted).map { reqStart + Int64($0) * pubInterval / Int64(connsWanted) }
+            pubPending = Array(repeating: -1, count: connsWanted)
+            pubAcked = Array(repeating: 0, count: k)
+            pubLimit = max(0, v.int("perChannel") ?? 0)
+            pubRetryDelay = Int64((v.double("retryDelay") ?? 0) * 1e9)
+            pubIdempotent = v.bool("idempotent") ?? false
         case .batch:
             batchRequests = []
             if case .array(let list)? = v["requests"] {
@@ -615,25 +937,69 @@ final class Worker {
         let i = allocate(role: reqMode)
         conns[i].channel = Int32(slot)
         conns[i].sentAt = 0
-        if connect(i) { reqActive += 1 } else { close(i); reqErrors += 1 }
+        conns[i].node = UInt8(ports.isEmpty ? 0 : slot % ports.count)
+        if connect(i) {
+            reqActive += 1
+        } else if reqMode == .publisher && pubRetryDelay > 0 {
+            close(i)
+            scheduleReopen(slot: slot)
+        } else {
+            close(i)
+            reqErrors += 1
+        }
     }
 
-    /// After a requester connection closed: open a new one while there is work left.
-    func restartRequester() {
-        if hasMoreWork() && reqActive < 4096 && !reqDone {
-            let slot = freeSlotForRestart()
-            openRequester(slot: slot)
-        }
+    /// A publish whose connection failed (refused while the server restarts, cut by its stop):
+    /// the same publish goes again on a new connection after `pubRetryDelay`. With
+    /// `idempotent` it carries the same Idempotency-Key, so a publish that was committed but
+    /// not answered is answered with its first outcome instead of being applied twice.
+    func publisherRetry(_ i: Int, reopen: Bool) {
+        let slot = Int(conns[i].channel)
+        pubRetries += 1
+        close(i)
+        reqActive -= 1
+        scheduleReopen(slot: slot)
+    }
+
+    func scheduleReopen(slot: Int) {
+        reqActive += 1  // the slot stays active while it waits
+        let ns = pubRetryDelay
+        var tv = timeval(tv_sec: Int(ns / 1_000_000_000), tv_usec: Int(ns % 1_000_000_000 / 1000))
+        event_base_once(base, -1, Int16(EV_TIMEOUT), { _, _, arg in currentWorker?.reopen(slot: Int(bitPattern: arg) - 1) },
+                        UnsafeMutableRawPointer(bitPattern: slot + 1), &tv)
+    }
+
+    func reopen(slot: Int) {
+        guard !reqDone, reqMode == .publisher else { return }
+        reqActive -= 1
+        if slotHasWork(slot) { openRequester(slot: slot) }
         if reqActive <= 0 { finishRequests() }
     }
 
-    func freeSlotForRestart() -> Int {
-        // Publisher slots own channels; reuse the first slot no live connection holds.
-        guard reqMode == .publisher else { return 0 }
-        var used = Set<Int32>()
-        for c in conns where c.role == .publisher && c.phase != .free { used.insert(c.channel) }
-        for s in 0..<pubCursor.count where !used.contains(Int32(s)) { return s }
-        return 0
+    /// A publisher slot goes on until the deadline; one with a publish outstanding (being
+    /// retried) goes on up to 15 s longer to settle it.
+    func slotHasWork(_ slot: Int) -> Bool {
+        let now = Clock.wallNanoseconds()
+        if slot < pubPending.count, pubPending[slot] >= 0 {
+            return now < reqDeadline + (pubRetryDelay > 0 ? 15_000_000_000 : 0)
+        }
+        if pubLimit > 0 { return !pubChannels(of: slot).allSatisfy { pubAcked[$0] >= pubLimit } }
+        return now < reqDeadline
+    }
+
+    /// The channels a publisher slot owns: slot, slot + conns, ...
+    func pubChannels(of slot: Int) -> StrideTo<Int> {
+        stride(from: slot, to: pubChannelNames.count, by: max(1, pubCursor.count))
+    }
+
+    /// After a requester connection closed: open a new one while there is work left.
+    /// `slot`: the publisher slot whose connection closed (it owns its channels: the new
+    /// connection takes it over, so no channel is left without its publisher or gets two).
+    func restartRequester(slot: Int) {
+        if (reqMode == .publisher ? slotHasWork(slot) : hasMoreWork()) && reqActive < 4096 && !reqDone {
+            openRequester(slot: reqMode == .publisher ? slot : 0)
+        }
+        if reqActive <= 0 { finishRequests() }
     }
 
     func hasMoreWork() -> Bool {
@@ -645,7 +1011,7 @@ final class Worker {
     }
 
     func nextRequest(_ i: Int) {
-        guard hasMoreWork() else {
+        guard reqMode == .publisher ? slotHasWork(Int(conns[i].channel)) : hasMoreWork() else {
             close(i)
             reqActive -= 1
             if reqActive <= 0 { finishRequests() }
@@ -656,18 +1022,25 @@ final class Worker {
         switch reqMode {
         case .publisher:
             let slot = Int(conns[i].channel)
-            if pubInterval > 0, slot < pubNextAt.count {
-                if now < pubNextAt[slot] { return pace(i, until: pubNextAt[slot], now: now) }
-                pubNextAt[slot] += pubInterval
+            var ch = slot < pubPending.count ? pubPending[slot] : -1
+            if ch < 0 {
+                if pubInterval > 0, slot < pubNextAt.count {
+                    if now < pubNextAt[slot] { return pace(i, until: pubNextAt[slot], now: now) }
+                    pubNextAt[slot] += pubInterval
+                }
+                let nConns = pubCursor.count
+                // A slot owns channels slot, slot + nConns, ...; it publishes to them in turn,
+                // so each channel has one publisher and its order is well defined.
+                for _ in 0..<max(1, pubChannelNames.count / max(1, nConns) + 1) {
+                    ch = pubCursor[slot]
+                    if ch >= pubChannelNames.count { ch = slot % max(1, pubChannelNames.count) }
+                    var next = ch + nConns
+                    if next >= pubChannelNames.count { next = slot % max(1, pubChannelNames.count) }
+                    pubCursor[slot] = next
+                    if pubLimit == 0 || pubAcked[ch] < pubLimit { break }
+                }
+                if slot < pubPending.count { pubPending[slot] = ch }
             }
-            let nConns = pubCursor.count
-            // A slot owns channels slot, slot + nConns, ...; it publishes to them in turn,
-            // so each channel has one publisher and its order is well defined.
-            var ch = pubCursor[slot]
-            if ch >= pubChannelNames.count { ch = slot % max(1, pubChannelNames.count) }
-            var next = ch + nConns
-            if next >= pubChannelNames.count { next = slot % max(1, pubChannelNames.count) }
-            pubCursor[slot] = next
             conns[i].lastSeq = Int64(ch)
             let name = pubChannelNames[ch]
             if reqTarget == "nchan" {
@@ -675,8 +1048,10 @@ final class Worker {
                 let body = Self.nchanMessage(id: name, seq: seq, t: now)
                 req = Self.request("POST", "/pub/\(name)", body: body, auth: "")
             } else {
+                // The key names this publish (the channel's n-th), the same on every retry of it.
+                let idem = pubIdempotent ? "Idempotency-Key: \(name)-\(pubNextSeq[ch])\r\n" : ""
                 req = Self.request("POST", "/v1/activities/\(name)/update",
-                                   body: "{\"progress\":0.5,\"status\":\"t=\(now)\"}", auth: reqAuth)
+                                   body: "{\"progress\":0.5,\"status\":\"t=\(now)\"}", auth: reqAuth, extraHeaders: idem)
             }
         case .batch:
             let r = batchRequests[batchNext]
@@ -701,20 +1076,21 @@ final class Worker {
 
     /// Sends connection `i`'s next request at `until` (open-loop publishing).
     func pace(_ i: Int, until: Int64, now: Int64) {
-        pacedFD[i] = conns[i].fd
+        pacedFD[i] = conns[i].token
         var tv = timeval(tv_sec: Int((until - now) / 1_000_000_000), tv_usec: Int((until - now) % 1_000_000_000 / 1000))
         event_base_once(base, -1, Int16(EV_TIMEOUT), { _, _, arg in currentWorker?.paced(Int(bitPattern: arg) - 1) },
                         UnsafeMutableRawPointer(bitPattern: i + 1), &tv)
     }
 
     func paced(_ i: Int) {
-        guard let fd = pacedFD.removeValue(forKey: i), i < conns.count, conns[i].fd == fd, conns[i].phase != .free else { return }
+        guard let token = pacedFD.removeValue(forKey: i), i < conns.count, conns[i].token == token, conns[i].phase != .free else { return }
         nextRequest(i)
     }
 
-    static func request(_ method: String, _ path: String, body: String, auth: String) -> [UInt8] {
+    static func request(_ method: String, _ path: String, body: String, auth: String, extraHeaders: String = "") -> [UInt8] {
         var s = "\(method) \(path) HTTP/1.1\r\nHost: bench\r\n"
         if !auth.isEmpty { s += "Authorization: Bearer \(auth)\r\n" }
+        s += extraHeaders
         if method == "POST" || !body.isEmpty {
             s += "Content-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n"
         }
@@ -735,14 +1111,14 @@ final class Worker {
         switch o {
         case .headers(let status, _):
             conns[i].status = Int16(clamping: status)
+        case .retry:
+            break
         case .event(let e):
             conns[i].sawEvent = true
             switch reqMode {
             case .publisher:
                 let ch = Int(conns[i].lastSeq)
-                if reqTarget == "nchan" {
-                    pubFinal[ch] = pubNextSeq[ch]
-                } else if e.seq > 0 {
+                if reqTarget != "nchan", e.seq > 0, (200...299).contains(Int(conns[i].status)) {
                     pubFinal[ch] = max(pubFinal[ch], e.seq)
                 }
             case .terminal:
@@ -757,12 +1133,24 @@ final class Worker {
             let ok = (200...299).contains(status)
             switch reqMode {
             case .publisher:
+                let ch = Int(conns[i].lastSeq)
+                let slot = Int(conns[i].channel)
                 if ok {
                     reqCount += 1
                     pubAckHist.record(now - conns[i].sentAt)
-                    if reqTarget == "nchan" { pubNextSeq[Int(conns[i].lastSeq)] += 1 }
+                    if reqTarget == "nchan" { pubFinal[ch] = pubNextSeq[ch] }
+                    pubNextSeq[ch] += 1
+                    pubAcked[ch] += 1
+                    if slot < pubPending.count { pubPending[slot] = -1 }
+                } else if pubRetryDelay > 0 {
+                    // Refused by a server that is stopping or starting: the same publish again.
+                    pubRetries += 1
+                    conns[i].sentAt = 0
+                    if keepAlive { return pace(i, until: now + pubRetryDelay, now: now) }
+                    return publisherRetry(i, reopen: true)
                 } else {
                     reqErrors += 1
+                    if slot < pubPending.count { pubPending[slot] = -1 }
                     noteError("publish answered \(status)")
                 }
             case .batch:
@@ -777,9 +1165,10 @@ final class Worker {
             if keepAlive {
                 nextRequest(i)
             } else {
+                let slot = Int(conns[i].channel)
                 close(i)
                 reqActive -= 1
-                restartRequester()
+                restartRequester(slot: slot)
             }
         case .malformed:
             failed(i, "malformed response")
@@ -805,6 +1194,7 @@ final class Worker {
                 for f in pubFinal { $0.int(f) }
                 $0.endArray()
                 writeHistogram(&$0, "ackHist", pubAckHist)
+                $0.field("retries", Int64(pubRetries))
             }
             if mode == .terminal { $0.field("wrongEvent", Int64(termBad)) }
         }

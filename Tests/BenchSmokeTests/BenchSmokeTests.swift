@@ -43,6 +43,51 @@ final class BenchSmokeTests: XCTestCase {
     }
 }
 
+/// The restart storm, the replay storm and the nodes scenario in smoke sizes, each against
+/// dispatchd processes the bench starts itself (it restarts them, weighs them, and runs two
+/// of them on one PostgreSQL): every stream resumes after the restart and catches up, the
+/// replay readers get every event, and nothing is lost or duplicated anywhere.
+final class BenchStormSmokeTests: XCTestCase {
+    func testRestartReplayAndNodesLoseNothing() throws {
+        let json = NSTemporaryDirectory() + "bench-storm-smoke-\(getpid()).json"
+        defer { try? FileManager.default.removeItem(atPath: json) }
+        let bench = Process()
+        bench.executableURL = URL(fileURLWithPath: TestPaths.binary("dispatch-bench"))
+        bench.currentDirectoryURL = URL(fileURLWithPath: TestPaths.repositoryRoot)
+        bench.arguments = ["run", "--smoke", "--only", "dispatch", "--scenarios", "restart,replay,nodes",
+                           "--dispatchd", TestPaths.binary("dispatchd"), "--json", json]
+        let output = Pipe()
+        bench.standardOutput = output
+        bench.standardError = output
+        try bench.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        bench.waitUntilExit()
+        XCTAssertEqual(bench.terminationStatus, 0, text)
+
+        let result = try JSONParser.parse(Array(try Data(contentsOf: URL(fileURLWithPath: json))))
+        XCTAssertEqual(result["problems"], .array([]), text)
+        guard case .object(let checks)? = result["checks"]?["dispatch"] else { return XCTFail("no checks in \(json)\n\(text)") }
+        for (name, value) in checks { XCTAssertEqual(value, .number(0), "\(name)\n\(text)") }
+        guard case .array(let figures)? = result["figures"] else { return XCTFail("no figures\n\(text)") }
+        func value(_ scenario: String, _ figure: String) -> Double? {
+            let f = figures.first {
+                if case .string(let s)? = $0["scenario"], s.hasPrefix(scenario), $0["figure"] == .string(figure) { return true }
+                return false
+            }
+            if case .number(let v)? = f?["dispatch"] { return v }
+            return nil
+        }
+        // Every stream came back and caught up; none lost or duplicated an event.
+        XCTAssertNotNil(value("restart", "all resumed and caught up"), text)
+        XCTAssertEqual(value("restart", "events lost"), 0, text)
+        XCTAssertEqual(value("restart", "events duplicated"), 0, text)
+        XCTAssertNotNil(value("replay", "readers have everything"), text)
+        XCTAssertNotNil(value("replay", "RSS growth, +50 stalled"), text)
+        XCTAssertGreaterThan(value("cross-node", "deliveries/s") ?? 0, 0, text)
+        XCTAssertGreaterThan(value("2 nodes", "deliveries/s") ?? 0, 0, text)
+    }
+}
+
 /// The push bench in smoke mode against the fake APNs: pushes flow, nothing fails.
 final class PushBenchSmokeTests: XCTestCase {
     func testPushSmokeRunDeliversEveryPush() throws {

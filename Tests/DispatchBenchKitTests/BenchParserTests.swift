@@ -23,6 +23,7 @@ final class BenchParserTests: XCTestCase {
     func testChunkedSSEInOneRead() {
         XCTAssertEqual(parse([chunkedSSE]), [
             .headers(status: 200, eventStream: true),
+            .retry(3000),
             .event(BenchEvent(id: 5, seq: 5, t: 123456, kind: .message)),
             .end(keepAlive: true),
         ])
@@ -56,8 +57,9 @@ final class BenchParserTests: XCTestCase {
             + "31\r\nid: 1700000000:0\ndata: {\"seq\":3,\"status\":\"t=9\"}\n\n\r\n"
         XCTAssertEqual(parse([sse]), [
             .headers(status: 200, eventStream: true),
-            .event(BenchEvent(id: -1, seq: 3, t: 9, kind: .message)),
+            .event(BenchEvent(id: -1, seq: 3, t: 9, kind: .message, pairID: 1_700_000_000 << 24)),
         ])
+        if case .event(let e)? = parse([sse]).last { XCTAssertEqual(e.idText, "1700000000:0") } else { XCTFail() }
         let two = "HTTP/1.1 201 Created\r\nContent-Length: 9\r\n\r\n{\"seq\":2}"
             + "HTTP/1.1 409 Conflict\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         XCTAssertEqual(parse([two]), [
@@ -68,6 +70,27 @@ final class BenchParserTests: XCTestCase {
             .event(BenchEvent(kind: .body)),
             .end(keepAlive: false),
         ])
+    }
+
+    /// What an EventSource keeps across reconnects: the reconnection time (`retry:`, digits
+    /// only) and the last event id, numeric or nchan's `<time>:<tag>`.
+    func testRetryFieldAndIdsForReconnecting() {
+        let text = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+            + "retry: 2750\n\nretry: soon\n\nretry:125\r\n\r\n"
+            + "id: 1764547200:17\ndata: {\"seq\":4}\n\n"
+            + "id: 12\ndata: {\"seq\":12}\n\n"
+        let out = parse([text])
+        XCTAssertEqual(out, [
+            .headers(status: 200, eventStream: true),
+            .retry(2750),
+            .retry(125),
+            .event(BenchEvent(id: -1, seq: 4, kind: .message, pairID: 1_764_547_200 << 24 | 17)),
+            .event(BenchEvent(id: 12, seq: 12, kind: .message)),
+            .end(keepAlive: false),  // read until close
+        ])
+        XCTAssertEqual(BenchEvent(pairID: 1_764_547_200 << 24 | 17).idText, "1764547200:17")
+        XCTAssertEqual(BenchEvent(id: 12).idText, "12")
+        XCTAssertNil(BenchEvent().idText)
     }
 
     func testGarbageIsMalformedNotACrash() {
