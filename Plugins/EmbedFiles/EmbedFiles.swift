@@ -38,11 +38,15 @@ struct EmbedFiles: BuildToolPlugin {
                 if fm.fileExists(atPath: url.path, isDirectory: &isDir), !isDir.boolValue { inputs.append(url) }
             }
             let output = context.pluginWorkDirectoryURL.appendingPathComponent("\(enumName).swift")
+            // The directory itself is an input too (its modification time moves when a file is
+            // added), and the tool lists it when it runs: a new file is embedded even though
+            // SwiftPM does not plan the build again. (After removing a file, touch Package.swift:
+            // the old plan still lists it as an input.)
             commands.append(.buildCommand(
-                displayName: "Embedding \(inputs.count) files of \(source.lastPathComponent)/ as \(enumName)",
+                displayName: "Embedding \(source.path.split(separator: "/").last ?? "") as \(enumName)",
                 executable: tool.url,
-                arguments: [enumName, output.path] + inputs.map(\.path),
-                inputFiles: inputs + [manifest],
+                arguments: [enumName, output.path, source.path],
+                inputFiles: inputs + [manifest, source],
                 outputFiles: [output]))
         }
         for name in try fm.contentsOfDirectory(atPath: dir.path).sorted() where name.hasSuffix(".gitcommit") {

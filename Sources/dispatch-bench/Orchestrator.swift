@@ -480,6 +480,8 @@ final class Orchestrator {
         Control.sleep(0.5)
         for w in subscribers { w.send { $0.field("cmd", "reset") } }
         _ = Control.collect(subscribers, "reset", timeout: 10)
+        // Dispatch's writer round trips (each one batch, one commit): the commit's share of a publish.
+        let commitsBefore = t.kind == .dispatch ? Metrics.scrape(port: t.port).histogram("dispatch_db_query_seconds", "session=\"writer\"") : nil
         publisher.send { w in
             w.field("cmd", "publish")
             w.key("addrs"); w.beginArray(); for a in addrs { w.string(a) }; w.endArray()
@@ -496,6 +498,7 @@ final class Orchestrator {
             throw BenchError("\(t.name): publishers did not finish")
         }
         let windowReport = reports()
+        let commits = commitsBefore.map { Metrics.scrape(port: t.port).histogram("dispatch_db_query_seconds", "session=\"writer\"").subtracting($0) }
         var finals: [Int64] = []
         if case .array(let a)? = p["finals"] { finals = a.map { if case .number(let d) = $0 { return Int64(d) } else { return 0 } } }
         verify(t, finals: finals, scenario: "throughput")
@@ -512,6 +515,9 @@ final class Orchestrator {
         record(scenario, "publish->receipt p50", "ms", higher: false, t, final.hist.percentile(0.5).map { Double($0) / 1e6 })
         record(scenario, "publish->receipt p99", "ms", higher: false, t, final.hist.percentile(0.99).map { Double($0) / 1e6 })
         record(scenario, "publish ack p50", "ms", higher: false, t, ack.percentile(0.5).map { Double($0) / 1e6 })
+        if let commits {
+            record(scenario, "commit round trip p50", "ms", higher: false, t, commits.percentile(0.5).map { $0 * 1000 })
+        }
         log("bench: \(t.name) throughput rep \(rep + 1): \(s.ready) subscribers, \(Int(published / elapsed)) publishes/s, "
             + "\(Int(Double(windowReport.deliveries) / elapsed)) deliveries/s")
     }

@@ -677,11 +677,12 @@ struct Metrics {
         samples.values.compactMap { $0.first { $0.key == name || $0.key.hasPrefix(name + "{") }?.value }.max() ?? 0
     }
 
-    /// A histogram's cumulative buckets (upper bound -> count), summed over workers.
-    func histogram(_ name: String) -> CumulativeHistogram {
+    /// A histogram's cumulative buckets (upper bound -> count) over the series whose labels
+    /// contain `label`.
+    func histogram(_ name: String, _ label: String = "") -> CumulativeHistogram {
         var buckets: [Double: Double] = [:]
         for values in samples.values {
-            for (key, v) in values where key.hasPrefix(name + "_bucket{") {
+            for (key, v) in values where key.hasPrefix(name + "_bucket{") && (label.isEmpty || key.contains(label)) {
                 guard let r = key.firstRange(of: "le=\""), let le = Double(key[r.upperBound...].prefix { $0 != "\"" }) ?? (key.contains("+Inf") ? .infinity : nil)
                 else { continue }
                 buckets[le, default: 0] += v

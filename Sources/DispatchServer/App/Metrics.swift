@@ -36,21 +36,34 @@ public final class Metrics {
     public var feedCloses: [StreamCloseReason: Int] = [:]
     /// Live Activity pushes, when APNs is configured.
     var push: PushMetrics?
-    let bucketBounds: [Double] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
-    var bucketCounts: [Int]
-    var querySum = 0.0
-    var queryCount = 0
+    /// Database round trips by session: `writer` is publish batches only (each one commit, so
+    /// its figures are the commit's share of a publish), `reader` everything else.
+    var writerRoundTrips = Histogram()
+    var readerRoundTrips = Histogram()
     let worker: Int
 
     public init(worker: Int) {
         self.worker = worker
-        bucketCounts = Array(repeating: 0, count: bucketBounds.count)
     }
 
-    public func observeQuery(_ seconds: Double) {
-        for (i, b) in bucketBounds.enumerated() where seconds <= b { bucketCounts[i] += 1 }
-        querySum += seconds
-        queryCount += 1
+    struct Histogram {
+        static let bounds: [Double] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
+        var counts = Array(repeating: 0, count: bounds.count)
+        var sum = 0.0
+        var count = 0
+
+        mutating func observe(_ seconds: Double) {
+            for (i, b) in Histogram.bounds.enumerated() where seconds <= b { counts[i] += 1 }
+            sum += seconds
+            count += 1
+        }
+
+        func render(_ name: String, labels: String) -> String {
+            var s = ""
+            for (i, b) in Histogram.bounds.enumerated() { s += "\(name)_bucket{\(labels),le=\"\(b)\"} \(counts[i])\n" }
+            s += "\(name)_bucket{\(labels),le=\"+Inf\"} \(count)\n"
+            return s + "\(name)_sum{\(labels)} \(sum)\n\(name)_count{\(labels)} \(count)\n"
+        }
     }
 
     public func render(process: ProcessFigures) -> String {
@@ -91,10 +104,10 @@ public final class Metrics {
         line("dispatch_connections_cut_total", "counter", "Client connections cut: whole-request deadline or per-address cap.",
              [(w, "\(connectionsCut())")])
         line("dispatch_connections_open", "gauge", "Client connections open now.", [(w, "\(connectionsOpen())")])
-        s += "# HELP dispatch_db_query_seconds Database round trips (one pipeline batch each).\n# TYPE dispatch_db_query_seconds histogram\n"
-        for (i, b) in bucketBounds.enumerated() { s += "dispatch_db_query_seconds_bucket{\(w),le=\"\(b)\"} \(bucketCounts[i])\n" }
-        s += "dispatch_db_query_seconds_bucket{\(w),le=\"+Inf\"} \(queryCount)\n"
-        s += "dispatch_db_query_seconds_sum{\(w)} \(querySum)\ndispatch_db_query_seconds_count{\(w)} \(queryCount)\n"
+        s += "# HELP dispatch_db_query_seconds Database round trips (one pipeline batch each), by session: writer (publish batches, each one commit) or reader.\n"
+        s += "# TYPE dispatch_db_query_seconds histogram\n"
+        s += writerRoundTrips.render("dispatch_db_query_seconds", labels: "\(w),session=\"writer\"")
+        s += readerRoundTrips.render("dispatch_db_query_seconds", labels: "\(w),session=\"reader\"")
         if let push { s += push.render(worker: w) }
         line("process_resident_memory_bytes", "gauge", "Resident memory.", [(w, "\(process.residentBytes)")])
         line("process_open_fds", "gauge", "Open file descriptors.", [(w, "\(process.openFDs)")])

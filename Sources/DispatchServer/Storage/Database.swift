@@ -10,9 +10,8 @@ final class Database {
     init(loop: EventLoop, conninfo: String, log: Logger, metrics: Metrics) {
         writer = PGConnection(loop: loop, conninfo: conninfo, name: "writer", log: log)
         reader = PGConnection(loop: loop, conninfo: conninfo, name: "reader", log: log)
-        for c in [writer, reader] {
-            c.onRoundTrip = { [metrics] in metrics.observeQuery($0) }
-        }
+        writer.onRoundTrip = { [metrics] in metrics.writerRoundTrips.observe($0) }
+        reader.onRoundTrip = { [metrics] in metrics.readerRoundTrips.observe($0) }
     }
 
     var isReady: Bool { writer.isReady && reader.isReady }
