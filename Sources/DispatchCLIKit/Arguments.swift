@@ -166,7 +166,7 @@ public enum CLIArguments {
     public static let commandFlags: [String: [String: Bool]] = [
         "start": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
                   "status": true, "state": true, "percent": true, "progress": true, "stale-after": true, "live-activity": false],
-        "progress": ["id": true, "percent": true, "progress": true, "status": true, "state": true],
+        "progress": ["id": true, "percent": true, "progress": true, "status": true, "state": true, "idle": false],
         "end": ["id": true, "state": true, "status": true, "error": true, "percent": true, "progress": true],
         "watch": ["id": true, "plain": false],
         "run": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
@@ -177,8 +177,8 @@ public enum CLIArguments {
     ]
 
     public static let startStates = ["queued", "processing"]
-    public static let updateStates = ["processing", "queued", "retrying"]
-    public static let endStates = ["completed", "error", "cancelled"]
+    public static let updateStates = ["processing", "queued", "retrying", "idle"]
+    public static let endStates = ["completed", "error", "cancelled", "rejected"]
 
     /// Parses `arguments` (without the program name). `environment` answers `DISPATCH_URL`,
     /// `DISPATCH_TOKEN` and `DISPATCH_MACHINE`; flags win over the environment.
@@ -286,9 +286,16 @@ public enum CLIArguments {
                 staleAfter: try staleAfter(values, command: command), liveActivity: switches.contains("live-activity"))
             return .command(global, .start(opts))
         case "progress":
+            var updateState = try state(updateStates)
+            if switches.contains("idle") {
+                guard updateState == nil || updateState == "idle" else {
+                    throw CLIUsageError("--idle is --state idle; give one or the other", command: command)
+                }
+                updateState = "idle"
+            }
             let opts = CLIUpdateOptions(
                 activityID: try required("id"), progress: try progress(values, command: command),
-                status: values["status"], state: try state(updateStates))
+                status: values["status"], state: updateState)
             return .command(global, .progress(opts))
         case "end":
             let opts = CLIEndOptions(

@@ -32,7 +32,7 @@ public enum CLIHelp {
     static let exitCodes = """
     Exit codes (all commands):
       0  success (watch: the job completed)
-      1  watch: the job ended in error or cancelled
+      1  watch: the job ended in error, cancelled or rejected
       2  usage error (bad flags or values)
       3  not found (unknown activity; watch: not_found)
       4  authentication or permission refused (401/403)
@@ -107,7 +107,9 @@ public enum CLIHelp {
       --percent P          progress, 0-100
       --progress F         progress, 0-1 (instead of --percent)
       --status TEXT        status line (one line, up to 200 characters)
-      --state STATE        processing (default), queued or retrying (retrying counts a new attempt)
+      --state STATE        processing (default), queued, retrying (counts a new attempt) or idle
+                           (alive but waiting: paused, throttled, waiting for a resource)
+      --idle               the same as --state idle
 
     \(globalOptions)
 
@@ -122,7 +124,8 @@ public enum CLIHelp {
 
     Options:
       --id ID              the activity (required)
-      --state STATE        completed (default), error or cancelled
+      --state STATE        completed (default), error, cancelled, or rejected (refused before it
+                           ran: only from queued)
       --status TEXT        final status line
       --error TEXT         error message (up to 500 characters), e.g. with --state error
       --percent P          final progress, 0-100
@@ -145,8 +148,8 @@ public enum CLIHelp {
     Last-Event-ID after the server's retry: delay, so no event is lost or shown twice; it gives
     up when the server stays unreachable longer than --retry-for.
 
-    Exits 0 when the job completes, 1 when it ends in error or cancelled, 3 when the activity
-    does not exist.
+    Exits 0 when the job completes, 1 when it ends in error, cancelled or rejected, 3 when the
+    activity does not exist.
 
     Options:
       --id ID              the activity (required)

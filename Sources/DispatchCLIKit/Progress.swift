@@ -59,7 +59,9 @@ public struct CLIActivityView: Equatable, Sendable {
         self.init(json: value)
     }
 
-    public static let terminalStates: Set<String> = ["completed", "error", "cancelled"]
+    /// The contract's terminal states (§1), from the server's own state type so the two cannot
+    /// drift apart (this set once missed `rejected`, and `watch` then never ended on one).
+    public static let terminalStates: Set<String> = Set(ActivityState.terminal.map(\.rawValue))
 
     public var isTerminal: Bool { state.map { Self.terminalStates.contains($0) } ?? false }
 

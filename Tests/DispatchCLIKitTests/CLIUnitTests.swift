@@ -72,6 +72,13 @@ final class CLIArgumentTests: XCTestCase {
         XCTAssertEqual(try command(["end", "--id", "a", "--state", "error", "--error", "disk full", "--percent", "100"]).1,
                        .end(CLIEndOptions(activityID: "a", state: "error", status: nil, error: "disk full", progress: 1)))
         XCTAssertEqual(try command(["end", "--id", "a"]).1, .end(CLIEndOptions(activityID: "a")))
+        // idle and rejected (contract §1): a waiting job, a job refused before it ran.
+        XCTAssertEqual(try command(["progress", "--id", "a", "--idle", "--status", "waiting for a GPU"]).1,
+                       .progress(CLIUpdateOptions(activityID: "a", status: "waiting for a GPU", state: "idle")))
+        XCTAssertEqual(try command(["progress", "--id", "a", "--state", "idle"]).1, .progress(CLIUpdateOptions(activityID: "a", state: "idle")))
+        XCTAssertEqual(try command(["progress", "--id", "a", "--idle", "--state", "idle"]).1, .progress(CLIUpdateOptions(activityID: "a", state: "idle")))
+        XCTAssertEqual(try command(["end", "--id", "a", "--state", "rejected", "--error", "quota"]).1,
+                       .end(CLIEndOptions(activityID: "a", state: "rejected", error: "quota")))
         XCTAssertEqual(try command(["watch", "--id", "a", "--plain"]).1, .watch(CLIWatchOptions(activityID: "a", plain: true)))
     }
 
@@ -106,6 +113,9 @@ final class CLIArgumentTests: XCTestCase {
         XCTAssertNotNil(usageError(["progress", "--id", "a", "--percent", "5", "--progress", "0.05"]))
         XCTAssertNotNil(usageError(["progress", "--id", "a", "--state", "completed"]))
         XCTAssertNotNil(usageError(["end", "--id", "a", "--state", "processing"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--idle", "--state", "processing"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--state", "rejected"]))
+        XCTAssertNotNil(usageError(["end", "--id", "a", "--state", "idle"]))
         XCTAssertNotNil(usageError(["start", "--name", "n", "--state", "retrying"]))
         XCTAssertNotNil(usageError(["progress", "--id", "a", "--error", "x"]))  // not a progress flag
         XCTAssertNotNil(usageError(["progress", "--id", "a", "--id", "b"]))
@@ -359,6 +369,8 @@ final class CLIWatchStateTests: XCTestCase {
         XCTAssertEqual(w.received(event(4, "error")).last, .finish(.jobFailed))
         var c = CLIWatchState(activityID: "A")
         XCTAssertEqual(c.received(event(4, "cancelled")).last, .finish(.jobFailed))
+        var r = CLIWatchState(activityID: "A")
+        XCTAssertEqual(r.received(event(4, "rejected")).last, .finish(.jobFailed), "rejected is final: watch ends like on error")
         var n = CLIWatchState(activityID: "A")
         XCTAssertEqual(n.received(SSEEvent(id: nil, event: "not_found", data: #"{"activityId":"A"}"#)).last, .finish(.notFound))
         var h = CLIWatchState(activityID: "A")
@@ -374,5 +386,21 @@ final class CLIWatchStateTests: XCTestCase {
         var t = CLIWatchState(activityID: "A")
         _ = t.received(event(4, "processing"))
         XCTAssertEqual(t.snapshotFetched(CLIActivityView(activityID: "A", state: "error", seq: 4)), [.finish(.jobFailed)])
+        var u = CLIWatchState(activityID: "A")
+        _ = u.received(event(1, "queued"))
+        let rejected = CLIActivityView(activityID: "A", state: "rejected", seq: 2)
+        XCTAssertEqual(u.snapshotFetched(rejected), [.display(event: "rejected", view: rejected), .finish(.jobFailed)],
+                       "after a 204, a rejected snapshot ends the watch instead of reconnecting for ever")
+    }
+
+    /// Contract §1: completed, error, cancelled and rejected are the terminal states; idle is live.
+    func testTerminalStatesAreTheContractsFour() {
+        for state in ["completed", "error", "cancelled", "rejected"] {
+            XCTAssertTrue(CLIActivityView(activityID: "A", state: state).isTerminal, state)
+        }
+        for state in ["queued", "processing", "retrying", "idle"] {
+            XCTAssertFalse(CLIActivityView(activityID: "A", state: state).isTerminal, state)
+        }
+        XCTAssertEqual(CLIActivityView.terminalStates, ["completed", "error", "cancelled", "rejected"])
     }
 }
