@@ -12,6 +12,8 @@ public struct CLIActivityView: Equatable, Sendable {
     public var progress: Double?
     public var status: String?
     public var seq: Int?
+    /// 1, plus one for every move into `retrying`.
+    public var attempt: Int?
     public var cancelRequested: Bool
     /// Why, when the request gave a reason.
     public var cancelReason: String?
@@ -21,7 +23,7 @@ public struct CLIActivityView: Equatable, Sendable {
     public var endedAt: Double?
 
     public init(activityID: String, taskName: String? = nil, machine: String? = nil, state: String? = nil,
-                progress: Double? = nil, status: String? = nil, seq: Int? = nil, cancelRequested: Bool = false,
+                progress: Double? = nil, status: String? = nil, seq: Int? = nil, attempt: Int? = nil, cancelRequested: Bool = false,
                 error: String? = nil, createdAt: Double? = nil, endedAt: Double? = nil) {
         self.activityID = activityID
         self.taskName = taskName
@@ -30,6 +32,7 @@ public struct CLIActivityView: Equatable, Sendable {
         self.progress = progress
         self.status = status
         self.seq = seq
+        self.attempt = attempt
         self.cancelRequested = cancelRequested
         self.error = error
         self.createdAt = createdAt
@@ -47,6 +50,7 @@ public struct CLIActivityView: Equatable, Sendable {
         if case .number(let p)? = json["progress"], p.isFinite { progress = min(max(p, 0), 1) } else { progress = nil }
         status = string("status")
         if case .number(let s)? = json["seq"], s.isFinite, s >= 0, s < 1e15 { seq = Int(s) } else { seq = nil }
+        if case .number(let a)? = json["attempt"], a.isFinite, a >= 1, a < 1e9 { attempt = Int(a) } else { attempt = nil }
         if case .bool(let c)? = json["cancelRequested"] { cancelRequested = c } else { cancelRequested = false }
         cancelReason = string("cancelReason")
         error = string("error")
@@ -168,25 +172,46 @@ public enum CLIProgress {
     public static func plainLine(event: String, view: CLIActivityView) -> String {
         if event == "not_found" { return "not_found \(CLIText.oneLine(view.activityID))" }
         var parts = ["#\(view.seq.map(String.init) ?? "?")", CLIText.oneLine(event), percentText(view.progress)]
+        if view.state == "retrying", let a = view.attempt { parts.append("(attempt \(a))") }
         if let m = view.machine, !m.isEmpty { parts.append("[\(CLIText.oneLine(m))]") }
         if let s = view.status, !s.isEmpty { parts.append(CLIText.oneLine(s)) }
         if let e = view.error, !e.isEmpty { parts.append("— error: \(CLIText.oneLine(e))") }
         return parts.joined(separator: " ")
     }
 
-    /// The live terminal line (without `\r` or escape codes), at most `width` characters:
-    /// `⠋ Debian 13 Trixie ISO [██████░░░░] 68%  Downloading… · shodan · 1m02s`.
-    /// The status shrinks first, then the name, so the bar and numbers stay visible.
-    public static func liveLine(view: CLIActivityView, width: Int, now: Double, frame: Int) -> String {
-        let glyph: String
+    /// What the live line says about the state: the state's name, `waiting` for idle (alive
+    /// but not working), and the attempt when retrying. `short` drops the attempt's words.
+    public static func stateLabel(_ view: CLIActivityView, short: Bool = false) -> String {
         switch view.state {
-        case "completed": glyph = "✔"
-        case "error": glyph = "✘"
-        case "cancelled": glyph = "⊘"
-        default: glyph = String(spinner[((frame % spinner.count) + spinner.count) % spinner.count])
+        case "idle"?: return "waiting"
+        case "retrying"?:
+            guard let a = view.attempt else { return "retrying" }
+            return short ? "retry \(a)" : "retrying (attempt \(a))"
+        case let s?: return CLIText.oneLine(s)
+        case nil: return ""
         }
+    }
+
+    /// The live line's first character: a spinner while the job works, a still mark while it
+    /// waits (idle), and one mark per final state.
+    public static func glyph(_ view: CLIActivityView, frame: Int) -> String {
+        switch view.state {
+        case "completed"?: return "✔"
+        case "error"?: return "✘"
+        case "cancelled"?: return "⊘"
+        case "rejected"?: return "⊗"
+        case "idle"?: return "‖"
+        default: return String(spinner[((frame % spinner.count) + spinner.count) % spinner.count])
+        }
+    }
+
+    /// The live terminal line (without `\r` or escape codes), at most `width` characters:
+    /// `⠋ Debian 13 Trixie ISO [██████░░░░] 68% processing  Downloading… · shodan · 1m02s`.
+    /// The status shrinks first, then the name, so the bar, the numbers and the state stay
+    /// visible; on a narrow terminal the bar and the state's words shrink too.
+    public static func liveLine(view: CLIActivityView, width: Int, now: Double, frame: Int) -> String {
+        let glyph = glyph(view, frame: frame)
         let width = max(width, 20)
-        let cells = width >= 80 ? 20 : 10
         let name = CLIText.oneLine(view.taskName ?? view.activityID)
         var statusText = CLIText.oneLine(view.status ?? "")
         if let e = view.error, !e.isEmpty { statusText += statusText.isEmpty ? "error: \(CLIText.oneLine(e))" : " — error: \(CLIText.oneLine(e))" }
@@ -194,19 +219,25 @@ public enum CLIProgress {
         var meta: [String] = []
         if let m = view.machine, !m.isEmpty { meta.append(CLIText.oneLine(m)) }
         if let e = view.elapsed(now: now) { meta.append(duration(e)) }
-        var metaText = meta.isEmpty ? "" : " · " + meta.joined(separator: " · ")
-        let tail = " \(bar(view.progress, cells: cells)) \(percentText(view.progress))"
-        var available = width - 2 - tail.count - metaText.count
-        if available < 4 {
-            metaText = ""
-            available = width - 2 - tail.count
+        let fullMeta = meta.isEmpty ? "" : " · " + meta.joined(separator: " · ")
+        // From the roomiest layout to the tightest; the first that leaves room for a name wins.
+        let layouts: [(cells: Int, short: Bool, meta: Bool)] = [
+            (width >= 80 ? 20 : 10, false, true), (width >= 80 ? 20 : 10, false, false),
+            (10, true, false), (5, true, false),
+        ]
+        for layout in layouts {
+            let label = stateLabel(view, short: layout.short)
+            let tail = " \(bar(view.progress, cells: layout.cells)) \(percentText(view.progress))" + (label.isEmpty ? "" : " \(label)")
+            let metaText = layout.meta ? fullMeta : ""
+            let available = width - 2 - tail.count - metaText.count
+            guard available >= 4 else { continue }
+            let shownName = truncate(name, to: available)
+            let statusRoom = available - shownName.count - 2
+            let shownStatus = statusRoom >= 4 ? truncate(statusText, to: statusRoom) : ""
+            let statusPart = shownStatus.isEmpty ? "" : "  " + shownStatus
+            return "\(glyph) \(shownName)\(tail)\(statusPart)\(metaText)"
         }
-        guard available >= 4 else { return truncate("\(glyph) \(name)", to: width) }
-        let shownName = truncate(name, to: available)
-        let statusRoom = available - shownName.count - 2
-        let shownStatus = statusRoom >= 4 ? truncate(statusText, to: statusRoom) : ""
-        let statusPart = shownStatus.isEmpty ? "" : "  " + shownStatus
-        return "\(glyph) \(shownName)\(tail)\(statusPart)\(metaText)"
+        return truncate("\(glyph) \(name) \(stateLabel(view, short: true))", to: width)
     }
 
     /// Cuts to `count` characters, ending in `…` when something was cut.

@@ -304,7 +304,7 @@ final class CLIRenderingTests: XCTestCase {
         let v = try XCTUnwrap(CLIActivityView(jsonText: snapshot))
         let now = v.createdAt! + 62
         let wide = CLIProgress.liveLine(view: v, width: 120, now: now, frame: 0)
-        XCTAssertEqual(wide, "⠋ Debian 13 Trixie ISO [█████████████░░░░░░░] 68%  Downloading at 18.4 MB/s (68%) · shodan · 1m02s")
+        XCTAssertEqual(wide, "⠋ Debian 13 Trixie ISO [█████████████░░░░░░░] 68% processing  Downloading at 18.4 MB/s (68%) · shodan · 1m02s")
         for width in [20, 40, 60, 79, 80, 100] {
             let line = CLIProgress.liveLine(view: v, width: width, now: now, frame: 3)
             XCTAssertLessThanOrEqual(line.count, width, "width \(width): \(line)")
@@ -313,6 +313,37 @@ final class CLIRenderingTests: XCTestCase {
         var done = v
         done.state = "completed"
         XCTAssertTrue(CLIProgress.liveLine(view: done, width: 100, now: now, frame: 0).hasPrefix("✔ "))
+    }
+
+    /// The live line names the state: "waiting" for idle, the attempt while retrying, and each
+    /// final state with a mark of its own (rejected is not shown as an error).
+    func testLiveLineShowsTheState() throws {
+        var v = try XCTUnwrap(CLIActivityView(jsonText: snapshot))
+        let now = v.createdAt! + 62
+        func line(_ state: String, attempt: Int? = nil, width: Int = 120) -> String {
+            v.state = state
+            v.attempt = attempt
+            return CLIProgress.liveLine(view: v, width: width, now: now, frame: 0)
+        }
+        XCTAssertEqual(line("idle"), "‖ Debian 13 Trixie ISO [█████████████░░░░░░░] 68% waiting  Downloading at 18.4 MB/s (68%) · shodan · 1m02s")
+        XCTAssertTrue(line("retrying", attempt: 3).contains("68% retrying (attempt 3)  "), line("retrying", attempt: 3))
+        XCTAssertTrue(line("queued").hasPrefix("⠋ Debian 13 Trixie ISO [█████████████░░░░░░░] 68% queued  "))
+        XCTAssertTrue(line("rejected").hasPrefix("⊗ Debian 13 Trixie ISO [█████████████░░░░░░░] 68% rejected  "))
+        XCTAssertTrue(line("error").hasPrefix("✘ "))
+        XCTAssertTrue(line("cancelled").hasPrefix("⊘ "))
+        XCTAssertEqual(Set(["completed", "error", "cancelled", "rejected", "idle"].map { CLIProgress.glyph(CLIActivityView(activityID: "a", state: $0), frame: 0) }).count, 5,
+                       "one mark per final state, and one for waiting")
+        // Narrow terminals keep the state: the bar and the attempt's words shrink first.
+        for width in [30, 40, 50, 60] {
+            let l = line("retrying", attempt: 12, width: width)
+            XCTAssertLessThanOrEqual(l.count, width, l)
+            XCTAssertTrue(l.contains("retry"), "width \(width): \(l)")
+            let idle = line("idle", width: width)
+            XCTAssertLessThanOrEqual(idle.count, width, idle)
+            XCTAssertTrue(idle.contains("waiting"), "width \(width): \(idle)")
+        }
+        XCTAssertEqual(CLIProgress.plainLine(event: "retrying", view: { var r = v; r.state = "retrying"; r.attempt = 2; return r }()),
+                       "#5 retrying 68% (attempt 2) [shodan] Downloading at 18.4 MB/s (68%)")
     }
 
     func testProgressExtractor() throws {
