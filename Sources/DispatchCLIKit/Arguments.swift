@@ -7,9 +7,12 @@ public struct CLIUsageError: Error, Equatable, Sendable {
     public var message: String
     /// The command whose `--help` the user should read, if any.
     public var command: String?
-    public init(_ message: String, command: String? = nil) {
+    /// Lines printed after the message (the list of commands when none was given).
+    public var details: String?
+    public init(_ message: String, command: String? = nil, details: String? = nil) {
         self.message = message
         self.command = command
+        self.details = details
     }
 }
 
@@ -156,25 +159,31 @@ public enum CLIInvocation: Equatable, Sendable {
 }
 
 public enum CLIArguments {
-    public static let commands = ["start", "progress", "end", "watch", "run", "cancel", "touch", "verify-webhook"]
+    /// The command names, in the order the help lists them (CLIHelp is the one table).
+    public static let commands = CLIHelp.commands.map(\.name)
 
     /// Flag name (without `--`) -> whether it takes a value.
-    public static let globalFlags: [String: Bool] = [
-        "url": true, "token": true, "token-file": true, "json": false, "retry-for": true, "help": false,
-    ]
+    public static let globalFlags: [String: Bool] = flags(CLIHelp.globalOptions)
 
-    public static let commandFlags: [String: [String: Bool]] = [
-        "start": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
-                  "status": true, "state": true, "percent": true, "progress": true, "stale-after": true, "live-activity": false],
-        "progress": ["id": true, "percent": true, "progress": true, "status": true, "state": true, "idle": false],
-        "end": ["id": true, "state": true, "status": true, "error": true, "percent": true, "progress": true],
-        "watch": ["id": true, "plain": false],
-        "run": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
-                "status": true, "progress-regex": true, "stale-after": true, "kill-after": true, "live-activity": false],
-        "cancel": ["id": true, "reason": true],
-        "touch": ["id": true],
-        "verify-webhook": ["secret": true, "signature": true, "body": true, "max-age": true],
-    ]
+    public static let commandFlags: [String: [String: Bool]] =
+        Dictionary(uniqueKeysWithValues: CLIHelp.commands.map { ($0.name, flags($0.options)) })
+
+    static func flags(_ options: [CLIOption]) -> [String: Bool] {
+        Dictionary(uniqueKeysWithValues: options.map { ($0.name, $0.takesValue) })
+    }
+
+    /// `unknown option --precent (did you mean --percent?)`.
+    static func unknownOption(_ name: String, command: String?) -> CLIUsageError {
+        let known = CLIHelp.globalOptions.map(\.name) + (command.flatMap { CLIHelp.spec($0)?.options.map(\.name) } ?? [])
+        let hint = CLISuggest.hint(for: name, among: known) { "--\($0)" }
+        return CLIUsageError("unknown option --\(name)\(command.map { " for \($0)" } ?? "")\(hint)", command: command)
+    }
+
+    /// `unknown command 'strat' (did you mean 'start'?)`.
+    static func unknownCommand(_ word: String) -> CLIUsageError {
+        CLIUsageError("unknown command '\(word)'\(CLISuggest.hint(for: word, among: commands))",
+                      details: CLISuggest.closest(to: word, among: commands) == nil ? "Commands:\n" + CLIHelp.commandList : nil)
+    }
 
     public static let startStates = ["queued", "processing"]
     public static let updateStates = ["processing", "queued", "retrying", "idle"]
@@ -217,7 +226,7 @@ public enum CLIArguments {
                 } else if commandName == nil, commandFlags.values.contains(where: { $0[name] != nil }) {
                     throw CLIUsageError("--\(name) must come after the command name")
                 } else {
-                    throw CLIUsageError("unknown option --\(name)", command: commandName)
+                    throw unknownOption(name, command: commandName)
                 }
                 if takesValue {
                     let value: String
@@ -242,10 +251,11 @@ public enum CLIArguments {
             // A bare word: the command name, `help TOPIC`, or the start of `run`'s command.
             if commandName == nil {
                 if arg == "help" {
-                    if i < arguments.count { return .help(commands.contains(arguments[i]) ? arguments[i] : nil) }
-                    return .help(nil)
+                    guard i < arguments.count else { return .help(nil) }
+                    guard commands.contains(arguments[i]) else { throw unknownCommand(arguments[i]) }
+                    return .help(arguments[i])
                 }
-                guard commands.contains(arg) else { throw CLIUsageError("unknown command '\(arg)'") }
+                guard commands.contains(arg) else { throw unknownCommand(arg) }
                 commandName = arg
                 continue
             }
@@ -258,8 +268,7 @@ public enum CLIArguments {
 
         if switches.contains("help") { return .help(commandName) }
         guard let command = commandName else {
-            if arguments.isEmpty { return .help(nil) }
-            throw CLIUsageError("missing command (one of: \(commands.joined(separator: ", ")))")
+            throw CLIUsageError("missing command", details: "Usage: dispatch COMMAND [options]\n\nCommands:\n" + CLIHelp.commandList)
         }
 
         let global = try globalOptions(values: values, switches: switches, environment: environment, command: command)

@@ -15,6 +15,7 @@ do {
     invocation = try CLIArguments.parse(arguments, environment: Subprocess.environment)
 } catch {
     Output.err("dispatch: \(error.message)")
+    if let details = error.details { Output.err(details) }
     Output.err("Try 'dispatch \(error.command.map { "\($0) " } ?? "")--help'.")
     exit(CLIExitCode.usage.rawValue)
 }

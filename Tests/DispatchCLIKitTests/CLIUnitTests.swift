@@ -133,7 +133,9 @@ final class CLIArgumentTests: XCTestCase {
     }
 
     func testHelpAndVersion() throws {
-        XCTAssertEqual(try parse([]), .help(nil))
+        XCTAssertEqual(usageError([])?.message, "missing command", "no arguments: exit 2 with the list of commands")
+        XCTAssertTrue(usageError([])?.details?.contains("dispatch watch") == true)
+        XCTAssertEqual(try parse(["help"]), .help(nil))
         XCTAssertEqual(try parse(["--help"]), .help(nil))
         XCTAssertEqual(try parse(["-h"]), .help(nil))
         XCTAssertEqual(try parse(["help", "watch"]), .help("watch"))
@@ -156,6 +158,58 @@ final class CLIArgumentTests: XCTestCase {
         for code in CLIExitCode.allCases {
             XCTAssertTrue(CLIHelp.overview.contains("  \(code.rawValue)  "), "exit code \(code) not documented")
         }
+        for command in CLIArguments.commands {
+            XCTAssertTrue(CLIHelp.overview.contains("dispatch \(command) "), "\(command) missing from the overview")
+        }
+    }
+
+    /// `dispatch COMMAND --help`: the synopsis, then that command's options, then the global
+    /// ones, then the explanations; every option on a line of its own, its text in one column.
+    func testHelpShowsTheCommandsOptionsFirst() {
+        for spec in CLIHelp.commands {
+            let help = CLIHelp.text(for: spec.name)
+            let lines = help.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+            XCTAssertEqual(lines.first, spec.synopsis)
+            XCTAssertEqual(lines[1], "  " + spec.summary)
+            XCTAssertEqual(lines[3], "Options:", spec.name)
+            XCTAssertTrue(lines[4].hasPrefix("  --\(spec.options[0].name)"), "\(spec.name): \(lines[4])")
+            let own = lines.firstIndex { $0.hasPrefix("  --\(spec.options.last!.name)") }!
+            let global = lines.firstIndex { $0.hasPrefix("Global options") }!
+            let details = lines.firstIndex { $0.hasPrefix(String(spec.details.prefix(20))) }!
+            XCTAssertLessThan(own, global, spec.name)
+            XCTAssertLessThan(global, details, spec.name)
+            for line in lines where line.hasPrefix("  --") && line.count > 23 {
+                XCTAssertEqual(Array(line)[22], " ", "the text starts in one column: \(line)")
+            }
+        }
+        XCTAssertTrue(CLIHelp.text(for: "run").contains("\n  --progress-regex RE  read progress"), CLIHelp.text(for: "run"))
+        XCTAssertTrue(CLIHelp.text(for: "verify-webhook").contains("\n  --signature HEADER   the Dispatch-Signature"))
+        XCTAssertTrue(CLIHelp.text(for: "start").contains("\n  -h, --help           show help"))
+    }
+
+    /// An unknown command or flag says which one was probably meant.
+    func testDidYouMean() {
+        XCTAssertEqual(usageError(["strat", "--name", "x"])?.message, "unknown command 'strat' (did you mean 'start'?)")
+        XCTAssertEqual(usageError(["progres"])?.message, "unknown command 'progres' (did you mean 'progress'?)")
+        XCTAssertEqual(usageError(["wacth"])?.message, "unknown command 'wacth' (did you mean 'watch'?)")
+        XCTAssertEqual(usageError(["update", "--id", "a"])?.message, "unknown command 'update' (did you mean 'progress'?)")
+        XCTAssertEqual(usageError(["help", "wach"])?.message, "unknown command 'wach' (did you mean 'watch'?)")
+        let far = usageError(["frobnicate"])
+        XCTAssertEqual(far?.message, "unknown command 'frobnicate'")
+        XCTAssertTrue(far?.details?.contains("dispatch start") == true, "nothing close: the list instead")
+        XCTAssertEqual(usageError(["progress", "--id", "a", "--precent", "5"])?.message,
+                       "unknown option --precent for progress (did you mean --percent?)")
+        XCTAssertEqual(usageError(["watch", "--id", "a", "--plian"])?.message, "unknown option --plian for watch (did you mean --plain?)")
+        XCTAssertEqual(usageError(["start", "--name", "a", "--tokn", "x"])?.message, "unknown option --tokn for start (did you mean --token?)")
+        XCTAssertEqual(usageError(["start", "--name", "a", "--xyzzy"])?.message, "unknown option --xyzzy for start")
+
+        XCTAssertEqual(CLISuggest.distance("strat", "start"), 1, "a swap of neighbours is one edit")
+        XCTAssertEqual(CLISuggest.distance("", "abc"), 3)
+        XCTAssertEqual(CLISuggest.distance("kitten", "sitting"), 3)
+        XCTAssertEqual(CLISuggest.closest(to: "en", among: CLIArguments.commands), "end")
+        XCTAssertEqual(CLISuggest.closest(to: "verify", among: CLIArguments.commands), "verify-webhook")
+        XCTAssertEqual(CLISuggest.closest(to: "START", among: CLIArguments.commands), "start")
+        XCTAssertNil(CLISuggest.closest(to: "x", among: CLIArguments.commands))
     }
 }
 
