@@ -113,14 +113,20 @@ public struct CLIWatchOptions: Equatable, Sendable {
 
 public struct CLIRunOptions: Equatable, Sendable {
     public var start: CLIStartOptions
+    /// The user's pattern for progress; nil: the common shapes (`CLIProgressShapes`).
     public var progressRegex: String?
+    /// Read progress from the command's output at all (`--no-progress`: no, and the command
+    /// then writes straight to the terminal).
+    public var readProgress: Bool
     public var command: [String]
     /// Seconds between SIGTERM and SIGKILL after a remote cancel.
     public var killAfter: Double
 
-    public init(start: CLIStartOptions, progressRegex: String? = nil, command: [String], killAfter: Double = CLIRunCancel.defaultKillAfter) {
+    public init(start: CLIStartOptions, progressRegex: String? = nil, readProgress: Bool = true, command: [String],
+                killAfter: Double = CLIRunCancel.defaultKillAfter) {
         self.start = start
         self.progressRegex = progressRegex
+        self.readProgress = readProgress
         self.command = command
         self.killAfter = killAfter
     }
@@ -333,6 +339,9 @@ public enum CLIArguments {
         default:  // "run", the only command left in `commands`
             guard !trailing.isEmpty else { throw CLIUsageError("run needs a command: dispatch run [options] -- CMD [ARGS...]", command: command) }
             if let pattern = values["progress-regex"] {
+                guard !switches.contains("no-progress") else {
+                    throw CLIUsageError("give either --progress-regex or --no-progress, not both", command: command)
+                }
                 _ = try CLIProgressExtractor(pattern: pattern)
             }
             let name = values["name"] ?? defaultRunName(trailing)
@@ -348,7 +357,8 @@ public enum CLIArguments {
                 }
                 killAfter = v
             }
-            return .command(global, .run(CLIRunOptions(start: start, progressRegex: values["progress-regex"], command: trailing,
+            return .command(global, .run(CLIRunOptions(start: start, progressRegex: values["progress-regex"],
+                                                       readProgress: !switches.contains("no-progress"), command: trailing,
                                                        killAfter: killAfter)))
         }
     }

@@ -150,10 +150,13 @@ public enum CLIHelp {
                            CLIOption("status", "TEXT", "status while running (default: \"Running\")"),
                            CLIOption("live-activity", nil, "start a Live Activity on iPhones registered for push-to-start"),
                            CLIOption("progress-regex", "RE", """
-                           read progress from CMD's output (stdout and stderr): a regular
-                           expression with exactly one capture group holding a percentage,
-                           e.g. '([0-9.]+)%'. The output still passes through unchanged;
-                           progress is published at most about 4 times a second.
+                           read progress with this regular expression instead of the usual
+                           shapes: exactly one capture group holding a percentage,
+                           e.g. 'progress=([0-9.]+)'
+                           """),
+                           CLIOption("no-progress", nil, """
+                           do not read progress: CMD writes straight to the terminal (for
+                           full-screen or interactive programs)
                            """),
                            CLIOption("stale-after", "DUR", """
                            end the activity as stale when run stops touching it for this long
@@ -170,6 +173,10 @@ public enum CLIHelp {
                        text. Exits with CMD's own exit code. SIGINT, SIGTERM and SIGHUP reach CMD, and the
                        activity ends cancelled. If the activity cannot be started (server down, bad key),
                        a warning is printed and CMD still runs: the work matters more than its tracking.
+
+                       Progress is read from CMD's output (stdout and stderr, which pass through unchanged):
+                       the last percentage (68%, 68.5%) or count (12/40, [3/10]) on a line, published at
+                       most about 4 times a second.
 
                        While CMD runs, run follows the activity's status stream: when someone cancels it
                        (dispatch cancel, the dashboard, the phone), CMD's process group gets SIGTERM, then

@@ -306,3 +306,61 @@ public struct CLILineSplitter: Sendable {
         return pending.isEmpty ? nil : String(decoding: pending, as: UTF8.self)
     }
 }
+
+/// The progress shapes `dispatch run` reads from a command's output without being told:
+/// a percentage (`68%`, `68.5%`, `68,5%`) or a count (`12/40`, `[3/10]`, `1.2/3.4 MB`).
+/// The last one on a line counts, as with `--progress-regex`. Written as a scanner rather than
+/// a regular expression: it runs on every line of a chatty command, and costs nothing at start.
+///
+/// To keep false matches rare: a number glued to letters, digits, dots or slashes on the
+/// wrong side is not read (`sha256%`, `10.0.0.1/24`, `2024/05/06`, `v1.2/3`), a percentage
+/// must be within 0–100, and a count needs 0 ≤ N ≤ M with M > 0.
+public enum CLIProgressShapes {
+    public static func progress(in line: String) -> Double? {
+        let b = Array(line.utf8)
+        var result: Double?
+        var i = 0
+        while i < b.count {
+            guard isDigit(b[i]), i == 0 || !glued(b[i - 1]) else { i += 1; continue }
+            guard let (n, afterN) = number(b, i) else { i += 1; continue }
+            if afterN < b.count, b[afterN] == UInt8(ascii: "%") {
+                if let f = CLIProgress.fraction(fromPercent: n) { result = f }
+                i = afterN + 1
+                continue
+            }
+            if afterN < b.count, b[afterN] == UInt8(ascii: "/"), afterN + 1 < b.count, isDigit(b[afterN + 1]),
+               let (m, afterM) = number(b, afterN + 1),
+               afterM >= b.count || !(isDigit(b[afterM]) || b[afterM] == UInt8(ascii: "/")) {
+                if m > 0, n <= m { result = n / m }
+                i = afterM
+                continue
+            }
+            i = afterN
+        }
+        return result
+    }
+
+    static func isDigit(_ c: UInt8) -> Bool { (0x30...0x39).contains(c) }
+
+    /// A character that makes a number part of a longer word: `x86`, `1.2.3`, `a/12`.
+    static func glued(_ c: UInt8) -> Bool {
+        isDigit(c) || (0x41...0x5A).contains(c) || (0x61...0x7A).contains(c) || c == UInt8(ascii: ".") || c == UInt8(ascii: ",")
+            || c == UInt8(ascii: "/") || c == UInt8(ascii: "_") || c >= 0x80
+    }
+
+    /// Digits, optionally `.` or `,` and more digits, at `start`; nil for a version-like
+    /// `1.2.3` or a number too long to be progress. Returns the value and the index after it.
+    static func number(_ b: [UInt8], _ start: Int) -> (Double, Int)? {
+        var i = start
+        var text = ""
+        while i < b.count, isDigit(b[i]) { text.unicodeScalars.append(Unicode.Scalar(b[i])); i += 1 }
+        if i + 1 < b.count, b[i] == UInt8(ascii: ".") || b[i] == UInt8(ascii: ","), isDigit(b[i + 1]) {
+            text.append(".")
+            i += 1
+            while i < b.count, isDigit(b[i]) { text.unicodeScalars.append(Unicode.Scalar(b[i])); i += 1 }
+            if i + 1 < b.count, b[i] == UInt8(ascii: ".") || b[i] == UInt8(ascii: ","), isDigit(b[i + 1]) { return nil }
+        }
+        guard text.count <= 15, let v = Double(text) else { return nil }
+        return (v, i)
+    }
+}

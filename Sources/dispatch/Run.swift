@@ -70,7 +70,14 @@ struct RunCommand {
 
     func run() -> Int32 {
         RunSignals.install()
-        let extractor = options.progressRegex.flatMap { try? CLIProgressExtractor(pattern: $0) }
+        let extractor: ((String) -> Double?)?
+        if let pattern = options.progressRegex, let regex = try? CLIProgressExtractor(pattern: pattern) {
+            extractor = { regex.progress(in: $0) }
+        } else if options.readProgress {
+            extractor = CLIProgressShapes.progress(in:)
+        } else {
+            extractor = nil
+        }
 
         // 1. Start. A failure here is reported but does not stop the command.
         var start = options.start
@@ -104,7 +111,7 @@ struct RunCommand {
         }
         watcher?.start()
         let outcome = ChildProcess.run(options.command, capture: extractor != nil, child: child) { line in
-            if let p = extractor?.progress(in: line) { publisher?.offer(p) }
+            if let p = extractor?(line) { publisher?.offer(p) }
         }
         RunSignals.restoreDefaults()  // a second Ctrl-C while the end is published stops us at once
         publisher?.stop()

@@ -94,6 +94,12 @@ final class CLIArgumentTests: XCTestCase {
         guard case .run(let r2) = c2 else { return XCTFail() }
         XCTAssertEqual(r2.command, ["sleep", "--help", "1"])
         XCTAssertEqual(r2.start.name, "sleep --help 1")
+        XCTAssertTrue(r2.readProgress, "progress is read by default")
+        XCTAssertNil(r2.progressRegex)
+        let (_, c3) = try command(["run", "--no-progress", "--", "vim"])
+        guard case .run(let r3) = c3 else { return XCTFail() }
+        XCTAssertFalse(r3.readProgress)
+        XCTAssertNotNil(usageError(["run", "--no-progress", "--progress-regex", "(x)", "--", "true"]))
     }
 
     func testDefaultRunNameIsBounded() {
@@ -410,6 +416,23 @@ final class CLIRenderingTests: XCTestCase {
         XCTAssertEqual(custom.progress(in: "step progress=7 of 100"), 0.07)
         XCTAssertThrowsError(try CLIProgressExtractor(pattern: "(a)(b)"))
         XCTAssertThrowsError(try CLIProgressExtractor(pattern: "("))
+    }
+
+    /// What `run` reads as progress when given no pattern, and what it leaves alone.
+    func testProgressShapes() {
+        let cases: [(String, Double?)] = [
+            ("Downloading 68% done", 0.68), ("68.5%", 0.685), ("68,5 %", nil), ("[68,5%]", 0.685), ("100%", 1), ("0%", 0),
+            ("10% ... 20%", 0.2), ("150%", nil), ("(45%) eta 3s", 0.45),
+            ("[3/10] Compiling Foo", 0.3), ("12/40 files", 0.3), ("Building [====>  ] 120/200: crate", 0.6),
+            ("━━━━━━ 1.2/4.8 MB 5.0 MB/s", 0.25), ("step 1/1", 1), ("1/0", nil), ("41/40", nil),
+            ("10% then 3/4", 0.75), ("3/4 then 10%", 0.1),
+            ("2024/05/06 12:00", nil), ("route 10.0.0.1/24", nil), ("sha256%20", nil), ("version 1.2.3/4", nil),
+            ("x86/64", nil), ("a/12", nil), ("no numbers", nil), ("", nil), ("99999999999999999%", nil),
+            ("épée 50%", 0.5), ("ü50%", nil),
+        ]
+        for (line, expected) in cases {
+            XCTAssertEqual(CLIProgressShapes.progress(in: line), expected, line)
+        }
     }
 
     func testLineSplitter() {
