@@ -30,6 +30,12 @@ public struct CLIGlobalOptions: Equatable, Sendable {
     public var json: Bool
     /// Seconds during which transient failures are retried.
     public var retryFor: Double
+    /// Send the key over plain HTTP to another machine anyway (`--insecure-http`).
+    public var insecureHTTP = false
+    /// CA certificates (PEM) to trust for https instead of the system's (`--cacert`).
+    public var caFile: String?
+    /// No notes on stderr when it is not a terminal (`--quiet`); errors are always printed.
+    public var quiet = false
 
     public init(endpoint: CLIEndpoint, token: String?, json: Bool, retryFor: Double) {
         self.endpoint = endpoint
@@ -391,6 +397,15 @@ public enum CLIArguments {
             } else if options.token == nil, let file = environment("DISPATCH_TOKEN_FILE"), !file.isEmpty {
                 options.tokenFile = file
             }
+        }
+        options.quiet = switches.contains("quiet")
+        options.insecureHTTP = switches.contains("insecure-http") || environment("DISPATCH_INSECURE_HTTP") == "1"
+        options.caFile = values["cacert"] ?? [environment("DISPATCH_CA_FILE"), environment("CURL_CA_BUNDLE")].lazy
+            .compactMap { $0 }.first { !$0.isEmpty }
+        if command != "verify-webhook",  // talks to no server
+           let refusal = CLITransportPolicy.refusal(endpoint: endpoint, sendsKey: options.token != nil || options.tokenFile != nil,
+                                                    insecureHTTP: options.insecureHTTP) {
+            throw CLIUsageError(refusal, command: command)
         }
         return options
     }

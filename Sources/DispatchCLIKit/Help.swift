@@ -53,16 +53,27 @@ public enum CLIHelp {
     /// Options every command accepts, before or after the command name.
     public static let globalOptions: [CLIOption] = [
         CLIOption("url", "URL", """
-        server, http://host[:port][/prefix]  [env DISPATCH_URL, default http://127.0.0.1:8080]
-        (plain HTTP only: no TLS; use a local TLS proxy for a remote server)
+        server, http(s)://host[:port][/prefix]  [env DISPATCH_URL, default http://127.0.0.1:8080]
         """),
         CLIOption("token", "KEY", """
         API key sent as "Authorization: Bearer KEY"  [env DISPATCH_TOKEN]
         (other users see command lines in ps: prefer the variable or a file)
         """),
         CLIOption("token-file", "PATH", "read the API key from a file  [env DISPATCH_TOKEN_FILE]"),
+        CLIOption("cacert", "FILE", """
+        trust the CA certificates in this PEM file for https, instead of the system's
+        [env DISPATCH_CA_FILE, or CURL_CA_BUNDLE]
+        """),
+        CLIOption("insecure-http", nil, """
+        send the key over plain http:// to another machine anyway (refused otherwise:
+        only loopback is safe)  [env DISPATCH_INSECURE_HTTP=1]
+        """),
         CLIOption("json", nil, "print the server's JSON answer (the activity snapshot) instead of text"),
         CLIOption("retry-for", "SECS", "retry transient failures (connection refused, 429, 5xx) for this long  [default 30]"),
+        CLIOption("quiet", nil, """
+        no notes on stderr ("retrying…", run's activity id) when stderr is not a
+        terminal (cron, CI logs); errors are always printed
+        """),
         CLIOption("help", nil, "show help"),
     ]
 

@@ -5,8 +5,13 @@ import DispatchCLIKit
 /// The Dispatch API as the CLI uses it: authenticated requests with bounded retries.
 struct Client {
     let global: CLIGlobalOptions
+    /// The command, for messages (`dispatch progress: ...`).
+    var command = "dispatch"
     /// Seconds one attempt may take (connect, send, answer).
     var attemptTimeout = 10.0
+    /// Say `retrying…` after the first failure of a call that will be retried (run's background
+    /// publisher says it its own way).
+    var notesRetries = true
 
     enum Outcome {
         /// The server answered (any status; the caller maps it).
@@ -36,7 +41,7 @@ struct Client {
             var lastError: String
             var retryAfter: Double?
             do {
-                let response = try HTTPConnection.exchange(endpoint: global.endpoint, request: request, timeout: attemptTimeout)
+                let response = try HTTPConnection.exchange(endpoint: global.endpoint, caFile: global.caFile, request: request, timeout: attemptTimeout)
                 switch CLIHTTPDisposition.of(status: response.head.status, body: response.body) {
                 case .success, .fail:
                     return .answered(response)
@@ -55,6 +60,7 @@ struct Client {
                 let tries = failures == 1 ? "1 attempt" : "\(failures) attempts"
                 return .failed(.unavailable, "\(lastError) (gave up after \(tries) in \(CLIProgress.duration(elapsed)))")
             }
+            if failures == 1 && notesRetries { Notes.once("retrying", command, CLIFeedback.retrying(lastError, budget: policy.budget)) }
             Clock.sleep(seconds: delay, interrupted: System.interrupted)
         }
     }

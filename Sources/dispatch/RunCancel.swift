@@ -238,7 +238,7 @@ final class RunWatcher: @unchecked Sendable {
                                             endpoint: client.global.endpoint, headers: headers, body: nil)
         let conn: HTTPConnection
         do {
-            conn = try HTTPConnection.connect(to: client.global.endpoint, timeout: 5)
+            conn = try HTTPConnection.connect(to: client.global.endpoint, caFile: client.global.caFile, timeout: 5)
             try conn.send(request, deadline: Clock.monotonic() + 5)
         } catch {
             return .dropped(streamed: false)

@@ -59,3 +59,24 @@ enum Output {
         err("dispatch \(command): \(message)")
     }
 }
+
+/// Notes on stderr besides errors: `retrying…`, run's activity id. Off with `--quiet` when
+/// stderr is not a terminal (CLIFeedback decides); safe from any thread.
+enum Notes {
+    nonisolated(unsafe) static var enabled = true
+    nonisolated(unsafe) private static var lock = pthread_mutex_t()
+    nonisolated(unsafe) private static var shown: Set<String> = []
+
+    static func show(_ command: String, _ text: String) {
+        guard enabled else { return }
+        Output.fail(command, text)
+    }
+
+    /// Shows the note the first time `key` comes up in this process only.
+    static func once(_ key: String, _ command: String, _ text: String) {
+        pthread_mutex_lock(&lock)
+        let first = shown.insert(key).inserted
+        pthread_mutex_unlock(&lock)
+        if first { show(command, text) }
+    }
+}

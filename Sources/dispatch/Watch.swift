@@ -28,10 +28,16 @@ struct WatchCommand {
         var state = CLIWatchState(activityID: options.activityID)
         var outageStarted: Double?
         var failures = 0
+        /// A `retrying…` note went out for the outage under way (plain output only: on a
+        /// terminal the live line says "reconnecting…").
+        var outageNoted = false
 
         while true {
             if System.interrupted() { return interruptedExit(renderer) }
-            let end = connectOnce(state: &state, renderer: renderer)
+            let end = connectOnce(state: &state, renderer: renderer) {
+                if outageNoted { Notes.show("watch", "reconnected") }
+                outageNoted = false
+            }
             switch end {
             case .finished(let code):
                 renderer.finish()
@@ -51,6 +57,10 @@ struct WatchCommand {
                     Output.fail("watch", "\(reason) (gave up after \(CLIProgress.duration(elapsed)))")
                     return CLIExitCode.unavailable.rawValue
                 }
+                if !connected && !outageNoted && !renderer.enabled {
+                    Notes.show("watch", CLIFeedback.retrying(reason, budget: client.global.retryFor))
+                    outageNoted = true
+                }
                 renderer.note = "reconnecting…"
                 let wakeAt = Clock.monotonic() + delay
                 while Clock.monotonic() < wakeAt && !System.interrupted() {
@@ -67,7 +77,8 @@ struct WatchCommand {
     }
 
     /// One connection: request, answer, events until it ends.
-    private func connectOnce(state: inout CLIWatchState, renderer: LiveRenderer) -> StreamEnd {
+    /// `onConnected` runs when the server answers with the stream.
+    private func connectOnce(state: inout CLIWatchState, renderer: LiveRenderer, onConnected: () -> Void) -> StreamEnd {
         var headers = client.headers(idempotencyKey: nil, accept: "text/event-stream")
         headers.append(("Cache-Control", "no-cache"))
         if let last = state.lastEventID { headers.append(("Last-Event-ID", last)) }
@@ -75,7 +86,7 @@ struct WatchCommand {
                                             endpoint: client.global.endpoint, headers: headers, body: nil)
         let conn: HTTPConnection
         do {
-            conn = try HTTPConnection.connect(to: client.global.endpoint, timeout: 10)
+            conn = try HTTPConnection.connect(to: client.global.endpoint, caFile: client.global.caFile, timeout: 10)
             try conn.send(request, deadline: Clock.monotonic() + 10)
         } catch {
             if !error.transient && !System.interrupted() {
@@ -123,6 +134,7 @@ struct WatchCommand {
                         }
                         connected = true
                         renderer.note = nil
+                        onConnected()
                     case .fetchSnapshot:
                         return fetchFinalSnapshot(state: &state, renderer: renderer)
                     case .retryConnect, .finish, .display, .reconnect:

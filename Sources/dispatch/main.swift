@@ -38,7 +38,21 @@ case .command(var global, let command):
         }
         global.token = text
     }
-    let client = Client(global: global)
+    Notes.enabled = CLIFeedback.showNotes(quiet: global.quiet, stderrIsTerminal: System.isTerminal(2))
+    // Every /v1 call needs a key: say how to give one instead of sending a request bound to
+    // fail. `run` goes on without one (its command matters more than the tracking).
+    if global.token == nil, command.name != "verify-webhook", command.name != "run" {
+        Output.fail(command.name, CLIFeedback.missingToken(devKeyHere: Files.exists(CLIFeedback.devKeyPath)))
+        exit(CLIExitCode.auth.rawValue)
+    }
+    // libcurl is loaded here, on the main thread, before `run` or `watch` start threads that use
+    // it (curl_global_init is not thread-safe), and only for https: it costs start-up time.
+    if global.endpoint.scheme == .https, command.name != "verify-webhook", let why = CurlStream.load() {
+        Output.err("dispatch: \(why)")
+        exit(CLIExitCode.unavailable.rawValue)
+    }
+    var client = Client(global: global)
+    client.command = command.name
     let code: Int32
     switch command {
     case .start(let o): code = PublishCommands.start(o, client: client).rawValue

@@ -3,22 +3,23 @@ import DispatchCore
 import DispatchCLIKit
 
 /// The CLI's pure pieces, without a process or a socket.
-final class CLIArgumentTests: XCTestCase {
-    private func parse(_ args: [String], env: [String: String] = [:]) throws -> CLIInvocation {
+/// Parsing helpers for every test class here.
+extension XCTestCase {
+    func parseArguments(_ args: [String], env: [String: String] = [:]) throws -> CLIInvocation {
         try CLIArguments.parse(args, environment: { env[$0] })
     }
 
-    private func command(_ args: [String], env: [String: String] = [:]) throws -> (CLIGlobalOptions, CLICommand) {
-        guard case .command(let g, let c) = try parse(args, env: env) else {
+    func command(_ args: [String], env: [String: String] = [:]) throws -> (CLIGlobalOptions, CLICommand) {
+        guard case .command(let g, let c) = try parseArguments(args, env: env) else {
             XCTFail("not a command: \(args)")
             throw CLIUsageError("not a command")
         }
         return (g, c)
     }
 
-    private func usageError(_ args: [String], env: [String: String] = [:], file: StaticString = #filePath, line: UInt = #line) -> CLIUsageError? {
+    func usageError(_ args: [String], env: [String: String] = [:], file: StaticString = #filePath, line: UInt = #line) -> CLIUsageError? {
         do {
-            let result = try parse(args, env: env)
+            let result = try parseArguments(args, env: env)
             XCTFail("expected a usage error for \(args), got \(result)", file: file, line: line)
             return nil
         } catch let e as CLIUsageError {
@@ -28,7 +29,9 @@ final class CLIArgumentTests: XCTestCase {
             return nil
         }
     }
+}
 
+final class CLIArgumentTests: XCTestCase {
     func testStartWithEveryFlag() throws {
         let (g, c) = try command(["start", "--name", "Debian 13 Trixie ISO", "--symbol", "arrow.down.circle.fill",
                                   "--machine", "shodan", "--id", "TEST-1", "--cancel-url", "https://x.example/c",
@@ -43,7 +46,7 @@ final class CLIArgumentTests: XCTestCase {
     }
 
     func testGlobalFlagsBeforeOrAfterTheCommandAndEqualsForm() throws {
-        let (a, _) = try command(["--url", "http://h:1", "--json", "progress", "--id=x", "--token=t", "--retry-for", "2.5"])
+        let (a, _) = try command(["--url", "http://h:1", "--json", "progress", "--id=x", "--token=t", "--retry-for", "2.5", "--insecure-http"])
         XCTAssertEqual(a.endpoint, CLIEndpoint(host: "h", port: 1))
         XCTAssertEqual(a.token, "t")
         XCTAssertTrue(a.json)
@@ -51,7 +54,8 @@ final class CLIArgumentTests: XCTestCase {
     }
 
     func testEnvironmentGivesDefaultsAndFlagsWin() throws {
-        let env = ["DISPATCH_URL": "http://10.0.0.1:9000/base/", "DISPATCH_TOKEN": "envkey", "DISPATCH_MACHINE": "xerxes"]
+        let env = ["DISPATCH_URL": "http://10.0.0.1:9000/base/", "DISPATCH_TOKEN": "envkey", "DISPATCH_MACHINE": "xerxes",
+                   "DISPATCH_INSECURE_HTTP": "1"]
         let (g, c) = try command(["start", "--name", "n"], env: env)
         XCTAssertEqual(g.endpoint, CLIEndpoint(host: "10.0.0.1", port: 9000, basePath: "/base"))
         XCTAssertEqual(g.token, "envkey")
@@ -132,7 +136,7 @@ final class CLIArgumentTests: XCTestCase {
         XCTAssertNotNil(usageError(["run", "--name", "x"]))                  // no command
         XCTAssertNotNil(usageError(["run", "--progress-regex", "([0-9]+", "--", "true"]))
         XCTAssertNotNil(usageError(["run", "--progress-regex", "[0-9]+", "--", "true"]))  // no capture group
-        XCTAssertNotNil(usageError(["progress", "--id", "a", "--url", "https://secure.example"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--url", "ftp://secure.example"]))
         XCTAssertNotNil(usageError(["progress", "--id", "a", "--retry-for", "-3"]))
         XCTAssertNotNil(usageError(["watch", "--id", "a", "--plain=yes"]))
         XCTAssertNotNil(usageError(["progress", "-x"]))
@@ -141,13 +145,13 @@ final class CLIArgumentTests: XCTestCase {
     func testHelpAndVersion() throws {
         XCTAssertEqual(usageError([])?.message, "missing command", "no arguments: exit 2 with the list of commands")
         XCTAssertTrue(usageError([])?.details?.contains("dispatch watch") == true)
-        XCTAssertEqual(try parse(["help"]), .help(nil))
-        XCTAssertEqual(try parse(["--help"]), .help(nil))
-        XCTAssertEqual(try parse(["-h"]), .help(nil))
-        XCTAssertEqual(try parse(["help", "watch"]), .help("watch"))
-        XCTAssertEqual(try parse(["run", "--help"]), .help("run"))
-        XCTAssertEqual(try parse(["progress", "--id", "x", "-h"]), .help("progress"))
-        XCTAssertEqual(try parse(["--version"]), .version)
+        XCTAssertEqual(try parseArguments(["help"]), .help(nil))
+        XCTAssertEqual(try parseArguments(["--help"]), .help(nil))
+        XCTAssertEqual(try parseArguments(["-h"]), .help(nil))
+        XCTAssertEqual(try parseArguments(["help", "watch"]), .help("watch"))
+        XCTAssertEqual(try parseArguments(["run", "--help"]), .help("run"))
+        XCTAssertEqual(try parseArguments(["progress", "--id", "x", "-h"]), .help("progress"))
+        XCTAssertEqual(try parseArguments(["--version"]), .version)
     }
 
     /// Every flag a command accepts is documented in that command's help.
@@ -225,10 +229,53 @@ final class CLIEndpointAndHTTPTests: XCTestCase {
         XCTAssertEqual(try CLIEndpoint.parse("HTTP://Example.org/"), CLIEndpoint(host: "Example.org", port: 80))
         XCTAssertEqual(try CLIEndpoint.parse("http://[::1]:9/x/y"), CLIEndpoint(host: "::1", port: 9, basePath: "/x/y"))
         XCTAssertEqual(try CLIEndpoint.parse("http://[::1]:9").hostHeader, "[::1]:9")
-        for bad in ["https://a", "ftp://a", "a:80", "http://", "http://a:0", "http://a:70000", "http://a:x",
-                    "http://u:p@a", "http://a/?q", "http://[::1"] {
+        for bad in ["ftp://a", "a:80", "http://", "https://", "http://a:0", "http://a:70000", "http://a:x",
+                    "http://u:p@a", "http://a/?q", "http://[::1", "http://a b", "https://a\\b"] {
             XCTAssertThrowsError(try CLIEndpoint.parse(bad), bad)
         }
+        let secure = try CLIEndpoint.parse("https://dispatch.example/api/")
+        XCTAssertEqual(secure, CLIEndpoint(host: "dispatch.example", port: 443, basePath: "/api", scheme: .https))
+        XCTAssertEqual(secure.hostHeader, "dispatch.example")
+        XCTAssertEqual(secure.display, "https://dispatch.example/api")
+        XCTAssertEqual(secure.connectURL, "https://dispatch.example:443/")
+        XCTAssertEqual(try CLIEndpoint.parse("HTTPS://[::1]:8443").connectURL, "https://[::1]:8443/")
+        XCTAssertEqual(try CLIEndpoint.parse("https://h:443").hostHeader, "h")
+        XCTAssertEqual(try CLIEndpoint.parse("https://h:80").hostHeader, "h:80")
+    }
+
+    /// A key goes over plain HTTP only to this machine, unless the user says the network is trusted.
+    func testURLPolicy() throws {
+        for url in ["http://127.0.0.1:8080", "http://127.3.4.5", "http://localhost:1", "http://LOCALHOST", "http://[::1]:80",
+                    "http://[0:0:0:0:0:0:0:1]", "http://[::ffff:127.0.0.1]", "https://10.0.0.5", "https://example.org"] {
+            XCTAssertNil(CLITransportPolicy.refusal(endpoint: try CLIEndpoint.parse(url), sendsKey: true, insecureHTTP: false), url)
+        }
+        for url in ["http://10.0.0.5:8080", "http://example.org", "http://128.0.0.1", "http://[::2]", "http://localhost.evil.example",
+                    "http://127.0.0.1.nip.io", "http://[::ffff:10.0.0.1]", "http://0.0.0.0", "http://1270.0.0.1"] {
+            let endpoint = try CLIEndpoint.parse(url)
+            XCTAssertNotNil(CLITransportPolicy.refusal(endpoint: endpoint, sendsKey: true, insecureHTTP: false), url)
+            XCTAssertNil(CLITransportPolicy.refusal(endpoint: endpoint, sendsKey: true, insecureHTTP: true), url)
+            XCTAssertNil(CLITransportPolicy.refusal(endpoint: endpoint, sendsKey: false, insecureHTTP: false), "no key, nothing to leak: \(url)")
+        }
+        XCTAssertEqual(CLIAddress.ipv6("fe80::1%eth0"), [0xfe, 0x80] + [UInt8](repeating: 0, count: 13) + [1])
+        XCTAssertNil(CLIAddress.ipv6("1::2::3"))
+        XCTAssertNil(CLIAddress.ipv6("12345::"))
+        XCTAssertNil(CLIAddress.ipv4("1.2.3"))
+
+        // Through the parser: a usage error (exit 2) that says why and what to do.
+        let refused = usageError(["progress", "--id", "a", "--url", "http://10.0.0.5:8080"], env: ["DISPATCH_TOKEN": "k"])
+        XCTAssertEqual(refused?.command, "progress")
+        XCTAssertTrue(refused?.message.contains("--insecure-http") == true, refused?.message ?? "")
+        XCTAssertTrue(refused?.message.contains("https://") == true, refused?.message ?? "")
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--url", "http://10.0.0.5"], env: ["DISPATCH_TOKEN_FILE": "/k"]))
+        XCTAssertTrue(try command(["progress", "--id", "a", "--url", "http://10.0.0.5", "--insecure-http"], env: ["DISPATCH_TOKEN": "k"]).0.insecureHTTP)
+        XCTAssertNoThrow(try command(["progress", "--id", "a", "--url", "http://10.0.0.5"], env: ["DISPATCH_TOKEN": "k", "DISPATCH_INSECURE_HTTP": "1"]))
+        XCTAssertNoThrow(try command(["verify-webhook", "--secret", "s", "--signature", "t=1,v1=a", "--body", "-"],
+                                     env: ["DISPATCH_TOKEN": "k", "DISPATCH_URL": "http://10.0.0.5"]), "verify-webhook sends nothing")
+        // The CA for https: the flag, then DISPATCH_CA_FILE, then curl's CURL_CA_BUNDLE.
+        XCTAssertEqual(try command(["touch", "--id", "a", "--cacert", "/flag.pem"], env: ["DISPATCH_CA_FILE": "/env.pem"]).0.caFile, "/flag.pem")
+        XCTAssertEqual(try command(["touch", "--id", "a"], env: ["DISPATCH_CA_FILE": "/env.pem", "CURL_CA_BUNDLE": "/curl.pem"]).0.caFile, "/env.pem")
+        XCTAssertEqual(try command(["touch", "--id", "a"], env: ["CURL_CA_BUNDLE": "/curl.pem"]).0.caFile, "/curl.pem")
+        XCTAssertNil(try command(["touch", "--id", "a"]).0.caFile)
     }
 
     func testRequestEncodingAndHeaderInjection() {
