@@ -143,6 +143,7 @@ public enum CLICommand: Equatable, Sendable {
     case progress(CLIUpdateOptions)
     case end(CLIEndOptions)
     case watch(CLIWatchOptions)
+    case list(CLIListOptions)
     case run(CLIRunOptions)
     case cancel(CLICancelOptions)
     /// `touch --id ID`.
@@ -155,6 +156,7 @@ public enum CLICommand: Equatable, Sendable {
         case .progress: return "progress"
         case .end: return "end"
         case .watch: return "watch"
+        case .list: return "list"
         case .run: return "run"
         case .cancel: return "cancel"
         case .touch: return "touch"
@@ -325,6 +327,21 @@ public enum CLIArguments {
             return .command(global, .end(opts))
         case "watch":
             return .command(global, .watch(CLIWatchOptions(activityID: try required("id"), plain: switches.contains("plain"))))
+        case "list":
+            guard !(switches.contains("active") && switches.contains("finished")) else {
+                throw CLIUsageError("give --active or --finished, not both", command: command)
+            }
+            var limit = CLIListOptions.defaultLimit
+            if let text = values["limit"] {
+                guard let n = Int(text), (1...CLIListOptions.maxLimit).contains(n) else {
+                    throw CLIUsageError("--limit must be a whole number from 1 to \(CLIListOptions.maxLimit) (got '\(text)')", command: command)
+                }
+                limit = n
+            }
+            let filter: CLIListOptions.Filter? = switches.contains("active") ? .active : switches.contains("finished") ? .finished : nil
+            // Not DISPATCH_MACHINE: that names this machine for publishing, and a list of
+            // everything is what one expects without a flag.
+            return .command(global, .list(CLIListOptions(filter: filter, machine: values["machine"], limit: limit)))
         case "cancel":
             return .command(global, .cancel(CLICancelOptions(activityID: try required("id"), reason: values["reason"])))
         case "touch":

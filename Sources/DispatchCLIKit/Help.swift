@@ -150,6 +150,21 @@ public enum CLIHelp {
                        Exits 0 when the job completes, 1 when it ends in error, cancelled or rejected, 3
                        when the activity does not exist.
                        """),
+        CLICommandSpec("list", synopsis: "dispatch list [--active | --finished] [--machine TAG] [--limit N]",
+                       summary: "list activities, newest first",
+                       options: [
+                           CLIOption("active", nil, "only live ones (queued, processing, retrying, idle)"),
+                           CLIOption("finished", nil, "only finished ones (completed, error, cancelled, rejected)"),
+                           CLIOption("machine", "TAG", "only those published from this machine"),
+                           CLIOption("limit", "N", "show at most N, newest first  [default 50]"),
+                       ],
+                       details: """
+                       On a terminal: a table (id, state, progress, machine, last update, task and status).
+                       Otherwise one line per activity, seven tab-separated fields: id, state, progress,
+                       machine, updatedAt, task name, status ('-' when empty); `cut -f1` gives the ids.
+                       With --json: each activity's snapshot as one JSON line. Reads as many pages of
+                       GET /v1/activities as N needs.
+                       """),
         CLICommandSpec("run", synopsis: "dispatch run [options] [--] CMD [ARGS...]",
                        summary: "run a command as an activity",
                        options: [

@@ -20,6 +20,9 @@ public struct CLIActivityView: Equatable, Sendable {
     public var error: String?
     /// Seconds since the Unix epoch.
     public var createdAt: Double?
+    public var updatedAt: Double?
+    /// `updatedAt` as the server wrote it (RFC 3339).
+    public var updatedAtText: String?
     public var endedAt: Double?
 
     public init(activityID: String, taskName: String? = nil, machine: String? = nil, state: String? = nil,
@@ -55,6 +58,8 @@ public struct CLIActivityView: Equatable, Sendable {
         cancelReason = string("cancelReason")
         error = string("error")
         createdAt = string("createdAt").flatMap(CLIProgress.parseTimestamp)
+        updatedAtText = string("updatedAt")
+        updatedAt = updatedAtText.flatMap(CLIProgress.parseTimestamp)
         endedAt = string("endedAt").flatMap(CLIProgress.parseTimestamp)
     }
 

@@ -123,3 +123,45 @@ enum PublishCommands {
         }
     }
 }
+
+/// `dispatch list`: pages of `GET /v1/activities` until the limit or the last page.
+enum ListCommand {
+    static func run(_ o: CLIListOptions, client: Client) -> CLIExitCode {
+        var items: [JSONValue] = []
+        var cursor: String?
+        repeat {
+            let path = CLIList.path(o, remaining: o.limit - items.count, cursor: cursor)
+            switch client.call(method: "GET", path: path, body: nil) {
+            case .failed(let code, let message):
+                Output.fail("list", message)
+                return code
+            case .answered(let response):
+                guard case .success = CLIHTTPDisposition.of(status: response.head.status, body: response.body) else {
+                    Output.fail("list", CLIServerError.describe(status: response.head.status, body: response.body))
+                    if client.global.json, !response.body.isEmpty { client.printBody(response.body) }
+                    if case .fail(let code) = CLIHTTPDisposition.of(status: response.head.status, body: response.body) { return code }
+                    return .unavailable
+                }
+                guard let page = CLIList.page(response.body) else {
+                    Output.fail("list", "the server's answer is not a list of activities")
+                    return .unavailable
+                }
+                items += page.activities.prefix(o.limit - items.count)
+                cursor = page.next
+            }
+        } while cursor != nil && items.count < o.limit
+
+        if client.global.json {
+            for item in items { Output.out(CLIJSON.encode(item)) }
+            return .success
+        }
+        let views = items.compactMap(CLIActivityView.init(json:))
+        if System.isTerminal(1) {
+            if views.isEmpty { Output.err(CLIList.emptyNote(o)); return .success }
+            for line in CLIList.table(views, width: System.terminalWidth(), now: Clock.wallSeconds()) { Output.out(line) }
+        } else {
+            for view in views { Output.out(CLIList.plainLine(view)) }
+        }
+        return .success
+    }
+}

@@ -59,6 +59,7 @@ case .command(var global, let command):
     case .progress(let o): code = PublishCommands.progress(o, client: client).rawValue
     case .end(let o): code = PublishCommands.end(o, client: client).rawValue
     case .watch(let o): code = WatchCommand(options: o, client: client).run()
+    case .list(let o): code = ListCommand.run(o, client: client).rawValue
     case .run(let o): code = RunCommand(options: o, client: client).run()
     case .cancel(let o): code = CancelCommands.cancel(o, client: client).rawValue
     case .touch(let id): code = CancelCommands.touch(id, client: client).rawValue
