@@ -107,13 +107,21 @@ public struct CLIEndOptions: Equatable, Sendable {
 }
 
 public struct CLIWatchOptions: Equatable, Sendable {
+    public static let defaultWaitTimeout = 600.0
+
     public var activityID: String
     /// One line per event even on a terminal.
     public var plain: Bool
+    /// Wait for an activity that does not exist yet (`--wait`).
+    public var wait: Bool
+    /// Seconds `--wait` waits at most; nil: no limit (`--wait-timeout 0`).
+    public var waitTimeout: Double?
 
-    public init(activityID: String, plain: Bool = false) {
+    public init(activityID: String, plain: Bool = false, wait: Bool = false, waitTimeout: Double? = defaultWaitTimeout) {
         self.activityID = activityID
         self.plain = plain
+        self.wait = wait
+        self.waitTimeout = waitTimeout
     }
 }
 
@@ -326,7 +334,16 @@ public enum CLIArguments {
                 error: values["error"], progress: try progress(values, command: command))
             return .command(global, .end(opts))
         case "watch":
-            return .command(global, .watch(CLIWatchOptions(activityID: try required("id"), plain: switches.contains("plain"))))
+            var timeout: Double? = CLIWatchOptions.defaultWaitTimeout
+            if let text = values["wait-timeout"] {
+                guard let v = DurationText.seconds(text) else {
+                    throw CLIUsageError("--wait-timeout must be a duration such as 90, 10m or 0 for no limit (got '\(text)')", command: command)
+                }
+                timeout = v == 0 ? nil : v
+            }
+            return .command(global, .watch(CLIWatchOptions(
+                activityID: try required("id"), plain: switches.contains("plain"),
+                wait: switches.contains("wait") || values["wait-timeout"] != nil, waitTimeout: timeout)))
         case "list":
             guard !(switches.contains("active") && switches.contains("finished")) else {
                 throw CLIUsageError("give --active or --finished, not both", command: command)

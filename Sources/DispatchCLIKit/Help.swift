@@ -131,11 +131,16 @@ public enum CLIHelp {
                        A terminal activity never changes again: ending it again differently exits 5
                        (conflict); repeating the exact same end succeeds.
                        """),
-        CLICommandSpec("watch", synopsis: "dispatch watch --id ID [--plain]",
+        CLICommandSpec("watch", synopsis: "dispatch watch --id ID [--plain] [--wait [--wait-timeout DUR]]",
                        summary: "follow an activity live until it ends",
                        options: [
                            CLIOption("id", "ID", "the activity (required)"),
                            CLIOption("plain", nil, "one line per event even on a terminal"),
+                           CLIOption("wait", nil, """
+                           if the activity does not exist yet, wait for it to start (asking
+                           once a second) instead of exiting 3
+                           """),
+                           CLIOption("wait-timeout", "DUR", "how long --wait waits, e.g. 90, 10m, 2h; 0: no limit  [default 10m]"),
                        ],
                        details: """
                        Follows the activity's status stream until it ends. On a terminal it draws a live
@@ -148,7 +153,7 @@ public enum CLIHelp {
                        gives up when the server stays unreachable longer than --retry-for.
 
                        Exits 0 when the job completes, 1 when it ends in error, cancelled or rejected, 3
-                       when the activity does not exist.
+                       when the activity does not exist (with --wait: when it has not started in time).
                        """),
         CLICommandSpec("list", synopsis: "dispatch list [--active | --finished] [--machine TAG] [--limit N]",
                        summary: "list activities, newest first",

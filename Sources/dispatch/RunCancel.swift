@@ -267,7 +267,7 @@ final class RunWatcher: @unchecked Sendable {
                     switch state.answered(status: head.status) {
                     case .readStream: reading = true
                     case .fetchSnapshot, .finish: return .over  // 204 (already over), 401/403/404
-                    case .retryConnect, .display, .reconnect: return .dropped(streamed: false)
+                    case .retryConnect, .display, .reconnect, .awaitActivity: return .dropped(streamed: false)
                     }
                 case .body(let bytes):
                     guard reading else { continue }
@@ -279,6 +279,8 @@ final class RunWatcher: @unchecked Sendable {
                                 perform(control.cancelRequested(reason: view.cancelReason, childRunning: child.running, now: Clock.monotonic()))
                             case .finish:
                                 return .over
+                            case .awaitActivity:
+                                return .dropped(streamed: streamed)
                             case .display, .readStream, .reconnect, .retryConnect, .fetchSnapshot:
                                 break
                             }

@@ -492,6 +492,10 @@ final class CLIRenderingTests: XCTestCase {
     }
 }
 
+extension CLIWatchState.Action {
+    var isDisplay: Bool { if case .display = self { return true } else { return false } }
+}
+
 final class CLIWatchStateTests: XCTestCase {
     private func event(_ seq: Int, _ name: String, state: String? = nil) -> SSEEvent {
         SSEEvent(id: String(seq), event: name, data: #"{"activityId":"A","state":"\#(state ?? name)","seq":\#(seq)}"#)
@@ -546,6 +550,32 @@ final class CLIWatchStateTests: XCTestCase {
         let rejected = CLIActivityView(activityID: "A", state: "rejected", seq: 2)
         XCTAssertEqual(u.snapshotFetched(rejected), [.display(event: "rejected", view: rejected), .finish(.jobFailed)],
                        "after a 204, a rejected snapshot ends the watch instead of reconnecting for ever")
+    }
+
+    /// `watch --wait`: not_found means "not started yet" until the deadline; once the activity
+    /// was seen, not_found is final again.
+    func testWaitingForAnActivityThatDoesNotExistYet() throws {
+        let notFound = SSEEvent(id: "0", event: "not_found", data: #"{"activityId":"A"}"#)
+        var w = CLIWatchState(activityID: "A", waitForStart: .until(100))
+        XCTAssertEqual(w.received(notFound, now: 10), [.awaitActivity(afterMilliseconds: 1000)])
+        XCTAssertNil(w.lastEventID, "not_found's id 0 is no Last-Event-ID: the next connection asks afresh")
+        XCTAssertEqual(w.received(notFound, now: 99.75), [.awaitActivity(afterMilliseconds: 250)], "the last look lands on the deadline")
+        XCTAssertEqual(w.received(notFound, now: 100).last, .finish(.notFound))
+        XCTAssertEqual(try XCTUnwrap(w.received(notFound, now: 100).first).isDisplay, true, "the timeout shows not_found")
+
+        var f = CLIWatchState(activityID: "A", waitForStart: .forever)
+        XCTAssertEqual(f.received(notFound, now: 1e9), [.awaitActivity(afterMilliseconds: 1000)])
+        XCTAssertEqual(f.received(event(1, "queued"), now: 1e9).count, 1)
+        XCTAssertEqual(f.waitForStart, .no)
+        XCTAssertEqual(f.received(notFound, now: 1e9).last, .finish(.notFound), "it existed: gone now is final")
+
+        var n = CLIWatchState(activityID: "A")
+        XCTAssertEqual(n.received(notFound, now: 0).last, .finish(.notFound), "without --wait: exit 3 at once")
+        let (_, c) = try command(["watch", "--id", "A", "--wait"])
+        XCTAssertEqual(c, .watch(CLIWatchOptions(activityID: "A", wait: true, waitTimeout: 600)))
+        XCTAssertEqual(try command(["watch", "--id", "A", "--wait-timeout", "90s"]).1, .watch(CLIWatchOptions(activityID: "A", wait: true, waitTimeout: 90)))
+        XCTAssertEqual(try command(["watch", "--id", "A", "--wait", "--wait-timeout", "0"]).1, .watch(CLIWatchOptions(activityID: "A", wait: true, waitTimeout: nil)))
+        XCTAssertNotNil(usageError(["watch", "--id", "A", "--wait-timeout", "soon"]))
     }
 
     /// Contract §1: completed, error, cancelled and rejected are the terminal states; idle is live.
