@@ -27,6 +27,32 @@ struct Client {
         return h
     }
 
+    /// What one attempt came to, for callers that schedule their own retries (`run`'s publisher).
+    enum Attempt {
+        case success(HTTPResponse)
+        /// Worth another try later: unreachable, timed out, 5xx, 429, a transient 409.
+        case transient(String)
+        /// Refused for good (4xx, an unknown host, an untrusted certificate), with the answer if any.
+        case refused(String, HTTPResponse?)
+    }
+
+    /// One attempt, no retry. `idempotencyKey` is the caller's, so its own retries of the same
+    /// publish carry the same key.
+    func attempt(method: String, path: String, body: [UInt8]?, idempotencyKey: String?) -> Attempt {
+        let request = CLIHTTP.encodeRequest(method: method, path: path, endpoint: global.endpoint,
+                                            headers: headers(idempotencyKey: idempotencyKey), body: body)
+        do {
+            let response = try HTTPConnection.exchange(endpoint: global.endpoint, caFile: global.caFile, request: request, timeout: attemptTimeout)
+            switch CLIHTTPDisposition.of(status: response.head.status, body: response.body) {
+            case .success: return .success(response)
+            case .retry: return .transient(CLIServerError.describe(status: response.head.status, body: response.body))
+            case .fail: return .refused(CLIServerError.describe(status: response.head.status, body: response.body), response)
+            }
+        } catch {
+            return error.transient ? .transient(error.message) : .refused(error.message, nil)
+        }
+    }
+
     /// Sends a request, retrying transient failures for `retryFor` seconds. A request with a
     /// body is a publish: it gets one Idempotency-Key, reused by every retry, so the server
     /// applies it at most once even when an earlier attempt's answer was lost.

@@ -20,6 +20,12 @@ enum System {
         return CLIIdempotencyKey.make(rng.next(), rng.next())
     }
 
+    /// A random (version 4) UUID for `run`'s activity.
+    static func newActivityID() -> String {
+        var rng = SystemRandomNumberGenerator()
+        return CLIActivityID.uuid(rng.next(), rng.next())
+    }
+
     static func isTerminal(_ fd: Int32) -> Bool { isatty(fd) == 1 }
 
     static func terminalWidth() -> Int {
