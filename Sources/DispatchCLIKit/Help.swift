@@ -53,7 +53,8 @@ public enum CLIHelp {
     /// Options every command accepts, before or after the command name.
     public static let globalOptions: [CLIOption] = [
         CLIOption("url", "URL", """
-        server, http(s)://host[:port][/prefix]  [env DISPATCH_URL, default http://127.0.0.1:8080]
+        the server, http(s)://host[:port][/prefix]
+        [env DISPATCH_URL, default http://127.0.0.1:8080]
         """),
         CLIOption("token", "KEY", """
         API key sent as "Authorization: Bearer KEY"  [env DISPATCH_TOKEN]
@@ -61,15 +62,18 @@ public enum CLIHelp {
         """),
         CLIOption("token-file", "PATH", "read the API key from a file  [env DISPATCH_TOKEN_FILE]"),
         CLIOption("cacert", "FILE", """
-        trust the CA certificates in this PEM file for https, instead of the system's
-        [env DISPATCH_CA_FILE, or CURL_CA_BUNDLE]
+        for https, trust the CA certificates in this PEM file instead of the
+        system's  [env DISPATCH_CA_FILE, or CURL_CA_BUNDLE]
         """),
         CLIOption("insecure-http", nil, """
-        send the key over plain http:// to another machine anyway (refused otherwise:
-        only loopback is safe)  [env DISPATCH_INSECURE_HTTP=1]
+        send the key over plain http:// to another machine anyway (refused
+        otherwise: only loopback is safe)  [env DISPATCH_INSECURE_HTTP=1]
         """),
         CLIOption("json", nil, "print the server's JSON answer (the activity snapshot) instead of text"),
-        CLIOption("retry-for", "SECS", "retry transient failures (connection refused, 429, 5xx) for this long  [default 30]"),
+        CLIOption("retry-for", "SECS", """
+        retry transient failures (connection refused, 429, 5xx) for this long
+        [default 30]
+        """),
         CLIOption("quiet", nil, """
         no notes on stderr ("retrying…", run's activity id) when stderr is not a
         terminal (cron, CI logs); errors are always printed
@@ -199,11 +203,14 @@ public enum CLIHelp {
                            """),
                        ],
                        details: """
-                       Starts an activity (state processing), runs CMD, and ends the activity with CMD's
-                       outcome: exit 0 -> completed; otherwise error, with the exit status in the error
-                       text. Exits with CMD's own exit code. SIGINT, SIGTERM and SIGHUP reach CMD, and the
-                       activity ends cancelled. If the activity cannot be started (server down, bad key),
-                       a warning is printed and CMD still runs: the work matters more than its tracking.
+                       Runs CMD at once and tracks it as an activity (state processing): the start,
+                       progress, and the end with CMD's outcome (exit 0 -> completed; otherwise error, with
+                       the exit status in the error text) are published in the background, so a slow or
+                       unreachable server never delays CMD; what could not be sent is sent when the server
+                       answers (the end is tried for --retry-for after CMD is over). The activity's id (a
+                       UUID unless --id) is printed on stderr at once. Exits with CMD's own exit code.
+                       SIGINT, SIGTERM and SIGHUP reach CMD, and the activity ends cancelled. Without a key,
+                       or when the server refuses the start, CMD runs untracked (with a warning).
 
                        Progress is read from CMD's output (stdout and stderr, which pass through unchanged):
                        the last percentage (68%, 68.5%) or count (12/40, [3/10]) on a line, published at
