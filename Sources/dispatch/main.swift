@@ -7,7 +7,7 @@ import DispatchSystem
 import DispatchCLIKit
 
 /// `dispatch`: the publishing and watching CLI. Parsing and every decision live in
-/// DispatchCore (CLI+*.swift); this target is the thin IO shell around them.
+/// DispatchCLIKit; this target is the thin IO shell around them.
 
 let arguments = Array(CommandLine.arguments.dropFirst())
 let invocation: CLIInvocation
@@ -45,9 +45,10 @@ case .command(var global, let command):
         Output.fail(command.name, CLIFeedback.missingToken(devKeyHere: Files.exists(CLIFeedback.devKeyPath)))
         exit(CLIExitCode.auth.rawValue)
     }
-    // libcurl is loaded here, on the main thread, before `run` or `watch` start threads that use
-    // it (curl_global_init is not thread-safe), and only for https: it costs start-up time.
-    if global.endpoint.scheme == .https, command.name != "verify-webhook", let why = CurlStream.load() {
+    // libcurl is loaded here, on the main thread, before `run` starts threads that use it
+    // (curl_global_init is not thread-safe), and only for https: it costs start-up time.
+    // Without it `run` still runs its command (its start is refused with the same reason).
+    if global.endpoint.scheme == .https, command.name != "verify-webhook", let why = CurlStream.load(), command.name != "run" {
         Output.err("dispatch: \(why)")
         exit(CLIExitCode.unavailable.rawValue)
     }
