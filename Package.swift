@@ -9,7 +9,9 @@ import PackageDescription
 //     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
 //     DispatchBenchKit  the load generator's SSE reading (on DispatchCore's HTTP parser), histograms
 //     DispatchLiveActivity  the iOS app's ActivityAttributes for Live Activity pushes (no dependency)
-//   C, as system libraries only: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl
+//   C, as system libraries: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl; and
+//     CCurlDynamic, a few lines of C that load libcurl with dlopen for the CLI, only when a URL
+//     is https:// (linking it slowed every start of the CLI: docs/cli.md, Performance)
 //   Shells (thin layers that perform what the pure parts decide):
 //     DispatchSystem    clocks, files, processes (plain libc)
 //     DispatchCrypto    SHA-256, HMAC, AES-GCM, ES256, random bytes (libcrypto)
@@ -43,6 +45,7 @@ let package = Package(
         .systemLibrary(name: "CLibpq", path: "Sources/CLibpq", pkgConfig: "libpq"),
         .systemLibrary(name: "CCrypto", path: "Sources/CCrypto", pkgConfig: "libcrypto"),
         .systemLibrary(name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl"),
+        .target(name: "CCurlDynamic", linkerSettings: [.linkedLibrary("dl", .when(platforms: [.linux]))]),
 
         // Shells.
         .target(name: "DispatchSystem"),
@@ -54,7 +57,8 @@ let package = Package(
         // Executables.
         .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
         // Not named `dispatch`: its entry point would become `dispatch_main`, libdispatch's name.
-        .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCLIKit", "DispatchCore", "DispatchSystem", "DispatchBuildInfo", "DispatchCrypto"], path: "Sources/dispatch"),
+        .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCLIKit", "DispatchCore", "DispatchSystem", "DispatchBuildInfo", "DispatchCrypto",
+                                                              "CCurlDynamic"], path: "Sources/dispatch"),
         .executableTarget(name: "dispatch-bench", dependencies: ["DispatchBenchKit", "DispatchCore", "DispatchSystem", "CLibevent"]),
 
         // Build tools.

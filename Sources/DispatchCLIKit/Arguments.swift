@@ -7,9 +7,12 @@ public struct CLIUsageError: Error, Equatable, Sendable {
     public var message: String
     /// The command whose `--help` the user should read, if any.
     public var command: String?
-    public init(_ message: String, command: String? = nil) {
+    /// Lines printed after the message (the list of commands when none was given).
+    public var details: String?
+    public init(_ message: String, command: String? = nil, details: String? = nil) {
         self.message = message
         self.command = command
+        self.details = details
     }
 }
 
@@ -27,6 +30,12 @@ public struct CLIGlobalOptions: Equatable, Sendable {
     public var json: Bool
     /// Seconds during which transient failures are retried.
     public var retryFor: Double
+    /// Send the key over plain HTTP to another machine anyway (`--insecure-http`).
+    public var insecureHTTP = false
+    /// CA certificates (PEM) to trust for https instead of the system's (`--cacert`).
+    public var caFile: String?
+    /// No notes on stderr when it is not a terminal (`--quiet`); errors are always printed.
+    public var quiet = false
 
     public init(endpoint: CLIEndpoint, token: String?, json: Bool, retryFor: Double) {
         self.endpoint = endpoint
@@ -98,26 +107,40 @@ public struct CLIEndOptions: Equatable, Sendable {
 }
 
 public struct CLIWatchOptions: Equatable, Sendable {
+    public static let defaultWaitTimeout = 600.0
+
     public var activityID: String
     /// One line per event even on a terminal.
     public var plain: Bool
+    /// Wait for an activity that does not exist yet (`--wait`).
+    public var wait: Bool
+    /// Seconds `--wait` waits at most; nil: no limit (`--wait-timeout 0`).
+    public var waitTimeout: Double?
 
-    public init(activityID: String, plain: Bool = false) {
+    public init(activityID: String, plain: Bool = false, wait: Bool = false, waitTimeout: Double? = defaultWaitTimeout) {
         self.activityID = activityID
         self.plain = plain
+        self.wait = wait
+        self.waitTimeout = waitTimeout
     }
 }
 
 public struct CLIRunOptions: Equatable, Sendable {
     public var start: CLIStartOptions
+    /// The user's pattern for progress; nil: the common shapes (`CLIProgressShapes`).
     public var progressRegex: String?
+    /// Read progress from the command's output at all (`--no-progress`: no, and the command
+    /// then writes straight to the terminal).
+    public var readProgress: Bool
     public var command: [String]
     /// Seconds between SIGTERM and SIGKILL after a remote cancel.
     public var killAfter: Double
 
-    public init(start: CLIStartOptions, progressRegex: String? = nil, command: [String], killAfter: Double = CLIRunCancel.defaultKillAfter) {
+    public init(start: CLIStartOptions, progressRegex: String? = nil, readProgress: Bool = true, command: [String],
+                killAfter: Double = CLIRunCancel.defaultKillAfter) {
         self.start = start
         self.progressRegex = progressRegex
+        self.readProgress = readProgress
         self.command = command
         self.killAfter = killAfter
     }
@@ -128,6 +151,7 @@ public enum CLICommand: Equatable, Sendable {
     case progress(CLIUpdateOptions)
     case end(CLIEndOptions)
     case watch(CLIWatchOptions)
+    case list(CLIListOptions)
     case run(CLIRunOptions)
     case cancel(CLICancelOptions)
     /// `touch --id ID`.
@@ -140,6 +164,7 @@ public enum CLICommand: Equatable, Sendable {
         case .progress: return "progress"
         case .end: return "end"
         case .watch: return "watch"
+        case .list: return "list"
         case .run: return "run"
         case .cancel: return "cancel"
         case .touch: return "touch"
@@ -156,29 +181,35 @@ public enum CLIInvocation: Equatable, Sendable {
 }
 
 public enum CLIArguments {
-    public static let commands = ["start", "progress", "end", "watch", "run", "cancel", "touch", "verify-webhook"]
+    /// The command names, in the order the help lists them (CLIHelp is the one table).
+    public static let commands = CLIHelp.commands.map(\.name)
 
     /// Flag name (without `--`) -> whether it takes a value.
-    public static let globalFlags: [String: Bool] = [
-        "url": true, "token": true, "token-file": true, "json": false, "retry-for": true, "help": false,
-    ]
+    public static let globalFlags: [String: Bool] = flags(CLIHelp.globalOptions)
 
-    public static let commandFlags: [String: [String: Bool]] = [
-        "start": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
-                  "status": true, "state": true, "percent": true, "progress": true, "stale-after": true, "live-activity": false],
-        "progress": ["id": true, "percent": true, "progress": true, "status": true, "state": true],
-        "end": ["id": true, "state": true, "status": true, "error": true, "percent": true, "progress": true],
-        "watch": ["id": true, "plain": false],
-        "run": ["id": true, "name": true, "symbol": true, "machine": true, "cancel-url": true,
-                "status": true, "progress-regex": true, "stale-after": true, "kill-after": true, "live-activity": false],
-        "cancel": ["id": true, "reason": true],
-        "touch": ["id": true],
-        "verify-webhook": ["secret": true, "signature": true, "body": true, "max-age": true],
-    ]
+    public static let commandFlags: [String: [String: Bool]] =
+        Dictionary(uniqueKeysWithValues: CLIHelp.commands.map { ($0.name, flags($0.options)) })
+
+    static func flags(_ options: [CLIOption]) -> [String: Bool] {
+        Dictionary(uniqueKeysWithValues: options.map { ($0.name, $0.takesValue) })
+    }
+
+    /// `unknown option --precent (did you mean --percent?)`.
+    static func unknownOption(_ name: String, command: String?) -> CLIUsageError {
+        let known = CLIHelp.globalOptions.map(\.name) + (command.flatMap { CLIHelp.spec($0)?.options.map(\.name) } ?? [])
+        let hint = CLISuggest.hint(for: name, among: known) { "--\($0)" }
+        return CLIUsageError("unknown option --\(name)\(command.map { " for \($0)" } ?? "")\(hint)", command: command)
+    }
+
+    /// `unknown command 'strat' (did you mean 'start'?)`.
+    static func unknownCommand(_ word: String) -> CLIUsageError {
+        CLIUsageError("unknown command '\(word)'\(CLISuggest.hint(for: word, among: commands))",
+                      details: CLISuggest.closest(to: word, among: commands) == nil ? "Commands:\n" + CLIHelp.commandList : nil)
+    }
 
     public static let startStates = ["queued", "processing"]
-    public static let updateStates = ["processing", "queued", "retrying"]
-    public static let endStates = ["completed", "error", "cancelled"]
+    public static let updateStates = ["processing", "queued", "retrying", "idle"]
+    public static let endStates = ["completed", "error", "cancelled", "rejected"]
 
     /// Parses `arguments` (without the program name). `environment` answers `DISPATCH_URL`,
     /// `DISPATCH_TOKEN` and `DISPATCH_MACHINE`; flags win over the environment.
@@ -217,7 +248,7 @@ public enum CLIArguments {
                 } else if commandName == nil, commandFlags.values.contains(where: { $0[name] != nil }) {
                     throw CLIUsageError("--\(name) must come after the command name")
                 } else {
-                    throw CLIUsageError("unknown option --\(name)", command: commandName)
+                    throw unknownOption(name, command: commandName)
                 }
                 if takesValue {
                     let value: String
@@ -242,10 +273,11 @@ public enum CLIArguments {
             // A bare word: the command name, `help TOPIC`, or the start of `run`'s command.
             if commandName == nil {
                 if arg == "help" {
-                    if i < arguments.count { return .help(commands.contains(arguments[i]) ? arguments[i] : nil) }
-                    return .help(nil)
+                    guard i < arguments.count else { return .help(nil) }
+                    guard commands.contains(arguments[i]) else { throw unknownCommand(arguments[i]) }
+                    return .help(arguments[i])
                 }
-                guard commands.contains(arg) else { throw CLIUsageError("unknown command '\(arg)'") }
+                guard commands.contains(arg) else { throw unknownCommand(arg) }
                 commandName = arg
                 continue
             }
@@ -258,8 +290,7 @@ public enum CLIArguments {
 
         if switches.contains("help") { return .help(commandName) }
         guard let command = commandName else {
-            if arguments.isEmpty { return .help(nil) }
-            throw CLIUsageError("missing command (one of: \(commands.joined(separator: ", ")))")
+            throw CLIUsageError("missing command", details: "Usage: dispatch COMMAND [options]\n\nCommands:\n" + CLIHelp.commandList)
         }
 
         let global = try globalOptions(values: values, switches: switches, environment: environment, command: command)
@@ -286,9 +317,16 @@ public enum CLIArguments {
                 staleAfter: try staleAfter(values, command: command), liveActivity: switches.contains("live-activity"))
             return .command(global, .start(opts))
         case "progress":
+            var updateState = try state(updateStates)
+            if switches.contains("idle") {
+                guard updateState == nil || updateState == "idle" else {
+                    throw CLIUsageError("--idle is --state idle; give one or the other", command: command)
+                }
+                updateState = "idle"
+            }
             let opts = CLIUpdateOptions(
                 activityID: try required("id"), progress: try progress(values, command: command),
-                status: values["status"], state: try state(updateStates))
+                status: values["status"], state: updateState)
             return .command(global, .progress(opts))
         case "end":
             let opts = CLIEndOptions(
@@ -296,7 +334,31 @@ public enum CLIArguments {
                 error: values["error"], progress: try progress(values, command: command))
             return .command(global, .end(opts))
         case "watch":
-            return .command(global, .watch(CLIWatchOptions(activityID: try required("id"), plain: switches.contains("plain"))))
+            var timeout: Double? = CLIWatchOptions.defaultWaitTimeout
+            if let text = values["wait-timeout"] {
+                guard let v = DurationText.seconds(text) else {
+                    throw CLIUsageError("--wait-timeout must be a duration such as 90, 10m or 0 for no limit (got '\(text)')", command: command)
+                }
+                timeout = v == 0 ? nil : v
+            }
+            return .command(global, .watch(CLIWatchOptions(
+                activityID: try required("id"), plain: switches.contains("plain"),
+                wait: switches.contains("wait") || values["wait-timeout"] != nil, waitTimeout: timeout)))
+        case "list":
+            guard !(switches.contains("active") && switches.contains("finished")) else {
+                throw CLIUsageError("give --active or --finished, not both", command: command)
+            }
+            var limit = CLIListOptions.defaultLimit
+            if let text = values["limit"] {
+                guard let n = Int(text), (1...CLIListOptions.maxLimit).contains(n) else {
+                    throw CLIUsageError("--limit must be a whole number from 1 to \(CLIListOptions.maxLimit) (got '\(text)')", command: command)
+                }
+                limit = n
+            }
+            let filter: CLIListOptions.Filter? = switches.contains("active") ? .active : switches.contains("finished") ? .finished : nil
+            // Not DISPATCH_MACHINE: that names this machine for publishing, and a list of
+            // everything is what one expects without a flag.
+            return .command(global, .list(CLIListOptions(filter: filter, machine: values["machine"], limit: limit)))
         case "cancel":
             return .command(global, .cancel(CLICancelOptions(activityID: try required("id"), reason: values["reason"])))
         case "touch":
@@ -317,6 +379,9 @@ public enum CLIArguments {
         default:  // "run", the only command left in `commands`
             guard !trailing.isEmpty else { throw CLIUsageError("run needs a command: dispatch run [options] -- CMD [ARGS...]", command: command) }
             if let pattern = values["progress-regex"] {
+                guard !switches.contains("no-progress") else {
+                    throw CLIUsageError("give either --progress-regex or --no-progress, not both", command: command)
+                }
                 _ = try CLIProgressExtractor(pattern: pattern)
             }
             let name = values["name"] ?? defaultRunName(trailing)
@@ -332,7 +397,8 @@ public enum CLIArguments {
                 }
                 killAfter = v
             }
-            return .command(global, .run(CLIRunOptions(start: start, progressRegex: values["progress-regex"], command: trailing,
+            return .command(global, .run(CLIRunOptions(start: start, progressRegex: values["progress-regex"],
+                                                       readProgress: !switches.contains("no-progress"), command: trailing,
                                                        killAfter: killAfter)))
         }
     }
@@ -365,6 +431,15 @@ public enum CLIArguments {
             } else if options.token == nil, let file = environment("DISPATCH_TOKEN_FILE"), !file.isEmpty {
                 options.tokenFile = file
             }
+        }
+        options.quiet = switches.contains("quiet")
+        options.insecureHTTP = switches.contains("insecure-http") || environment("DISPATCH_INSECURE_HTTP") == "1"
+        options.caFile = values["cacert"] ?? [environment("DISPATCH_CA_FILE"), environment("CURL_CA_BUNDLE")].lazy
+            .compactMap { $0 }.first { !$0.isEmpty }
+        if command != "verify-webhook",  // talks to no server
+           let refusal = CLITransportPolicy.refusal(endpoint: endpoint, sendsKey: options.token != nil || options.tokenFile != nil,
+                                                    insecureHTTP: options.insecureHTTP) {
+            throw CLIUsageError(refusal, command: command)
         }
         return options
     }

@@ -116,3 +116,30 @@ public enum CLIText {
         return String(out)
     }
 }
+
+/// What the CLI tells the user besides results and errors, as text decided here.
+public enum CLIFeedback {
+    /// Where `make run` / `dispatchd` keeps the development key, relative to its directory.
+    public static let devKeyPath = ".dispatch/dev-key"
+
+    /// No key anywhere: which variable or flag to set, and where a local development server
+    /// keeps its key (`devKeyHere`: that file exists in the current directory).
+    public static func missingToken(devKeyHere: Bool) -> String {
+        var text = "no API key: set DISPATCH_TOKEN (or pass --token-file PATH, or --token KEY). For a local development "
+            + "server the key is in ./\(devKeyPath) in the directory dispatchd runs from"
+        if devKeyHere { text += "; there is one here: export DISPATCH_TOKEN=$(cat \(devKeyPath))" }
+        return text
+    }
+
+    /// Notes on stderr (`retrying…`, run's activity id) are shown unless `--quiet` is given
+    /// and nobody is looking (stderr is not a terminal: cron mail, CI logs).
+    public static func showNotes(quiet: Bool, stderrIsTerminal: Bool) -> Bool {
+        !quiet || stderrIsTerminal
+    }
+
+    /// The line after the first failure of a request that will be retried, so a server that is
+    /// down is not 30 s of silence.
+    public static func retrying(_ failure: String, budget: Double) -> String {
+        "\(failure); retrying for up to \(CLIProgress.duration(budget.rounded(.up)))…"
+    }
+}

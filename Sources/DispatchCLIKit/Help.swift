@@ -1,38 +1,316 @@
 import DispatchCore
 
-/// The `dispatch` CLI's help texts. docs/cli.md is the long form of the same reference.
-public enum CLIHelp {
+/// The CLI's commands and options as data: the parser reads which flags exist and which take a
+/// value from here, and the help is drawn from the same table, so a flag cannot be accepted
+/// without being documented (or documented without being accepted). docs/cli.md is the long
+/// form of the same reference.
 
-    public static func text(for command: String?) -> String {
-        switch command {
-        case "start": return start
-        case "progress": return progress
-        case "end": return end
-        case "watch": return watch
-        case "run": return run
-        case "cancel": return cancel
-        case "touch": return touch
-        case "verify-webhook": return verifyWebhook
-        default: return overview
-        }
+/// One option of a command, as the parser reads it and the help shows it.
+public struct CLIOption: Equatable, Sendable {
+    /// Without the leading `--`.
+    public var name: String
+    /// The value's placeholder in the help (`NAME`); nil for a switch.
+    public var value: String?
+    /// One or more lines.
+    public var help: String
+
+    public init(_ name: String, _ value: String? = nil, _ help: String) {
+        self.name = name
+        self.value = value
+        self.help = help
     }
 
-    static let globalOptions = """
-    Global options (before or after the command):
-      --url URL          server, http://host[:port][/prefix]  [env DISPATCH_URL, default http://127.0.0.1:8080]
-                         (plain HTTP only: no TLS; use a local TLS proxy for a remote server)
-      --token KEY        API key sent as "Authorization: Bearer KEY"  [env DISPATCH_TOKEN]
-                         (other users see command lines in ps: prefer the variable or a file)
-      --token-file PATH  read the API key from a file  [env DISPATCH_TOKEN_FILE]
-      --json             print the server's JSON answer (the activity snapshot) instead of text
-      --retry-for SECS   retry transient failures (connection refused, 429, 5xx) for this long  [default 30]
-      -h, --help         show help
-    """
+    public var takesValue: Bool { value != nil }
+
+    /// `--name NAME`, `-h, --help`.
+    var label: String {
+        let flag = name == "help" ? "-h, --help" : "--\(name)"
+        return value.map { "\(flag) \($0)" } ?? flag
+    }
+}
+
+/// One command: how it is called, what it does in a line, its options, and the rest.
+public struct CLICommandSpec: Equatable, Sendable {
+    public var name: String
+    /// `dispatch start --name NAME [options]`.
+    public var synopsis: String
+    /// One line, for the overview.
+    public var summary: String
+    public var options: [CLIOption]
+    /// Paragraphs shown after the options.
+    public var details: String
+
+    public init(_ name: String, synopsis: String, summary: String, options: [CLIOption], details: String) {
+        self.name = name
+        self.synopsis = synopsis
+        self.summary = summary
+        self.options = options
+        self.details = details
+    }
+}
+
+public enum CLIHelp {
+    /// Options every command accepts, before or after the command name.
+    public static let globalOptions: [CLIOption] = [
+        CLIOption("url", "URL", """
+        the server, http(s)://host[:port][/prefix]
+        [env DISPATCH_URL, default http://127.0.0.1:8080]
+        """),
+        CLIOption("token", "KEY", """
+        API key sent as "Authorization: Bearer KEY"  [env DISPATCH_TOKEN]
+        (other users see command lines in ps: prefer the variable or a file)
+        """),
+        CLIOption("token-file", "PATH", "read the API key from a file  [env DISPATCH_TOKEN_FILE]"),
+        CLIOption("cacert", "FILE", """
+        for https, trust the CA certificates in this PEM file instead of the
+        system's  [env DISPATCH_CA_FILE, or CURL_CA_BUNDLE]
+        """),
+        CLIOption("insecure-http", nil, """
+        send the key over plain http:// to another machine anyway (refused
+        otherwise: only loopback is safe)  [env DISPATCH_INSECURE_HTTP=1]
+        """),
+        CLIOption("json", nil, "print the server's JSON answer (the activity snapshot) instead of text"),
+        CLIOption("retry-for", "SECS", """
+        retry transient failures (connection refused, 429, 5xx) for this long
+        [default 30]
+        """),
+        CLIOption("quiet", nil, """
+        no notes on stderr ("retrying…", run's activity id) when stderr is not a
+        terminal (cron, CI logs); errors are always printed
+        """),
+        CLIOption("help", nil, "show help"),
+    ]
+
+    public static let commands: [CLICommandSpec] = [
+        CLICommandSpec("start", synopsis: "dispatch start --name NAME [options]",
+                       summary: "create an activity; prints its id",
+                       options: [
+                           CLIOption("name", "NAME", "task name shown to watchers (required, 1-200 characters)"),
+                           CLIOption("id", "ID", "choose the activity id ([A-Za-z0-9._:-], up to 128); default: the server makes a UUID"),
+                           CLIOption("symbol", "NAME", "SF Symbol name, e.g. arrow.down.circle.fill"),
+                           CLIOption("machine", "TAG", "origin machine tag  [env DISPATCH_MACHINE]"),
+                           CLIOption("cancel-url", "URL", "http(s) URL the server calls when someone cancels the activity"),
+                           CLIOption("status", "TEXT", "initial status line"),
+                           CLIOption("state", "STATE", "queued (default) or processing"),
+                           CLIOption("percent", "P", "initial progress, 0-100"),
+                           CLIOption("progress", "F", "initial progress, 0-1 (instead of --percent)"),
+                           CLIOption("stale-after", "DUR", """
+                           end it as stale (error) when no update or touch comes for this long:
+                           10s to 7d, e.g. 90, 10m, 2h  [default: the server's, usually 1d]
+                           """),
+                           CLIOption("live-activity", nil, "start a Live Activity on iPhones registered for push-to-start"),
+                       ],
+                       details: """
+                       Prints only the new activity's id on stdout (with --json: the snapshot), so
+                       id=$(dispatch start ...) works.
+                       """),
+        CLICommandSpec("progress", synopsis: "dispatch progress --id ID [options]",
+                       summary: "report progress, status or state",
+                       options: [
+                           CLIOption("id", "ID", "the activity (required)"),
+                           CLIOption("percent", "P", "progress, 0-100"),
+                           CLIOption("progress", "F", "progress, 0-1 (instead of --percent)"),
+                           CLIOption("status", "TEXT", "status line (one line, up to 200 characters)"),
+                           CLIOption("state", "STATE", """
+                           processing (default), queued, retrying (counts a new attempt) or idle
+                           (alive but waiting: paused, throttled, waiting for a resource)
+                           """),
+                           CLIOption("idle", nil, "the same as --state idle"),
+                       ],
+                       details: "Publishes one change of an activity that is still running; prints nothing (--json: the snapshot)."),
+        CLICommandSpec("end", synopsis: "dispatch end --id ID [options]",
+                       summary: "finish an activity",
+                       options: [
+                           CLIOption("id", "ID", "the activity (required)"),
+                           CLIOption("state", "STATE", """
+                           completed (default), error, cancelled, or rejected (refused before it
+                           ran: only from queued)
+                           """),
+                           CLIOption("status", "TEXT", "final status line"),
+                           CLIOption("error", "TEXT", "error message (up to 500 characters), e.g. with --state error"),
+                           CLIOption("percent", "P", "final progress, 0-100"),
+                           CLIOption("progress", "F", "final progress, 0-1 (instead of --percent)"),
+                       ],
+                       details: """
+                       A terminal activity never changes again: ending it again differently exits 5
+                       (conflict); repeating the exact same end succeeds.
+                       """),
+        CLICommandSpec("watch", synopsis: "dispatch watch --id ID [--plain] [--wait [--wait-timeout DUR]]",
+                       summary: "follow an activity live until it ends",
+                       options: [
+                           CLIOption("id", "ID", "the activity (required)"),
+                           CLIOption("plain", nil, "one line per event even on a terminal"),
+                           CLIOption("wait", nil, """
+                           if the activity does not exist yet, wait for it to start (asking
+                           once a second) instead of exiting 3
+                           """),
+                           CLIOption("wait-timeout", "DUR", "how long --wait waits, e.g. 90, 10m, 2h; 0: no limit  [default 10m]"),
+                       ],
+                       details: """
+                       Follows the activity's status stream until it ends. On a terminal it draws a live
+                       line (state, progress bar, status, machine, elapsed time); otherwise, or with
+                       --plain, it prints one line per event:  #SEQ EVENT PERCENT [MACHINE] STATUS
+                       With --json it prints each event's snapshot as one JSON line.
+
+                       A dropped connection or a server restart does not end the watch: it reconnects with
+                       Last-Event-ID after the server's retry: delay, so no event is lost or shown twice; it
+                       gives up when the server stays unreachable longer than --retry-for.
+
+                       Exits 0 when the job completes, 1 when it ends in error, cancelled or rejected, 3
+                       when the activity does not exist (with --wait: when it has not started in time).
+                       """),
+        CLICommandSpec("list", synopsis: "dispatch list [--active | --finished] [--machine TAG] [--limit N]",
+                       summary: "list activities, newest first",
+                       options: [
+                           CLIOption("active", nil, "only live ones (queued, processing, retrying, idle)"),
+                           CLIOption("finished", nil, "only finished ones (completed, error, cancelled, rejected)"),
+                           CLIOption("machine", "TAG", "only those published from this machine"),
+                           CLIOption("limit", "N", "show at most N, newest first  [default 50]"),
+                       ],
+                       details: """
+                       On a terminal: a table (id, state, progress, machine, last update, task and status).
+                       Otherwise one line per activity, seven tab-separated fields: id, state, progress,
+                       machine, updatedAt, task name, status ('-' when empty); `cut -f1` gives the ids.
+                       With --json: each activity's snapshot as one JSON line. Reads as many pages of
+                       GET /v1/activities as N needs.
+                       """),
+        CLICommandSpec("run", synopsis: "dispatch run [options] [--] CMD [ARGS...]",
+                       summary: "run a command as an activity",
+                       options: [
+                           CLIOption("name", "NAME", "task name (default: the command line)"),
+                           CLIOption("id", "ID", "choose the activity id"),
+                           CLIOption("symbol", "NAME", "SF Symbol name"),
+                           CLIOption("machine", "TAG", "origin machine tag  [env DISPATCH_MACHINE]"),
+                           CLIOption("cancel-url", "URL", "cancel callback URL"),
+                           CLIOption("status", "TEXT", "status while running (default: \"Running\")"),
+                           CLIOption("live-activity", nil, "start a Live Activity on iPhones registered for push-to-start"),
+                           CLIOption("progress-regex", "RE", """
+                           read progress with this regular expression instead of the usual
+                           shapes: exactly one capture group holding a percentage,
+                           e.g. 'progress=([0-9.]+)'
+                           """),
+                           CLIOption("no-progress", nil, """
+                           do not read progress: CMD writes straight to the terminal (for
+                           full-screen or interactive programs)
+                           """),
+                           CLIOption("stale-after", "DUR", """
+                           end the activity as stale when run stops touching it for this long
+                           (its machine died): 10s to 7d  [default 10m]
+                           """),
+                           CLIOption("kill-after", "DUR", """
+                           after a remote cancel, SIGKILL the command this long after SIGTERM
+                           [default 10s]
+                           """),
+                       ],
+                       details: """
+                       Runs CMD at once and tracks it as an activity (state processing): the start,
+                       progress, and the end with CMD's outcome (exit 0 -> completed; otherwise error, with
+                       the exit status in the error text) are published in the background, so a slow or
+                       unreachable server never delays CMD; what could not be sent is sent when the server
+                       answers (the end is tried for --retry-for after CMD is over). The activity's id (a
+                       UUID unless --id) is printed on stderr at once. Exits with CMD's own exit code.
+                       SIGINT, SIGTERM and SIGHUP reach CMD, and the activity ends cancelled. Without a key,
+                       or when the server refuses the start, CMD runs untracked (with a warning).
+
+                       Progress is read from CMD's output (stdout and stderr, which pass through unchanged):
+                       the last percentage (68%, 68.5%) or count (12/40, [3/10]) on a line, published at
+                       most about 4 times a second.
+
+                       While CMD runs, run follows the activity's status stream: when someone cancels it
+                       (dispatch cancel, the dashboard, the phone), CMD's process group gets SIGTERM, then
+                       SIGKILL if it is still running after --kill-after; the activity ends cancelled with
+                       the reason, and run exits 143 (137 when SIGKILL was needed). It also touches the
+                       activity every third of --stale-after, so the activity ends as stale (error) only
+                       if this machine stops answering.
+                       """),
+        CLICommandSpec("cancel", synopsis: "dispatch cancel --id ID [--reason TEXT]",
+                       summary: "ask the activity's publisher to stop the job",
+                       options: [
+                           CLIOption("id", "ID", "the activity (required)"),
+                           CLIOption("reason", "TEXT", "why (one line, up to 200 characters); shown to watchers and to run"),
+                       ],
+                       details: """
+                       The server marks the activity cancelRequested, sends the event cancel_requested to
+                       everyone watching, and calls its cancel URL (a signed webhook) if it has one. The
+                       job itself stops when its publisher ends it: dispatch run does so by itself. Asking
+                       again is fine (nothing changes); a finished activity exits 5. Needs a device or
+                       admin key, or the publish key that started the activity.
+                       """),
+        CLICommandSpec("touch", synopsis: "dispatch touch --id ID",
+                       summary: "\"still alive\": renew the stale deadline",
+                       options: [CLIOption("id", "ID", "the activity (required)")],
+                       details: """
+                       Tells the server the activity's publisher is alive although it has nothing new to
+                       say: renews its stale deadline (see start --stale-after). No event, nothing pushed.
+                       A finished activity exits 5. Needs the publish key that started it (or an admin key).
+                       """),
+        CLICommandSpec("verify-webhook", synopsis: "dispatch verify-webhook --signature HEADER --body FILE [--secret SECRET] [--max-age DUR]",
+                       summary: "check a cancel webhook's signature",
+                       options: [
+                           CLIOption("signature", "HEADER", "the Dispatch-Signature header's value (required)"),
+                           CLIOption("body", "FILE", "the raw request body, or - for stdin (required)"),
+                           CLIOption("secret", "SECRET", """
+                           the deployment's webhook secret  [env DISPATCH_WEBHOOK_SECRET]
+                           (the environment keeps it out of ps listings)
+                           """),
+                           CLIOption("max-age", "DUR", "how far t may be from now, either way; 0: no limit  [default 5m]"),
+                       ],
+                       details: """
+                       Checks a cancel webhook the way docs/webhooks.md describes: HEADER is the request's
+                       Dispatch-Signature value (t=<unix seconds>,v1=<hex>), FILE holds the request body
+                       exactly as received. Valid when one v1 equals the HMAC-SHA256 of "<t>.<body>" under
+                       the secret (compared in constant time) and t is within --max-age of now. Exits 0
+                       when valid, 1 when not (the reason on stderr). Talks to no server.
+                       """),
+    ]
+
+    public static func spec(_ command: String) -> CLICommandSpec? {
+        commands.first { $0.name == command }
+    }
+
+    public static func text(for command: String?) -> String {
+        guard let command, let spec = spec(command) else { return overview }
+        return render(spec)
+    }
+
+    /// Options and their explanations in two columns; continuation lines are indented to the
+    /// second column.
+    static func table(_ options: [CLIOption]) -> String {
+        let column = 23
+        var lines: [String] = []
+        for option in options {
+            let label = "  " + option.label
+            let pad = label.count < column - 1 ? String(repeating: " ", count: column - label.count) : "\n" + String(repeating: " ", count: column)
+            let helpLines = option.help.split(separator: "\n", omittingEmptySubsequences: false)
+            lines.append(label + pad + (helpLines.first.map(String.init) ?? ""))
+            for more in helpLines.dropFirst() { lines.append(String(repeating: " ", count: column) + more) }
+        }
+        return lines.joined(separator: "\n")
+    }
+
+    /// A command's help: how to call it, its own options, the global ones, then what it does
+    /// in detail and the exit codes. The options come first: they are what `--help` is read for.
+    static func render(_ spec: CLICommandSpec) -> String {
+        """
+        \(spec.synopsis)
+          \(spec.summary)
+
+        Options:
+        \(table(spec.options))
+
+        Global options (before or after the command):
+        \(table(globalOptions))
+
+        \(spec.details)
+
+        \(exitCodes)
+        """
+    }
 
     static let exitCodes = """
     Exit codes (all commands):
       0  success (watch: the job completed)
-      1  watch: the job ended in error or cancelled
+      1  watch: the job ended in error, cancelled or rejected
       2  usage error (bad flags or values)
       3  not found (unknown activity; watch: not_found)
       4  authentication or permission refused (401/403)
@@ -44,207 +322,36 @@ public enum CLIHelp {
       verify-webhook: 0 the signature is valid, 1 it is not
     """
 
-    public static let overview = """
-    dispatch — publish and watch Dispatch activities (long-running jobs)
+    /// One line per command: `  dispatch start    --name NAME [options]   create an activity; prints its id`.
+    public static var commandList: String {
+        let width = (commands.map(\.name.count).max() ?? 0)
+        return commands.map { c in
+            "  dispatch \(c.name)" + String(repeating: " ", count: width - c.name.count) + "  " + c.summary
+        }.joined(separator: "\n")
+    }
 
-    Usage:
-      dispatch start    --name NAME [options]           create an activity; prints its id
-      dispatch progress --id ID [--percent P] [...]     report progress or status
-      dispatch end      --id ID [--state S] [...]       finish an activity
-      dispatch watch    --id ID                         follow an activity live until it ends
-      dispatch run      [options] -- CMD [ARGS...]      run a command as an activity
-      dispatch cancel   --id ID [--reason TEXT]         ask the activity's publisher to stop the job
-      dispatch touch    --id ID                         "still alive": renew the stale deadline
-      dispatch verify-webhook --signature H --body FILE [--secret S]
-                                                        check a cancel webhook's signature
-      dispatch help COMMAND | dispatch COMMAND --help   details of one command
+    public static var overview: String {
+        """
+        dispatch — publish and watch Dispatch activities (long-running jobs)
 
-    Example:
-      id=$(dispatch start --name "Debian 13 Trixie ISO" --symbol arrow.down.circle.fill --machine shodan)
-      dispatch progress --id "$id" --percent 68 --status "Downloading at 18.4 MB/s (68%)"
-      dispatch end --id "$id" --status "Completed"
+        Usage: dispatch COMMAND [options]
 
-    Every publish carries an Idempotency-Key made once and reused on each retry, so a retried
-    publish is applied at most once.
+        Commands:
+        \(commandList)
+          dispatch help COMMAND  (or dispatch COMMAND --help): one command's options
 
-    \(globalOptions)
+        Example:
+          id=$(dispatch start --name "Debian 13 Trixie ISO" --symbol arrow.down.circle.fill --machine shodan)
+          dispatch progress --id "$id" --percent 68 --status "Downloading at 18.4 MB/s (68%)"
+          dispatch end --id "$id" --status "Completed"
 
-    \(exitCodes)
-    """
+        Every publish carries an Idempotency-Key made once and reused on each retry, so a retried
+        publish is applied at most once.
 
-    public static let start = """
-    dispatch start --name NAME [options]
+        Global options (before or after the command):
+        \(table(globalOptions))
 
-    Creates an activity and prints only its id on stdout (with --json: the snapshot), so
-    id=$(dispatch start ...) works.
-
-    Options:
-      --name NAME          task name shown to watchers (required, 1-200 characters)
-      --id ID              choose the activity id ([A-Za-z0-9._:-], up to 128); default: the server makes a UUID
-      --symbol NAME        SF Symbol name, e.g. arrow.down.circle.fill
-      --machine TAG        origin machine tag  [env DISPATCH_MACHINE]
-      --cancel-url URL     http(s) URL the server calls when someone cancels the activity
-      --status TEXT        initial status line
-      --state STATE        queued (default) or processing
-      --percent P          initial progress, 0-100
-      --progress F         initial progress, 0-1 (instead of --percent)
-      --stale-after DUR    end it as stale (error) when no update or touch comes for this long:
-                           10s to 7d, e.g. 90, 10m, 2h  [default: the server's, usually 1d]
-      --live-activity      start a Live Activity on iPhones registered for push-to-start
-
-    \(globalOptions)
-
-    \(exitCodes)
-    """
-
-    public static let progress = """
-    dispatch progress --id ID [options]
-
-    Publishes one change of an activity that is still running.
-
-    Options:
-      --id ID              the activity (required)
-      --percent P          progress, 0-100
-      --progress F         progress, 0-1 (instead of --percent)
-      --status TEXT        status line (one line, up to 200 characters)
-      --state STATE        processing (default), queued or retrying (retrying counts a new attempt)
-
-    \(globalOptions)
-
-    \(exitCodes)
-    """
-
-    public static let end = """
-    dispatch end --id ID [options]
-
-    Ends an activity. A terminal activity never changes again: ending it again differently
-    exits 5 (conflict); repeating the exact same end succeeds.
-
-    Options:
-      --id ID              the activity (required)
-      --state STATE        completed (default), error or cancelled
-      --status TEXT        final status line
-      --error TEXT         error message (up to 500 characters), e.g. with --state error
-      --percent P          final progress, 0-100
-      --progress F         final progress, 0-1 (instead of --percent)
-
-    \(globalOptions)
-
-    \(exitCodes)
-    """
-
-    public static let watch = """
-    dispatch watch --id ID [--plain]
-
-    Follows an activity's status stream until it ends. On a terminal it draws a live line
-    (progress bar, status, machine, elapsed time); otherwise, or with --plain, it prints one
-    line per event:  #SEQ EVENT PERCENT [MACHINE] STATUS
-    With --json it prints each event's snapshot as one JSON line.
-
-    A dropped connection or a server restart does not end the watch: it reconnects with
-    Last-Event-ID after the server's retry: delay, so no event is lost or shown twice; it gives
-    up when the server stays unreachable longer than --retry-for.
-
-    Exits 0 when the job completes, 1 when it ends in error or cancelled, 3 when the activity
-    does not exist.
-
-    Options:
-      --id ID              the activity (required)
-      --plain              one line per event even on a terminal
-
-    \(globalOptions)
-
-    \(exitCodes)
-    """
-
-    public static let run = """
-    dispatch run [options] [--] CMD [ARGS...]
-
-    Starts an activity (state processing), runs CMD, and ends the activity with CMD's outcome:
-    exit 0 -> completed; otherwise error, with the exit status in the error text. Exits with
-    CMD's own exit code. SIGINT, SIGTERM and SIGHUP reach CMD, and the activity ends cancelled.
-    If the activity cannot be started (server down, bad key), a warning is printed and CMD
-    still runs: the work matters more than its tracking.
-
-    While CMD runs, run follows the activity's status stream: when someone cancels it (dispatch
-    cancel, the dashboard, the phone), CMD's process group gets SIGTERM, then SIGKILL if it is
-    still running after --kill-after; the activity ends cancelled with the reason, and run
-    exits 143 (137 when SIGKILL was needed). It also touches the activity every third of
-    --stale-after, so the activity ends as stale (error) only if this machine stops answering.
-
-    Options:
-      --name NAME          task name (default: the command line)
-      --id ID              choose the activity id
-      --symbol NAME        SF Symbol name
-      --machine TAG        origin machine tag  [env DISPATCH_MACHINE]
-      --cancel-url URL     cancel callback URL
-      --status TEXT        status while running (default: "Running")
-      --live-activity      start a Live Activity on iPhones registered for push-to-start
-      --progress-regex RE  read progress from CMD's output (stdout and stderr): a regular
-                           expression with exactly one capture group holding a percentage,
-                           e.g. '([0-9.]+)%'. The output still passes through unchanged;
-                           progress is published at most about 4 times a second.
-      --stale-after DUR    end the activity as stale when run stops touching it for this long
-                           (its machine died): 10s to 7d  [default 10m]
-      --kill-after DUR     after a remote cancel, SIGKILL the command this long after SIGTERM
-                           [default 10s]
-
-    \(globalOptions)
-
-    \(exitCodes)
-    """
-
-    public static let cancel = """
-    dispatch cancel --id ID [--reason TEXT]
-
-    Asks for an activity to be cancelled: the server marks it cancelRequested, sends the event
-    cancel_requested to everyone watching, and calls its cancel URL (a signed webhook) if it has
-    one. The job itself stops when its publisher ends it: dispatch run does so by itself.
-    Asking again is fine (nothing changes); a finished activity exits 5. Needs a device or
-    admin key, or the publish key that started the activity.
-
-    Options:
-      --id ID              the activity (required)
-      --reason TEXT        why (one line, up to 200 characters); shown to watchers and to run
-
-    \(globalOptions)
-
-    \(exitCodes)
-    """
-
-    public static let touch = """
-    dispatch touch --id ID
-
-    Tells the server the activity's publisher is alive although it has nothing new to say:
-    renews its stale deadline (see start --stale-after). No event, nothing pushed. A finished
-    activity exits 5. Needs the publish key that started it (or an admin key).
-
-    Options:
-      --id ID              the activity (required)
-
-    \(globalOptions)
-
-    \(exitCodes)
-    """
-
-    public static let verifyWebhook = """
-    dispatch verify-webhook --signature HEADER --body FILE [--secret SECRET] [--max-age DUR]
-
-    Checks a cancel webhook the way docs/webhooks.md describes: HEADER is the request's
-    Dispatch-Signature value (t=<unix seconds>,v1=<hex>), FILE holds the request body exactly
-    as received (- for stdin). Valid when one v1 equals the HMAC-SHA256 of "<t>.<body>" under
-    the secret (compared in constant time) and t is within --max-age of now. Exits 0 when
-    valid, 1 when not (the reason on stderr). Talks to no server.
-
-    Options:
-      --signature HEADER   the Dispatch-Signature header's value (required)
-      --body FILE          the raw request body, or - for stdin (required)
-      --secret SECRET      the deployment's webhook secret  [env DISPATCH_WEBHOOK_SECRET]
-                           (the environment keeps it out of ps listings)
-      --max-age DUR        how far t may be from now, either way; 0: no limit  [default 5m]
-
-    \(globalOptions)
-
-    \(exitCodes)
-    """
+        \(exitCodes)
+        """
+    }
 }

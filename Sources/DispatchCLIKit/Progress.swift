@@ -12,16 +12,21 @@ public struct CLIActivityView: Equatable, Sendable {
     public var progress: Double?
     public var status: String?
     public var seq: Int?
+    /// 1, plus one for every move into `retrying`.
+    public var attempt: Int?
     public var cancelRequested: Bool
     /// Why, when the request gave a reason.
     public var cancelReason: String?
     public var error: String?
     /// Seconds since the Unix epoch.
     public var createdAt: Double?
+    public var updatedAt: Double?
+    /// `updatedAt` as the server wrote it (RFC 3339).
+    public var updatedAtText: String?
     public var endedAt: Double?
 
     public init(activityID: String, taskName: String? = nil, machine: String? = nil, state: String? = nil,
-                progress: Double? = nil, status: String? = nil, seq: Int? = nil, cancelRequested: Bool = false,
+                progress: Double? = nil, status: String? = nil, seq: Int? = nil, attempt: Int? = nil, cancelRequested: Bool = false,
                 error: String? = nil, createdAt: Double? = nil, endedAt: Double? = nil) {
         self.activityID = activityID
         self.taskName = taskName
@@ -30,6 +35,7 @@ public struct CLIActivityView: Equatable, Sendable {
         self.progress = progress
         self.status = status
         self.seq = seq
+        self.attempt = attempt
         self.cancelRequested = cancelRequested
         self.error = error
         self.createdAt = createdAt
@@ -47,10 +53,13 @@ public struct CLIActivityView: Equatable, Sendable {
         if case .number(let p)? = json["progress"], p.isFinite { progress = min(max(p, 0), 1) } else { progress = nil }
         status = string("status")
         if case .number(let s)? = json["seq"], s.isFinite, s >= 0, s < 1e15 { seq = Int(s) } else { seq = nil }
+        if case .number(let a)? = json["attempt"], a.isFinite, a >= 1, a < 1e9 { attempt = Int(a) } else { attempt = nil }
         if case .bool(let c)? = json["cancelRequested"] { cancelRequested = c } else { cancelRequested = false }
         cancelReason = string("cancelReason")
         error = string("error")
         createdAt = string("createdAt").flatMap(CLIProgress.parseTimestamp)
+        updatedAtText = string("updatedAt")
+        updatedAt = updatedAtText.flatMap(CLIProgress.parseTimestamp)
         endedAt = string("endedAt").flatMap(CLIProgress.parseTimestamp)
     }
 
@@ -59,7 +68,9 @@ public struct CLIActivityView: Equatable, Sendable {
         self.init(json: value)
     }
 
-    public static let terminalStates: Set<String> = ["completed", "error", "cancelled"]
+    /// The contract's terminal states (§1), from the server's own state type so the two cannot
+    /// drift apart (this set once missed `rejected`, and `watch` then never ended on one).
+    public static let terminalStates: Set<String> = Set(ActivityState.terminal.map(\.rawValue))
 
     public var isTerminal: Bool { state.map { Self.terminalStates.contains($0) } ?? false }
 
@@ -166,25 +177,46 @@ public enum CLIProgress {
     public static func plainLine(event: String, view: CLIActivityView) -> String {
         if event == "not_found" { return "not_found \(CLIText.oneLine(view.activityID))" }
         var parts = ["#\(view.seq.map(String.init) ?? "?")", CLIText.oneLine(event), percentText(view.progress)]
+        if view.state == "retrying", let a = view.attempt { parts.append("(attempt \(a))") }
         if let m = view.machine, !m.isEmpty { parts.append("[\(CLIText.oneLine(m))]") }
         if let s = view.status, !s.isEmpty { parts.append(CLIText.oneLine(s)) }
         if let e = view.error, !e.isEmpty { parts.append("— error: \(CLIText.oneLine(e))") }
         return parts.joined(separator: " ")
     }
 
-    /// The live terminal line (without `\r` or escape codes), at most `width` characters:
-    /// `⠋ Debian 13 Trixie ISO [██████░░░░] 68%  Downloading… · shodan · 1m02s`.
-    /// The status shrinks first, then the name, so the bar and numbers stay visible.
-    public static func liveLine(view: CLIActivityView, width: Int, now: Double, frame: Int) -> String {
-        let glyph: String
+    /// What the live line says about the state: the state's name, `waiting` for idle (alive
+    /// but not working), and the attempt when retrying. `short` drops the attempt's words.
+    public static func stateLabel(_ view: CLIActivityView, short: Bool = false) -> String {
         switch view.state {
-        case "completed": glyph = "✔"
-        case "error": glyph = "✘"
-        case "cancelled": glyph = "⊘"
-        default: glyph = String(spinner[((frame % spinner.count) + spinner.count) % spinner.count])
+        case "idle"?: return "waiting"
+        case "retrying"?:
+            guard let a = view.attempt else { return "retrying" }
+            return short ? "retry \(a)" : "retrying (attempt \(a))"
+        case let s?: return CLIText.oneLine(s)
+        case nil: return ""
         }
+    }
+
+    /// The live line's first character: a spinner while the job works, a still mark while it
+    /// waits (idle), and one mark per final state.
+    public static func glyph(_ view: CLIActivityView, frame: Int) -> String {
+        switch view.state {
+        case "completed"?: return "✔"
+        case "error"?: return "✘"
+        case "cancelled"?: return "⊘"
+        case "rejected"?: return "⊗"
+        case "idle"?: return "‖"
+        default: return String(spinner[((frame % spinner.count) + spinner.count) % spinner.count])
+        }
+    }
+
+    /// The live terminal line (without `\r` or escape codes), at most `width` characters:
+    /// `⠋ Debian 13 Trixie ISO [██████░░░░] 68% processing  Downloading… · shodan · 1m02s`.
+    /// The status shrinks first, then the name, so the bar, the numbers and the state stay
+    /// visible; on a narrow terminal the bar and the state's words shrink too.
+    public static func liveLine(view: CLIActivityView, width: Int, now: Double, frame: Int) -> String {
+        let glyph = glyph(view, frame: frame)
         let width = max(width, 20)
-        let cells = width >= 80 ? 20 : 10
         let name = CLIText.oneLine(view.taskName ?? view.activityID)
         var statusText = CLIText.oneLine(view.status ?? "")
         if let e = view.error, !e.isEmpty { statusText += statusText.isEmpty ? "error: \(CLIText.oneLine(e))" : " — error: \(CLIText.oneLine(e))" }
@@ -192,19 +224,25 @@ public enum CLIProgress {
         var meta: [String] = []
         if let m = view.machine, !m.isEmpty { meta.append(CLIText.oneLine(m)) }
         if let e = view.elapsed(now: now) { meta.append(duration(e)) }
-        var metaText = meta.isEmpty ? "" : " · " + meta.joined(separator: " · ")
-        let tail = " \(bar(view.progress, cells: cells)) \(percentText(view.progress))"
-        var available = width - 2 - tail.count - metaText.count
-        if available < 4 {
-            metaText = ""
-            available = width - 2 - tail.count
+        let fullMeta = meta.isEmpty ? "" : " · " + meta.joined(separator: " · ")
+        // From the roomiest layout to the tightest; the first that leaves room for a name wins.
+        let layouts: [(cells: Int, short: Bool, meta: Bool)] = [
+            (width >= 80 ? 20 : 10, false, true), (width >= 80 ? 20 : 10, false, false),
+            (10, true, false), (5, true, false),
+        ]
+        for layout in layouts {
+            let label = stateLabel(view, short: layout.short)
+            let tail = " \(bar(view.progress, cells: layout.cells)) \(percentText(view.progress))" + (label.isEmpty ? "" : " \(label)")
+            let metaText = layout.meta ? fullMeta : ""
+            let available = width - 2 - tail.count - metaText.count
+            guard available >= 4 else { continue }
+            let shownName = truncate(name, to: available)
+            let statusRoom = available - shownName.count - 2
+            let shownStatus = statusRoom >= 4 ? truncate(statusText, to: statusRoom) : ""
+            let statusPart = shownStatus.isEmpty ? "" : "  " + shownStatus
+            return "\(glyph) \(shownName)\(tail)\(statusPart)\(metaText)"
         }
-        guard available >= 4 else { return truncate("\(glyph) \(name)", to: width) }
-        let shownName = truncate(name, to: available)
-        let statusRoom = available - shownName.count - 2
-        let shownStatus = statusRoom >= 4 ? truncate(statusText, to: statusRoom) : ""
-        let statusPart = shownStatus.isEmpty ? "" : "  " + shownStatus
-        return "\(glyph) \(shownName)\(tail)\(statusPart)\(metaText)"
+        return truncate("\(glyph) \(name) \(stateLabel(view, short: true))", to: width)
     }
 
     /// Cuts to `count` characters, ending in `…` when something was cut.
@@ -271,5 +309,63 @@ public struct CLILineSplitter: Sendable {
     public mutating func finish() -> String? {
         defer { pending.removeAll() }
         return pending.isEmpty ? nil : String(decoding: pending, as: UTF8.self)
+    }
+}
+
+/// The progress shapes `dispatch run` reads from a command's output without being told:
+/// a percentage (`68%`, `68.5%`, `68,5%`) or a count (`12/40`, `[3/10]`, `1.2/3.4 MB`).
+/// The last one on a line counts, as with `--progress-regex`. Written as a scanner rather than
+/// a regular expression: it runs on every line of a chatty command, and costs nothing at start.
+///
+/// To keep false matches rare: a number glued to letters, digits, dots or slashes on the
+/// wrong side is not read (`sha256%`, `10.0.0.1/24`, `2024/05/06`, `v1.2/3`), a percentage
+/// must be within 0–100, and a count needs 0 ≤ N ≤ M with M > 0.
+public enum CLIProgressShapes {
+    public static func progress(in line: String) -> Double? {
+        let b = Array(line.utf8)
+        var result: Double?
+        var i = 0
+        while i < b.count {
+            guard isDigit(b[i]), i == 0 || !glued(b[i - 1]) else { i += 1; continue }
+            guard let (n, afterN) = number(b, i) else { i += 1; continue }
+            if afterN < b.count, b[afterN] == UInt8(ascii: "%") {
+                if let f = CLIProgress.fraction(fromPercent: n) { result = f }
+                i = afterN + 1
+                continue
+            }
+            if afterN < b.count, b[afterN] == UInt8(ascii: "/"), afterN + 1 < b.count, isDigit(b[afterN + 1]),
+               let (m, afterM) = number(b, afterN + 1),
+               afterM >= b.count || !(isDigit(b[afterM]) || b[afterM] == UInt8(ascii: "/")) {
+                if m > 0, n <= m { result = n / m }
+                i = afterM
+                continue
+            }
+            i = afterN
+        }
+        return result
+    }
+
+    static func isDigit(_ c: UInt8) -> Bool { (0x30...0x39).contains(c) }
+
+    /// A character that makes a number part of a longer word: `x86`, `1.2.3`, `a/12`.
+    static func glued(_ c: UInt8) -> Bool {
+        isDigit(c) || (0x41...0x5A).contains(c) || (0x61...0x7A).contains(c) || c == UInt8(ascii: ".") || c == UInt8(ascii: ",")
+            || c == UInt8(ascii: "/") || c == UInt8(ascii: "_") || c >= 0x80
+    }
+
+    /// Digits, optionally `.` or `,` and more digits, at `start`; nil for a version-like
+    /// `1.2.3` or a number too long to be progress. Returns the value and the index after it.
+    static func number(_ b: [UInt8], _ start: Int) -> (Double, Int)? {
+        var i = start
+        var text = ""
+        while i < b.count, isDigit(b[i]) { text.unicodeScalars.append(Unicode.Scalar(b[i])); i += 1 }
+        if i + 1 < b.count, b[i] == UInt8(ascii: ".") || b[i] == UInt8(ascii: ","), isDigit(b[i + 1]) {
+            text.append(".")
+            i += 1
+            while i < b.count, isDigit(b[i]) { text.unicodeScalars.append(Unicode.Scalar(b[i])); i += 1 }
+            if i + 1 < b.count, b[i] == UInt8(ascii: ".") || b[i] == UInt8(ascii: ","), isDigit(b[i + 1]) { return nil }
+        }
+        guard text.count <= 15, let v = Double(text) else { return nil }
+        return (v, i)
     }
 }

@@ -114,8 +114,21 @@ public struct CLIWatchState: Sendable {
         case retryConnect
         /// `204`: the stream is over but its end was not seen; read the final snapshot.
         case fetchSnapshot
+        /// `watch --wait`: the activity does not exist yet; ask again after this pause.
+        case awaitActivity(afterMilliseconds: Int)
         case finish(CLIExitCode)
     }
+
+    /// Whether a `not_found` ends the watch (`no`) or means "not started yet" (`watch --wait`):
+    /// until a monotonic deadline, or for as long as it takes.
+    public enum WaitForStart: Equatable, Sendable {
+        case no
+        case until(Double)
+        case forever
+    }
+
+    /// How often `watch --wait` asks whether the activity exists yet.
+    public static let waitPollMilliseconds = 1000
 
     public static let defaultRetryMilliseconds = 3000
 
@@ -123,8 +136,13 @@ public struct CLIWatchState: Sendable {
     public private(set) var retryMilliseconds = defaultRetryMilliseconds
     public private(set) var latest: CLIActivityView?
     public let activityID: String
+    /// Cleared by the first real event: once the activity existed, `not_found` is final.
+    public private(set) var waitForStart: WaitForStart
 
-    public init(activityID: String) { self.activityID = activityID }
+    public init(activityID: String, waitForStart: WaitForStart = .no) {
+        self.activityID = activityID
+        self.waitForStart = waitForStart
+    }
 
     /// The `Last-Event-ID` header for the next connection, if any event was seen.
     public var lastEventID: String? { lastSeq.map(String.init) }
@@ -148,10 +166,18 @@ public struct CLIWatchState: Sendable {
         retryMilliseconds = min(max(milliseconds, 0), 60_000)
     }
 
-    public mutating func received(_ event: SSEEvent) -> [Action] {
+    /// An event arrived; `now` (monotonic seconds) decides whether a `--wait` is over.
+    public mutating func received(_ event: SSEEvent, now: Double = 0) -> [Action] {
         if event.event == "not_found" {
-            return [.display(event: event.event, view: CLIActivityView(activityID: activityID)), .finish(.notFound)]
+            switch waitForStart {
+            case .forever: return [.awaitActivity(afterMilliseconds: Self.waitPollMilliseconds)]
+            case .until(let deadline) where now < deadline:
+                return [.awaitActivity(afterMilliseconds: min(Self.waitPollMilliseconds, Int(((deadline - now) * 1000).rounded(.up))))]
+            case .until, .no:
+                return [.display(event: event.event, view: CLIActivityView(activityID: activityID)), .finish(.notFound)]
+            }
         }
+        waitForStart = .no
         if let idText = event.id, let seq = Int(idText) {
             if let last = lastSeq, seq <= last { return [] }
             lastSeq = seq

@@ -5,8 +5,13 @@ import DispatchCLIKit
 /// The Dispatch API as the CLI uses it: authenticated requests with bounded retries.
 struct Client {
     let global: CLIGlobalOptions
+    /// The command, for messages (`dispatch progress: ...`).
+    var command = "dispatch"
     /// Seconds one attempt may take (connect, send, answer).
     var attemptTimeout = 10.0
+    /// Say `retrying…` after the first failure of a call that will be retried (run's background
+    /// publisher says it its own way).
+    var notesRetries = true
 
     enum Outcome {
         /// The server answered (any status; the caller maps it).
@@ -20,6 +25,32 @@ struct Client {
         if let token = global.token { h.append(("Authorization", "Bearer \(token)")) }
         if let idempotencyKey { h.append(("Idempotency-Key", idempotencyKey)) }
         return h
+    }
+
+    /// What one attempt came to, for callers that schedule their own retries (`run`'s publisher).
+    enum Attempt {
+        case success(HTTPResponse)
+        /// Worth another try later: unreachable, timed out, 5xx, 429, a transient 409.
+        case transient(String)
+        /// Refused for good (4xx, an unknown host, an untrusted certificate), with the answer if any.
+        case refused(String, HTTPResponse?)
+    }
+
+    /// One attempt, no retry. `idempotencyKey` is the caller's, so its own retries of the same
+    /// publish carry the same key.
+    func attempt(method: String, path: String, body: [UInt8]?, idempotencyKey: String?) -> Attempt {
+        let request = CLIHTTP.encodeRequest(method: method, path: path, endpoint: global.endpoint,
+                                            headers: headers(idempotencyKey: idempotencyKey), body: body)
+        do {
+            let response = try HTTPConnection.exchange(endpoint: global.endpoint, caFile: global.caFile, request: request, timeout: attemptTimeout)
+            switch CLIHTTPDisposition.of(status: response.head.status, body: response.body) {
+            case .success: return .success(response)
+            case .retry: return .transient(CLIServerError.describe(status: response.head.status, body: response.body))
+            case .fail: return .refused(CLIServerError.describe(status: response.head.status, body: response.body), response)
+            }
+        } catch {
+            return error.transient ? .transient(error.message) : .refused(error.message, nil)
+        }
     }
 
     /// Sends a request, retrying transient failures for `retryFor` seconds. A request with a
@@ -36,7 +67,7 @@ struct Client {
             var lastError: String
             var retryAfter: Double?
             do {
-                let response = try HTTPConnection.exchange(endpoint: global.endpoint, request: request, timeout: attemptTimeout)
+                let response = try HTTPConnection.exchange(endpoint: global.endpoint, caFile: global.caFile, request: request, timeout: attemptTimeout)
                 switch CLIHTTPDisposition.of(status: response.head.status, body: response.body) {
                 case .success, .fail:
                     return .answered(response)
@@ -55,6 +86,7 @@ struct Client {
                 let tries = failures == 1 ? "1 attempt" : "\(failures) attempts"
                 return .failed(.unavailable, "\(lastError) (gave up after \(tries) in \(CLIProgress.duration(elapsed)))")
             }
+            if failures == 1 && notesRetries { Notes.once("retrying", command, CLIFeedback.retrying(lastError, budget: policy.budget)) }
             Clock.sleep(seconds: delay, interrupted: System.interrupted)
         }
     }
@@ -115,5 +147,47 @@ enum PublishCommands {
         client.publish(command: "end", path: Client.activityPath(o.activityID, "/end"), body: CLIRequestBody.end(o)) { response in
             if client.global.json { client.printBody(response.body) }
         }
+    }
+}
+
+/// `dispatch list`: pages of `GET /v1/activities` until the limit or the last page.
+enum ListCommand {
+    static func run(_ o: CLIListOptions, client: Client) -> CLIExitCode {
+        var items: [JSONValue] = []
+        var cursor: String?
+        repeat {
+            let path = CLIList.path(o, remaining: o.limit - items.count, cursor: cursor)
+            switch client.call(method: "GET", path: path, body: nil) {
+            case .failed(let code, let message):
+                Output.fail("list", message)
+                return code
+            case .answered(let response):
+                guard case .success = CLIHTTPDisposition.of(status: response.head.status, body: response.body) else {
+                    Output.fail("list", CLIServerError.describe(status: response.head.status, body: response.body))
+                    if client.global.json, !response.body.isEmpty { client.printBody(response.body) }
+                    if case .fail(let code) = CLIHTTPDisposition.of(status: response.head.status, body: response.body) { return code }
+                    return .unavailable
+                }
+                guard let page = CLIList.page(response.body) else {
+                    Output.fail("list", "the server's answer is not a list of activities")
+                    return .unavailable
+                }
+                items += page.activities.prefix(o.limit - items.count)
+                cursor = page.next
+            }
+        } while cursor != nil && items.count < o.limit
+
+        if client.global.json {
+            for item in items { Output.out(CLIJSON.encode(item)) }
+            return .success
+        }
+        let views = items.compactMap(CLIActivityView.init(json:))
+        if System.isTerminal(1) {
+            if views.isEmpty { Output.err(CLIList.emptyNote(o)); return .success }
+            for line in CLIList.table(views, width: System.terminalWidth(), now: Clock.wallSeconds()) { Output.out(line) }
+        } else {
+            for view in views { Output.out(CLIList.plainLine(view)) }
+        }
+        return .success
     }
 }

@@ -62,69 +62,72 @@ enum RunSignals {
     }
 }
 
-/// `dispatch run -- CMD...`: start an activity, run CMD (optionally reading progress from its
-/// output), end the activity with CMD's outcome, and exit as CMD did.
+/// `dispatch run -- CMD...`: run CMD at once, track it as an activity in the background
+/// (start, progress read from its output, touches, the end with its outcome: `RunPublisher`),
+/// stop it when the activity is cancelled remotely (`RunWatcher`), and exit as CMD did.
+/// The server being slow or down never delays the command: the publishing catches up.
 struct RunCommand {
     let options: CLIRunOptions
     let client: Client
 
     func run() -> Int32 {
         RunSignals.install()
-        let extractor = options.progressRegex.flatMap { try? CLIProgressExtractor(pattern: $0) }
+        let extractor: ((String) -> Double?)?
+        if let pattern = options.progressRegex, let regex = try? CLIProgressExtractor(pattern: pattern) {
+            extractor = { regex.progress(in: $0) }
+        } else if options.readProgress {
+            extractor = CLIProgressShapes.progress(in:)
+        } else {
+            extractor = nil
+        }
 
-        // 1. Start. A failure here is reported but does not stop the command.
-        var start = options.start
-        if start.status == nil { start.status = "Running" }
-        var activityID: String?
-        switch client.call(method: "POST", path: "/v1/activities/start", body: CLIRequestBody.start(start)) {
-        case .answered(let response) where (200...299).contains(response.head.status):
-            if let value = try? JSONParser.parse(response.body), case .string(let id)? = value["activityId"] {
-                activityID = id
-            } else {
-                activityID = start.activityID
-            }
-        case .answered(let response):
-            Output.fail("run", "could not start the activity: \(CLIServerError.describe(status: response.head.status, body: response.body)); running the command untracked")
-        case .failed(_, let message):
-            Output.fail("run", "could not start the activity: \(message); running the command untracked")
+        // 1. Name the activity (our own UUID unless --id: the server need not answer first) and
+        //    start publishing it in the background. Without a key the command runs untracked.
+        let activityID = options.start.activityID ?? System.newActivityID()
+        var publisher: RunPublisher?
+        if client.global.token == nil {
+            Output.fail("run", CLIFeedback.missingToken(devKeyHere: Files.exists(CLIFeedback.devKeyPath)) + "; running the command untracked")
+        } else {
+            var start = options.start
+            start.activityID = activityID
+            if start.status == nil { start.status = "Running" }
+            publisher = RunPublisher(client: client, start: start)
+            Notes.show("run", "activity \(activityID) (dispatch watch --id \(activityID))")
         }
         if RunSignals.received != 0 {
             let sig = RunSignals.received
-            finish(activityID, CLIEndOptions(activityID: "", state: "cancelled", status: "Cancelled (\(RunSignals.name(sig)))",
-                                             error: "interrupted by \(RunSignals.name(sig)) before the command started"))
+            finish(publisher, CLIEndOptions(activityID: activityID, state: "cancelled", status: "Cancelled (\(RunSignals.name(sig)))",
+                                            error: "interrupted by \(RunSignals.name(sig)) before the command started"))
             return exitLikeSignal(sig)
         }
 
-        // 2. Run the command, following the activity's stream for a cancel request and keeping
-        //    it fresh (touch) while the command lives.
-        let publisher = activityID.flatMap { id in extractor.map { _ in ProgressPublisher(client: client, activityID: id) } }
+        // 2. Run the command, following the activity's stream for a cancel request once it exists.
         let child = RunChild()
-        let watcher = activityID.map { id in
-            RunWatcher(client: client, activityID: id, child: child, killAfter: options.killAfter, staleAfter: options.start.staleAfter)
+        let watcher = publisher.map { p in
+            RunWatcher(client: client, activityID: activityID, child: child, killAfter: options.killAfter, ready: { p.started })
         }
         watcher?.start()
         let outcome = ChildProcess.run(options.command, capture: extractor != nil, child: child) { line in
-            if let p = extractor?.progress(in: line) { publisher?.offer(p) }
+            if let p = extractor?(line) { publisher?.offer(p) }
         }
         RunSignals.restoreDefaults()  // a second Ctrl-C while the end is published stops us at once
-        publisher?.stop()
 
         // 3a. Cancelled remotely: the command was sent SIGTERM (and SIGKILL after the grace).
         if let cancel = watcher?.stop(), cancel.cancelledTheCommand {
             if let t = cancel.terminatedAt { child.killLeftovers(deadline: t + cancel.killAfter) }
-            finish(activityID, cancel.end)
+            finish(publisher, cancel.end)
             return cancel.exitCode
         }
 
         // 3b. End with the command's outcome.
         let sig = RunSignals.received
-        var end = CLIEndOptions(activityID: "")
+        var end = CLIEndOptions(activityID: activityID)
         switch outcome {
         case .spawnFailed(let errno, let exitCode):
             let what = errno == ENOENT ? "command not found: \(options.command[0])" : "cannot run \(options.command[0]): \(System.errorText(errno))"
             Output.fail("run", what)
             end.state = "error"; end.status = "Failed to start"; end.error = what
-            finish(activityID, end)
+            finish(publisher, end)
             return exitCode
         case .exited(let code):
             if sig != 0 {
@@ -134,7 +137,7 @@ struct RunCommand {
             } else {
                 end.state = "error"; end.status = "Failed (exit status \(code))"; end.error = "exit status \(code)"
             }
-            finish(activityID, end)
+            finish(publisher, end)
             return code
         case .signaled(let childSignal):
             if sig != 0 {
@@ -143,22 +146,16 @@ struct RunCommand {
                 end.state = "error"; end.status = "Killed (\(RunSignals.name(childSignal)))"
                 end.error = "killed by \(RunSignals.name(childSignal))"
             }
-            finish(activityID, end)
+            finish(publisher, end)
             return exitLikeSignal(childSignal)
         }
     }
 
-    private func finish(_ activityID: String?, _ options: CLIEndOptions) {
-        guard let activityID else { return }
-        var o = options
-        o.activityID = activityID
-        switch client.call(method: "POST", path: Client.activityPath(activityID, "/end"), body: CLIRequestBody.end(o)) {
-        case .answered(let response) where (200...299).contains(response.head.status):
-            if client.global.json { client.printBody(response.body) }
-        case .answered(let response):
-            Output.fail("run", "could not end activity \(activityID): \(CLIServerError.describe(status: response.head.status, body: response.body))")
-        case .failed(_, let message):
-            Output.fail("run", "could not end activity \(activityID): \(message)")
+    /// Publishes the end after whatever is still queued, trying for --retry-for seconds.
+    private func finish(_ publisher: RunPublisher?, _ end: CLIEndOptions) {
+        guard let publisher else { return }
+        if let response = publisher.finish(end, budget: client.global.retryFor), client.global.json {
+            client.printBody(response.body)
         }
     }
 
@@ -290,93 +287,5 @@ enum ChildProcess {
             if let rest = splitters[i].finish() { onLine(rest) }
         }
         return reaped
-    }
-}
-
-/// Publishes `run`'s progress from a background thread, so the command's output is never held
-/// up by the network. Values coalesce: only the latest is sent, at most every `interval` s.
-final class ProgressPublisher: @unchecked Sendable {
-    private let client: Client
-    private let activityID: String
-    private let interval = 0.25
-    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
-    private let cond = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
-    private var pending: Double?
-    private var stopping = false
-    private var thread = pthread_t()
-    private var warned = false
-
-    init(client: Client, activityID: String) {
-        var c = client
-        c.attemptTimeout = 5
-        self.client = c
-        self.activityID = activityID
-        pthread_mutex_init(mutex, nil)
-        pthread_cond_init(cond, nil)
-        let unmanaged = Unmanaged.passRetained(self)
-        pthread_create(&thread, nil, { arg in
-            let me = Unmanaged<ProgressPublisher>.fromOpaque(arg!).takeRetainedValue()
-            me.loop()
-            return nil
-        }, unmanaged.toOpaque())
-    }
-
-    deinit {
-        pthread_mutex_destroy(mutex)
-        pthread_cond_destroy(cond)
-        mutex.deallocate()
-        cond.deallocate()
-    }
-
-    func offer(_ progress: Double) {
-        pthread_mutex_lock(mutex)
-        pending = progress
-        pthread_cond_signal(cond)
-        pthread_mutex_unlock(mutex)
-    }
-
-    /// Sends what is still pending, then ends the thread.
-    func stop() {
-        pthread_mutex_lock(mutex)
-        stopping = true
-        pthread_cond_signal(cond)
-        pthread_mutex_unlock(mutex)
-        pthread_join(thread, nil)
-    }
-
-    private func loop() {
-        var lastSent: Double?
-        while true {
-            pthread_mutex_lock(mutex)
-            while pending == nil && !stopping { pthread_cond_wait(cond, mutex) }
-            let value = pending
-            pending = nil
-            let done = stopping
-            pthread_mutex_unlock(mutex)
-            if let value, value != lastSent {
-                lastSent = value
-                send(value, budget: done ? 2 : min(client.global.retryFor, 5))
-            }
-            if done { return }
-            Clock.sleep(seconds: interval, interrupted: System.interrupted)
-        }
-    }
-
-    private func send(_ progress: Double, budget: Double) {
-        let body = CLIRequestBody.update(CLIUpdateOptions(activityID: activityID, progress: progress))
-        switch client.call(method: "POST", path: Client.activityPath(activityID, "/update"), body: body, retryFor: budget) {
-        case .answered(let response) where (200...299).contains(response.head.status):
-            return
-        case .answered(let response):
-            warnOnce(CLIServerError.describe(status: response.head.status, body: response.body))
-        case .failed(_, let message):
-            warnOnce(message)
-        }
-    }
-
-    private func warnOnce(_ message: String) {
-        guard !warned else { return }
-        warned = true
-        Output.fail("run", "progress update failed: \(message) (further failures are not reported)")
     }
 }

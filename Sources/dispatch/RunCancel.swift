@@ -108,28 +108,26 @@ enum ProcessTree {
 }
 
 /// While the command runs: follows the activity's status stream and acts on a cancel request
-/// (`CLIRunCancel` decides), and touches the activity a few times per stale period. Two
-/// threads, so a slow touch never delays a SIGKILL that is due. `stop` joins both and hands
-/// back what the cancel side did.
+/// (`CLIRunCancel` decides), from its own thread, so nothing the publisher waits for can delay
+/// a SIGKILL that is due. It starts following once the activity exists (`ready`: the publisher
+/// has had the start accepted). `stop` joins the thread and hands back what the cancel side did.
 final class RunWatcher: @unchecked Sendable {
     private let client: Client
     private let activityID: String
     private let child: RunChild
-    private let staleAfter: Int?
+    private let ready: () -> Bool
     private var control: CLIRunCancel
     private var stopping = false
     private var mutex = pthread_mutex_t()
     private var followThread = pthread_t()
-    private var touchThread = pthread_t()
-    private var touching = false
 
-    init(client: Client, activityID: String, child: RunChild, killAfter: Double, staleAfter: Int?) {
+    init(client: Client, activityID: String, child: RunChild, killAfter: Double, ready: @escaping () -> Bool) {
         var c = client
         c.attemptTimeout = 5
         self.client = c
         self.activityID = activityID
         self.child = child
-        self.staleAfter = staleAfter
+        self.ready = ready
         control = CLIRunCancel(killAfter: killAfter)
         pthread_mutex_init(&mutex, nil)
     }
@@ -137,20 +135,15 @@ final class RunWatcher: @unchecked Sendable {
     deinit { pthread_mutex_destroy(&mutex) }
 
     func start() {
-        followThread = RunWatcher.spawn(self) { $0.follow() }
-        if staleAfter != nil {
-            touching = true
-            touchThread = RunWatcher.spawn(self) { $0.touchLoop() }
-        }
+        followThread = spawnThread { [self] in follow() }
     }
 
-    /// Ends both threads (within about a second, or an attempt's timeout for a touch in flight).
+    /// Ends the thread (within about a second).
     func stop() -> CLIRunCancel {
         pthread_mutex_lock(&mutex)
         stopping = true
         pthread_mutex_unlock(&mutex)
         pthread_join(followThread, nil)
-        if touching { pthread_join(touchThread, nil) }
         return control
     }
 
@@ -158,22 +151,6 @@ final class RunWatcher: @unchecked Sendable {
         pthread_mutex_lock(&mutex)
         defer { pthread_mutex_unlock(&mutex) }
         return stopping
-    }
-
-    private static func spawn(_ watcher: RunWatcher, _ body: @escaping (RunWatcher) -> Void) -> pthread_t {
-        final class Box { let watcher: RunWatcher; let body: (RunWatcher) -> Void; init(_ w: RunWatcher, _ b: @escaping (RunWatcher) -> Void) { watcher = w; body = b } }
-        var thread = pthread_t()
-        // Signals are the main thread's business (its handler forwards them to the command).
-        var all = sigset_t(), old = sigset_t()
-        sigfillset(&all)
-        pthread_sigmask(SIG_SETMASK, &all, &old)
-        pthread_create(&thread, nil, { arg in
-            let box = Unmanaged<Box>.fromOpaque(arg!).takeRetainedValue()
-            box.body(box.watcher)
-            return nil
-        }, Unmanaged.passRetained(Box(watcher, body)).toOpaque())
-        pthread_sigmask(SIG_SETMASK, &old, nil)
-        return thread
     }
 
     // MARK: - Following the status stream
@@ -212,7 +189,7 @@ final class RunWatcher: @unchecked Sendable {
         var failures = 0
         while !isStopping {
             tick()
-            guard following else { pause(0.2); continue }
+            guard following, ready() else { pause(0.2); continue }
             switch followOnce(&state) {
             case .over:
                 following = false
@@ -238,7 +215,7 @@ final class RunWatcher: @unchecked Sendable {
                                             endpoint: client.global.endpoint, headers: headers, body: nil)
         let conn: HTTPConnection
         do {
-            conn = try HTTPConnection.connect(to: client.global.endpoint, timeout: 5)
+            conn = try HTTPConnection.connect(to: client.global.endpoint, caFile: client.global.caFile, timeout: 5)
             try conn.send(request, deadline: Clock.monotonic() + 5)
         } catch {
             return .dropped(streamed: false)
@@ -267,7 +244,7 @@ final class RunWatcher: @unchecked Sendable {
                     switch state.answered(status: head.status) {
                     case .readStream: reading = true
                     case .fetchSnapshot, .finish: return .over  // 204 (already over), 401/403/404
-                    case .retryConnect, .display, .reconnect: return .dropped(streamed: false)
+                    case .retryConnect, .display, .reconnect, .awaitActivity: return .dropped(streamed: false)
                     }
                 case .body(let bytes):
                     guard reading else { continue }
@@ -279,6 +256,8 @@ final class RunWatcher: @unchecked Sendable {
                                 perform(control.cancelRequested(reason: view.cancelReason, childRunning: child.running, now: Clock.monotonic()))
                             case .finish:
                                 return .over
+                            case .awaitActivity:
+                                return .dropped(streamed: streamed)
                             case .display, .readStream, .reconnect, .retryConnect, .fetchSnapshot:
                                 break
                             }
@@ -292,29 +271,20 @@ final class RunWatcher: @unchecked Sendable {
         }
         return .over
     }
+}
 
-    // MARK: - Touching
-
-    private func touchLoop() {
-        guard let staleAfter else { return }
-        let interval = CLIRunCancel.touchInterval(staleAfter: staleAfter)
-        var warned = false
-        while !isStopping {
-            let due = Clock.monotonic() + interval
-            while !isStopping && Clock.monotonic() < due { Clock.sleep(seconds: min(0.2, due - Clock.monotonic())) }
-            if isStopping { return }
-            switch client.call(method: "POST", path: Client.activityPath(activityID, "/touch"), body: [], retryFor: min(interval / 2, 5)) {
-            case .answered(let response) where (200...299).contains(response.head.status):
-                continue
-            case .answered(let response) where response.head.status == 404 || response.head.status == 409:
-                return  // the activity is over (ended elsewhere, or gone stale during an outage)
-            case .answered(let response):
-                if !warned { Output.fail("run", "touch failed: \(CLIServerError.describe(status: response.head.status, body: response.body)) (further failures are not reported)") }
-                warned = true
-            case .failed(_, let message):
-                if !warned { Output.fail("run", "touch failed: \(message) (further failures are not reported)") }
-                warned = true
-            }
-        }
-    }
+/// Starts a thread that runs `body` with every signal blocked: signals are the main thread's
+/// business (its handler forwards them to the command).
+func spawnThread(_ body: @escaping () -> Void) -> pthread_t {
+    final class Box { let body: () -> Void; init(_ b: @escaping () -> Void) { body = b } }
+    var thread = pthread_t()
+    var all = sigset_t(), old = sigset_t()
+    sigfillset(&all)
+    pthread_sigmask(SIG_SETMASK, &all, &old)
+    pthread_create(&thread, nil, { arg in
+        Unmanaged<Box>.fromOpaque(arg!).takeRetainedValue().body()
+        return nil
+    }, Unmanaged.passRetained(Box(body)).toOpaque())
+    pthread_sigmask(SIG_SETMASK, &old, nil)
+    return thread
 }

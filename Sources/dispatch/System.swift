@@ -20,6 +20,12 @@ enum System {
         return CLIIdempotencyKey.make(rng.next(), rng.next())
     }
 
+    /// A random (version 4) UUID for `run`'s activity.
+    static func newActivityID() -> String {
+        var rng = SystemRandomNumberGenerator()
+        return CLIActivityID.uuid(rng.next(), rng.next())
+    }
+
     static func isTerminal(_ fd: Int32) -> Bool { isatty(fd) == 1 }
 
     static func terminalWidth() -> Int {
@@ -57,5 +63,26 @@ enum Output {
     /// `dispatch progress: activity not found (not_found, HTTP 404)`.
     static func fail(_ command: String, _ message: String) {
         err("dispatch \(command): \(message)")
+    }
+}
+
+/// Notes on stderr besides errors: `retrying…`, run's activity id. Off with `--quiet` when
+/// stderr is not a terminal (CLIFeedback decides); safe from any thread.
+enum Notes {
+    nonisolated(unsafe) static var enabled = true
+    nonisolated(unsafe) private static var lock = pthread_mutex_t()
+    nonisolated(unsafe) private static var shown: Set<String> = []
+
+    static func show(_ command: String, _ text: String) {
+        guard enabled else { return }
+        Output.fail(command, text)
+    }
+
+    /// Shows the note the first time `key` comes up in this process only.
+    static func once(_ key: String, _ command: String, _ text: String) {
+        pthread_mutex_lock(&lock)
+        let first = shown.insert(key).inserted
+        pthread_mutex_unlock(&lock)
+        if first { show(command, text) }
     }
 }

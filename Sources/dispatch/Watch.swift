@@ -17,6 +17,8 @@ struct WatchCommand {
 
     private enum StreamEnd {
         case finished(CLIExitCode)
+        /// `--wait`: the activity does not exist yet; connect again after the pause.
+        case awaitActivity(milliseconds: Int)
         /// Reconnect; `connected` says whether this attempt got a 200 (it resets the outage clock).
         case reconnect(connected: Bool, afterMilliseconds: Int?, reason: String)
     }
@@ -25,17 +27,33 @@ struct WatchCommand {
         installInterruptHandlers()
         let live = System.isTerminal(1) && !options.plain && !client.global.json
         let renderer = LiveRenderer(enabled: live)
-        var state = CLIWatchState(activityID: options.activityID)
+        let wait: CLIWatchState.WaitForStart = !options.wait ? .no : options.waitTimeout.map { .until(Clock.monotonic() + $0) } ?? .forever
+        var state = CLIWatchState(activityID: options.activityID, waitForStart: wait)
         var outageStarted: Double?
         var failures = 0
+        /// A `retrying…` note went out for the outage under way (plain output only: on a
+        /// terminal the live line says "reconnecting…").
+        var outageNoted = false
 
         while true {
             if System.interrupted() { return interruptedExit(renderer) }
-            let end = connectOnce(state: &state, renderer: renderer)
+            let end = connectOnce(state: &state, renderer: renderer) {
+                if outageNoted { Notes.show("watch", "reconnected") }
+                outageNoted = false
+            }
             switch end {
             case .finished(let code):
                 renderer.finish()
                 return code.rawValue
+            case .awaitActivity(let pause):
+                let limit = options.waitTimeout.map { " up to \(CLIProgress.duration($0))" } ?? ""
+                Notes.once("wait", "watch", "activity \(CLIText.oneLine(options.activityID)) does not exist yet; waiting\(limit) for it to start…")
+                outageStarted = nil  // the server answered: no outage under way
+                failures = 0
+                let wakeAt = Clock.monotonic() + Double(pause) / 1000
+                while Clock.monotonic() < wakeAt && !System.interrupted() {
+                    Clock.sleep(seconds: min(0.25, wakeAt - Clock.monotonic()), interrupted: System.interrupted)
+                }
             case .reconnect(let connected, let pause, let reason):
                 if System.interrupted() { return interruptedExit(renderer) }
                 if connected || outageStarted == nil {
@@ -50,6 +68,10 @@ struct WatchCommand {
                     renderer.finish()
                     Output.fail("watch", "\(reason) (gave up after \(CLIProgress.duration(elapsed)))")
                     return CLIExitCode.unavailable.rawValue
+                }
+                if !connected && !outageNoted && !renderer.enabled {
+                    Notes.show("watch", CLIFeedback.retrying(reason, budget: client.global.retryFor))
+                    outageNoted = true
                 }
                 renderer.note = "reconnecting…"
                 let wakeAt = Clock.monotonic() + delay
@@ -67,7 +89,8 @@ struct WatchCommand {
     }
 
     /// One connection: request, answer, events until it ends.
-    private func connectOnce(state: inout CLIWatchState, renderer: LiveRenderer) -> StreamEnd {
+    /// `onConnected` runs when the server answers with the stream.
+    private func connectOnce(state: inout CLIWatchState, renderer: LiveRenderer, onConnected: () -> Void) -> StreamEnd {
         var headers = client.headers(idempotencyKey: nil, accept: "text/event-stream")
         headers.append(("Cache-Control", "no-cache"))
         if let last = state.lastEventID { headers.append(("Last-Event-ID", last)) }
@@ -75,7 +98,7 @@ struct WatchCommand {
                                             endpoint: client.global.endpoint, headers: headers, body: nil)
         let conn: HTTPConnection
         do {
-            conn = try HTTPConnection.connect(to: client.global.endpoint, timeout: 10)
+            conn = try HTTPConnection.connect(to: client.global.endpoint, caFile: client.global.caFile, timeout: 10)
             try conn.send(request, deadline: Clock.monotonic() + 10)
         } catch {
             if !error.transient && !System.interrupted() {
@@ -123,9 +146,10 @@ struct WatchCommand {
                         }
                         connected = true
                         renderer.note = nil
+                        onConnected()
                     case .fetchSnapshot:
                         return fetchFinalSnapshot(state: &state, renderer: renderer)
-                    case .retryConnect, .finish, .display, .reconnect:
+                    case .retryConnect, .finish, .display, .reconnect, .awaitActivity:
                         break  // decided once the error body is read
                     }
                 case .body(let bytes):
@@ -133,7 +157,7 @@ struct WatchCommand {
                         streamed = true
                         for sseEvent in sse.feed(bytes) {
                             if let r = sse.retryMilliseconds { state.retryAdvised(milliseconds: r) }
-                            if let code = perform(state.received(sseEvent), raw: sseEvent.data, renderer: renderer) { return .finished(code) }
+                            if let end = perform(state.received(sseEvent, now: Clock.monotonic()), raw: sseEvent.data, renderer: renderer) { return end }
                         }
                         if sse.overflowed {
                             renderer.finish()
@@ -156,7 +180,7 @@ struct WatchCommand {
                         Output.fail("watch", message)
                         if client.global.json, !errorBody.isEmpty { client.printBody(errorBody) }
                         return .finished(code)
-                    case .retryConnect, .readStream, .fetchSnapshot, .display, .reconnect:
+                    case .retryConnect, .readStream, .fetchSnapshot, .display, .reconnect, .awaitActivity:
                         return .reconnect(connected: false, afterMilliseconds: nil, reason: message)
                     }
                 }
@@ -164,9 +188,9 @@ struct WatchCommand {
         }
     }
 
-    /// Shows what the state machine decided; returns an exit code when the watch is over.
+    /// Shows what the state machine decided; returns how this connection ends when it does.
     /// `raw` is the event's data as the server sent it, which `--json` prints unchanged.
-    private func perform(_ actions: [CLIWatchState.Action], raw: String, renderer: LiveRenderer) -> CLIExitCode? {
+    private func perform(_ actions: [CLIWatchState.Action], raw: String, renderer: LiveRenderer) -> StreamEnd? {
         for action in actions {
             switch action {
             case .display(let event, let view):
@@ -181,7 +205,9 @@ struct WatchCommand {
                     Output.fail("watch", "activity \(CLIText.oneLine(view.activityID)) not found (not_found)")
                 }
             case .finish(let code):
-                return code
+                return .finished(code)
+            case .awaitActivity(let pause):
+                return .awaitActivity(milliseconds: pause)
             case .readStream, .reconnect, .retryConnect, .fetchSnapshot:
                 break
             }
@@ -205,7 +231,7 @@ struct WatchCommand {
                 return .finished(.unavailable)
             }
             let actions = state.snapshotFetched(view)
-            if let code = perform(actions, raw: String(decoding: response.body, as: UTF8.self), renderer: renderer) { return .finished(code) }
+            if let end = perform(actions, raw: String(decoding: response.body, as: UTF8.self), renderer: renderer) { return end }
             return .reconnect(connected: false, afterMilliseconds: nil, reason: "the activity is still running")
         }
     }

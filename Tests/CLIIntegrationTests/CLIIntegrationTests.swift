@@ -218,7 +218,7 @@ final class CLIRunIntegrationTests: CLIServerTestCase {
         let id = uniqueID()
         let (code, _, err) = try ctx.run(["run", "--id", id, "--", "/bin/sh", "-c", "echo oops >&2; exit 3"])
         XCTAssertEqual(code, 3)
-        XCTAssertEqual(err, "oops\n")
+        XCTAssertEqual(err, "dispatch run: activity \(id) (dispatch watch --id \(id))\noops\n", "the id first, then the command's own")
         let snap = try XCTUnwrap(try ctx.snapshot(id))
         XCTAssertEqual(snap["state"]?.stringValue, "error")
         let stored = try ctx.events(id).last?["data"]
@@ -233,10 +233,10 @@ final class CLIRunIntegrationTests: CLIServerTestCase {
     func testRunTurnsOutputIntoProgress() throws {
         let id = uniqueID()
         let script = "echo 'step 25% done'; sleep 0.6; echo 'step 50% done' >&2; sleep 0.6; echo finished"
-        let (code, out, err) = try ctx.run(["run", "--id", id, "--progress-regex", "([0-9]+)%", "--", "/bin/sh", "-c", script])
+        let (code, out, err) = try ctx.run(["run", "--id", id, "--quiet", "--progress-regex", "([0-9]+)%", "--", "/bin/sh", "-c", script])
         XCTAssertEqual(code, 0, err)
         XCTAssertEqual(out, "step 25% done\nfinished\n", "stdout passes through unchanged")
-        XCTAssertEqual(err, "step 50% done\n", "stderr passes through unchanged")
+        XCTAssertEqual(err, "step 50% done\n", "stderr passes through unchanged (--quiet: no note of ours)")
         let progresses = try ctx.events(id).compactMap { $0["data"]?["progress"]?.numberValue }
         XCTAssertTrue(progresses.contains(0.25), "\(progresses)")
         XCTAssertTrue(progresses.contains(0.5), "\(progresses)")

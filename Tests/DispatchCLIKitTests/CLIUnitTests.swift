@@ -3,22 +3,23 @@ import DispatchCore
 import DispatchCLIKit
 
 /// The CLI's pure pieces, without a process or a socket.
-final class CLIArgumentTests: XCTestCase {
-    private func parse(_ args: [String], env: [String: String] = [:]) throws -> CLIInvocation {
+/// Parsing helpers for every test class here.
+extension XCTestCase {
+    func parseArguments(_ args: [String], env: [String: String] = [:]) throws -> CLIInvocation {
         try CLIArguments.parse(args, environment: { env[$0] })
     }
 
-    private func command(_ args: [String], env: [String: String] = [:]) throws -> (CLIGlobalOptions, CLICommand) {
-        guard case .command(let g, let c) = try parse(args, env: env) else {
+    func command(_ args: [String], env: [String: String] = [:]) throws -> (CLIGlobalOptions, CLICommand) {
+        guard case .command(let g, let c) = try parseArguments(args, env: env) else {
             XCTFail("not a command: \(args)")
             throw CLIUsageError("not a command")
         }
         return (g, c)
     }
 
-    private func usageError(_ args: [String], env: [String: String] = [:], file: StaticString = #filePath, line: UInt = #line) -> CLIUsageError? {
+    func usageError(_ args: [String], env: [String: String] = [:], file: StaticString = #filePath, line: UInt = #line) -> CLIUsageError? {
         do {
-            let result = try parse(args, env: env)
+            let result = try parseArguments(args, env: env)
             XCTFail("expected a usage error for \(args), got \(result)", file: file, line: line)
             return nil
         } catch let e as CLIUsageError {
@@ -28,7 +29,9 @@ final class CLIArgumentTests: XCTestCase {
             return nil
         }
     }
+}
 
+final class CLIArgumentTests: XCTestCase {
     func testStartWithEveryFlag() throws {
         let (g, c) = try command(["start", "--name", "Debian 13 Trixie ISO", "--symbol", "arrow.down.circle.fill",
                                   "--machine", "shodan", "--id", "TEST-1", "--cancel-url", "https://x.example/c",
@@ -43,7 +46,7 @@ final class CLIArgumentTests: XCTestCase {
     }
 
     func testGlobalFlagsBeforeOrAfterTheCommandAndEqualsForm() throws {
-        let (a, _) = try command(["--url", "http://h:1", "--json", "progress", "--id=x", "--token=t", "--retry-for", "2.5"])
+        let (a, _) = try command(["--url", "http://h:1", "--json", "progress", "--id=x", "--token=t", "--retry-for", "2.5", "--insecure-http"])
         XCTAssertEqual(a.endpoint, CLIEndpoint(host: "h", port: 1))
         XCTAssertEqual(a.token, "t")
         XCTAssertTrue(a.json)
@@ -51,7 +54,8 @@ final class CLIArgumentTests: XCTestCase {
     }
 
     func testEnvironmentGivesDefaultsAndFlagsWin() throws {
-        let env = ["DISPATCH_URL": "http://10.0.0.1:9000/base/", "DISPATCH_TOKEN": "envkey", "DISPATCH_MACHINE": "xerxes"]
+        let env = ["DISPATCH_URL": "http://10.0.0.1:9000/base/", "DISPATCH_TOKEN": "envkey", "DISPATCH_MACHINE": "xerxes",
+                   "DISPATCH_INSECURE_HTTP": "1"]
         let (g, c) = try command(["start", "--name", "n"], env: env)
         XCTAssertEqual(g.endpoint, CLIEndpoint(host: "10.0.0.1", port: 9000, basePath: "/base"))
         XCTAssertEqual(g.token, "envkey")
@@ -72,6 +76,13 @@ final class CLIArgumentTests: XCTestCase {
         XCTAssertEqual(try command(["end", "--id", "a", "--state", "error", "--error", "disk full", "--percent", "100"]).1,
                        .end(CLIEndOptions(activityID: "a", state: "error", status: nil, error: "disk full", progress: 1)))
         XCTAssertEqual(try command(["end", "--id", "a"]).1, .end(CLIEndOptions(activityID: "a")))
+        // idle and rejected (contract §1): a waiting job, a job refused before it ran.
+        XCTAssertEqual(try command(["progress", "--id", "a", "--idle", "--status", "waiting for a GPU"]).1,
+                       .progress(CLIUpdateOptions(activityID: "a", status: "waiting for a GPU", state: "idle")))
+        XCTAssertEqual(try command(["progress", "--id", "a", "--state", "idle"]).1, .progress(CLIUpdateOptions(activityID: "a", state: "idle")))
+        XCTAssertEqual(try command(["progress", "--id", "a", "--idle", "--state", "idle"]).1, .progress(CLIUpdateOptions(activityID: "a", state: "idle")))
+        XCTAssertEqual(try command(["end", "--id", "a", "--state", "rejected", "--error", "quota"]).1,
+                       .end(CLIEndOptions(activityID: "a", state: "rejected", error: "quota")))
         XCTAssertEqual(try command(["watch", "--id", "a", "--plain"]).1, .watch(CLIWatchOptions(activityID: "a", plain: true)))
     }
 
@@ -87,6 +98,12 @@ final class CLIArgumentTests: XCTestCase {
         guard case .run(let r2) = c2 else { return XCTFail() }
         XCTAssertEqual(r2.command, ["sleep", "--help", "1"])
         XCTAssertEqual(r2.start.name, "sleep --help 1")
+        XCTAssertTrue(r2.readProgress, "progress is read by default")
+        XCTAssertNil(r2.progressRegex)
+        let (_, c3) = try command(["run", "--no-progress", "--", "vim"])
+        guard case .run(let r3) = c3 else { return XCTFail() }
+        XCTAssertFalse(r3.readProgress)
+        XCTAssertNotNil(usageError(["run", "--no-progress", "--progress-regex", "(x)", "--", "true"]))
     }
 
     func testDefaultRunNameIsBounded() {
@@ -106,6 +123,9 @@ final class CLIArgumentTests: XCTestCase {
         XCTAssertNotNil(usageError(["progress", "--id", "a", "--percent", "5", "--progress", "0.05"]))
         XCTAssertNotNil(usageError(["progress", "--id", "a", "--state", "completed"]))
         XCTAssertNotNil(usageError(["end", "--id", "a", "--state", "processing"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--idle", "--state", "processing"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--state", "rejected"]))
+        XCTAssertNotNil(usageError(["end", "--id", "a", "--state", "idle"]))
         XCTAssertNotNil(usageError(["start", "--name", "n", "--state", "retrying"]))
         XCTAssertNotNil(usageError(["progress", "--id", "a", "--error", "x"]))  // not a progress flag
         XCTAssertNotNil(usageError(["progress", "--id", "a", "--id", "b"]))
@@ -116,20 +136,22 @@ final class CLIArgumentTests: XCTestCase {
         XCTAssertNotNil(usageError(["run", "--name", "x"]))                  // no command
         XCTAssertNotNil(usageError(["run", "--progress-regex", "([0-9]+", "--", "true"]))
         XCTAssertNotNil(usageError(["run", "--progress-regex", "[0-9]+", "--", "true"]))  // no capture group
-        XCTAssertNotNil(usageError(["progress", "--id", "a", "--url", "https://secure.example"]))
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--url", "ftp://secure.example"]))
         XCTAssertNotNil(usageError(["progress", "--id", "a", "--retry-for", "-3"]))
         XCTAssertNotNil(usageError(["watch", "--id", "a", "--plain=yes"]))
         XCTAssertNotNil(usageError(["progress", "-x"]))
     }
 
     func testHelpAndVersion() throws {
-        XCTAssertEqual(try parse([]), .help(nil))
-        XCTAssertEqual(try parse(["--help"]), .help(nil))
-        XCTAssertEqual(try parse(["-h"]), .help(nil))
-        XCTAssertEqual(try parse(["help", "watch"]), .help("watch"))
-        XCTAssertEqual(try parse(["run", "--help"]), .help("run"))
-        XCTAssertEqual(try parse(["progress", "--id", "x", "-h"]), .help("progress"))
-        XCTAssertEqual(try parse(["--version"]), .version)
+        XCTAssertEqual(usageError([])?.message, "missing command", "no arguments: exit 2 with the list of commands")
+        XCTAssertTrue(usageError([])?.details?.contains("dispatch watch") == true)
+        XCTAssertEqual(try parseArguments(["help"]), .help(nil))
+        XCTAssertEqual(try parseArguments(["--help"]), .help(nil))
+        XCTAssertEqual(try parseArguments(["-h"]), .help(nil))
+        XCTAssertEqual(try parseArguments(["help", "watch"]), .help("watch"))
+        XCTAssertEqual(try parseArguments(["run", "--help"]), .help("run"))
+        XCTAssertEqual(try parseArguments(["progress", "--id", "x", "-h"]), .help("progress"))
+        XCTAssertEqual(try parseArguments(["--version"]), .version)
     }
 
     /// Every flag a command accepts is documented in that command's help.
@@ -146,6 +168,58 @@ final class CLIArgumentTests: XCTestCase {
         for code in CLIExitCode.allCases {
             XCTAssertTrue(CLIHelp.overview.contains("  \(code.rawValue)  "), "exit code \(code) not documented")
         }
+        for command in CLIArguments.commands {
+            XCTAssertTrue(CLIHelp.overview.contains("dispatch \(command) "), "\(command) missing from the overview")
+        }
+    }
+
+    /// `dispatch COMMAND --help`: the synopsis, then that command's options, then the global
+    /// ones, then the explanations; every option on a line of its own, its text in one column.
+    func testHelpShowsTheCommandsOptionsFirst() {
+        for spec in CLIHelp.commands {
+            let help = CLIHelp.text(for: spec.name)
+            let lines = help.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+            XCTAssertEqual(lines.first, spec.synopsis)
+            XCTAssertEqual(lines[1], "  " + spec.summary)
+            XCTAssertEqual(lines[3], "Options:", spec.name)
+            XCTAssertTrue(lines[4].hasPrefix("  --\(spec.options[0].name)"), "\(spec.name): \(lines[4])")
+            let own = lines.firstIndex { $0.hasPrefix("  --\(spec.options.last!.name)") }!
+            let global = lines.firstIndex { $0.hasPrefix("Global options") }!
+            let details = lines.firstIndex { $0.hasPrefix(String(spec.details.prefix(20))) }!
+            XCTAssertLessThan(own, global, spec.name)
+            XCTAssertLessThan(global, details, spec.name)
+            for line in lines where line.hasPrefix("  --") && line.count > 23 {
+                XCTAssertEqual(Array(line)[22], " ", "the text starts in one column: \(line)")
+            }
+        }
+        XCTAssertTrue(CLIHelp.text(for: "run").contains("\n  --progress-regex RE  read progress"), CLIHelp.text(for: "run"))
+        XCTAssertTrue(CLIHelp.text(for: "verify-webhook").contains("\n  --signature HEADER   the Dispatch-Signature"))
+        XCTAssertTrue(CLIHelp.text(for: "start").contains("\n  -h, --help           show help"))
+    }
+
+    /// An unknown command or flag says which one was probably meant.
+    func testDidYouMean() {
+        XCTAssertEqual(usageError(["strat", "--name", "x"])?.message, "unknown command 'strat' (did you mean 'start'?)")
+        XCTAssertEqual(usageError(["progres"])?.message, "unknown command 'progres' (did you mean 'progress'?)")
+        XCTAssertEqual(usageError(["wacth"])?.message, "unknown command 'wacth' (did you mean 'watch'?)")
+        XCTAssertEqual(usageError(["update", "--id", "a"])?.message, "unknown command 'update' (did you mean 'progress'?)")
+        XCTAssertEqual(usageError(["help", "wach"])?.message, "unknown command 'wach' (did you mean 'watch'?)")
+        let far = usageError(["frobnicate"])
+        XCTAssertEqual(far?.message, "unknown command 'frobnicate'")
+        XCTAssertTrue(far?.details?.contains("dispatch start") == true, "nothing close: the list instead")
+        XCTAssertEqual(usageError(["progress", "--id", "a", "--precent", "5"])?.message,
+                       "unknown option --precent for progress (did you mean --percent?)")
+        XCTAssertEqual(usageError(["watch", "--id", "a", "--plian"])?.message, "unknown option --plian for watch (did you mean --plain?)")
+        XCTAssertEqual(usageError(["start", "--name", "a", "--tokn", "x"])?.message, "unknown option --tokn for start (did you mean --token?)")
+        XCTAssertEqual(usageError(["start", "--name", "a", "--xyzzy"])?.message, "unknown option --xyzzy for start")
+
+        XCTAssertEqual(CLISuggest.distance("strat", "start"), 1, "a swap of neighbours is one edit")
+        XCTAssertEqual(CLISuggest.distance("", "abc"), 3)
+        XCTAssertEqual(CLISuggest.distance("kitten", "sitting"), 3)
+        XCTAssertEqual(CLISuggest.closest(to: "en", among: CLIArguments.commands), "end")
+        XCTAssertEqual(CLISuggest.closest(to: "verify", among: CLIArguments.commands), "verify-webhook")
+        XCTAssertEqual(CLISuggest.closest(to: "START", among: CLIArguments.commands), "start")
+        XCTAssertNil(CLISuggest.closest(to: "x", among: CLIArguments.commands))
     }
 }
 
@@ -155,10 +229,53 @@ final class CLIEndpointAndHTTPTests: XCTestCase {
         XCTAssertEqual(try CLIEndpoint.parse("HTTP://Example.org/"), CLIEndpoint(host: "Example.org", port: 80))
         XCTAssertEqual(try CLIEndpoint.parse("http://[::1]:9/x/y"), CLIEndpoint(host: "::1", port: 9, basePath: "/x/y"))
         XCTAssertEqual(try CLIEndpoint.parse("http://[::1]:9").hostHeader, "[::1]:9")
-        for bad in ["https://a", "ftp://a", "a:80", "http://", "http://a:0", "http://a:70000", "http://a:x",
-                    "http://u:p@a", "http://a/?q", "http://[::1"] {
+        for bad in ["ftp://a", "a:80", "http://", "https://", "http://a:0", "http://a:70000", "http://a:x",
+                    "http://u:p@a", "http://a/?q", "http://[::1", "http://a b", "https://a\\b"] {
             XCTAssertThrowsError(try CLIEndpoint.parse(bad), bad)
         }
+        let secure = try CLIEndpoint.parse("https://dispatch.example/api/")
+        XCTAssertEqual(secure, CLIEndpoint(host: "dispatch.example", port: 443, basePath: "/api", scheme: .https))
+        XCTAssertEqual(secure.hostHeader, "dispatch.example")
+        XCTAssertEqual(secure.display, "https://dispatch.example/api")
+        XCTAssertEqual(secure.connectURL, "https://dispatch.example:443/")
+        XCTAssertEqual(try CLIEndpoint.parse("HTTPS://[::1]:8443").connectURL, "https://[::1]:8443/")
+        XCTAssertEqual(try CLIEndpoint.parse("https://h:443").hostHeader, "h")
+        XCTAssertEqual(try CLIEndpoint.parse("https://h:80").hostHeader, "h:80")
+    }
+
+    /// A key goes over plain HTTP only to this machine, unless the user says the network is trusted.
+    func testURLPolicy() throws {
+        for url in ["http://127.0.0.1:8080", "http://127.3.4.5", "http://localhost:1", "http://LOCALHOST", "http://[::1]:80",
+                    "http://[0:0:0:0:0:0:0:1]", "http://[::ffff:127.0.0.1]", "https://10.0.0.5", "https://example.org"] {
+            XCTAssertNil(CLITransportPolicy.refusal(endpoint: try CLIEndpoint.parse(url), sendsKey: true, insecureHTTP: false), url)
+        }
+        for url in ["http://10.0.0.5:8080", "http://example.org", "http://128.0.0.1", "http://[::2]", "http://localhost.evil.example",
+                    "http://127.0.0.1.nip.io", "http://[::ffff:10.0.0.1]", "http://0.0.0.0", "http://1270.0.0.1"] {
+            let endpoint = try CLIEndpoint.parse(url)
+            XCTAssertNotNil(CLITransportPolicy.refusal(endpoint: endpoint, sendsKey: true, insecureHTTP: false), url)
+            XCTAssertNil(CLITransportPolicy.refusal(endpoint: endpoint, sendsKey: true, insecureHTTP: true), url)
+            XCTAssertNil(CLITransportPolicy.refusal(endpoint: endpoint, sendsKey: false, insecureHTTP: false), "no key, nothing to leak: \(url)")
+        }
+        XCTAssertEqual(CLIAddress.ipv6("fe80::1%eth0"), [0xfe, 0x80] + [UInt8](repeating: 0, count: 13) + [1])
+        XCTAssertNil(CLIAddress.ipv6("1::2::3"))
+        XCTAssertNil(CLIAddress.ipv6("12345::"))
+        XCTAssertNil(CLIAddress.ipv4("1.2.3"))
+
+        // Through the parser: a usage error (exit 2) that says why and what to do.
+        let refused = usageError(["progress", "--id", "a", "--url", "http://10.0.0.5:8080"], env: ["DISPATCH_TOKEN": "k"])
+        XCTAssertEqual(refused?.command, "progress")
+        XCTAssertTrue(refused?.message.contains("--insecure-http") == true, refused?.message ?? "")
+        XCTAssertTrue(refused?.message.contains("https://") == true, refused?.message ?? "")
+        XCTAssertNotNil(usageError(["progress", "--id", "a", "--url", "http://10.0.0.5"], env: ["DISPATCH_TOKEN_FILE": "/k"]))
+        XCTAssertTrue(try command(["progress", "--id", "a", "--url", "http://10.0.0.5", "--insecure-http"], env: ["DISPATCH_TOKEN": "k"]).0.insecureHTTP)
+        XCTAssertNoThrow(try command(["progress", "--id", "a", "--url", "http://10.0.0.5"], env: ["DISPATCH_TOKEN": "k", "DISPATCH_INSECURE_HTTP": "1"]))
+        XCTAssertNoThrow(try command(["verify-webhook", "--secret", "s", "--signature", "t=1,v1=a", "--body", "-"],
+                                     env: ["DISPATCH_TOKEN": "k", "DISPATCH_URL": "http://10.0.0.5"]), "verify-webhook sends nothing")
+        // The CA for https: the flag, then DISPATCH_CA_FILE, then curl's CURL_CA_BUNDLE.
+        XCTAssertEqual(try command(["touch", "--id", "a", "--cacert", "/flag.pem"], env: ["DISPATCH_CA_FILE": "/env.pem"]).0.caFile, "/flag.pem")
+        XCTAssertEqual(try command(["touch", "--id", "a"], env: ["DISPATCH_CA_FILE": "/env.pem", "CURL_CA_BUNDLE": "/curl.pem"]).0.caFile, "/env.pem")
+        XCTAssertEqual(try command(["touch", "--id", "a"], env: ["CURL_CA_BUNDLE": "/curl.pem"]).0.caFile, "/curl.pem")
+        XCTAssertNil(try command(["touch", "--id", "a"]).0.caFile)
     }
 
     func testRequestEncodingAndHeaderInjection() {
@@ -294,7 +411,7 @@ final class CLIRenderingTests: XCTestCase {
         let v = try XCTUnwrap(CLIActivityView(jsonText: snapshot))
         let now = v.createdAt! + 62
         let wide = CLIProgress.liveLine(view: v, width: 120, now: now, frame: 0)
-        XCTAssertEqual(wide, "⠋ Debian 13 Trixie ISO [█████████████░░░░░░░] 68%  Downloading at 18.4 MB/s (68%) · shodan · 1m02s")
+        XCTAssertEqual(wide, "⠋ Debian 13 Trixie ISO [█████████████░░░░░░░] 68% processing  Downloading at 18.4 MB/s (68%) · shodan · 1m02s")
         for width in [20, 40, 60, 79, 80, 100] {
             let line = CLIProgress.liveLine(view: v, width: width, now: now, frame: 3)
             XCTAssertLessThanOrEqual(line.count, width, "width \(width): \(line)")
@@ -303,6 +420,37 @@ final class CLIRenderingTests: XCTestCase {
         var done = v
         done.state = "completed"
         XCTAssertTrue(CLIProgress.liveLine(view: done, width: 100, now: now, frame: 0).hasPrefix("✔ "))
+    }
+
+    /// The live line names the state: "waiting" for idle, the attempt while retrying, and each
+    /// final state with a mark of its own (rejected is not shown as an error).
+    func testLiveLineShowsTheState() throws {
+        var v = try XCTUnwrap(CLIActivityView(jsonText: snapshot))
+        let now = v.createdAt! + 62
+        func line(_ state: String, attempt: Int? = nil, width: Int = 120) -> String {
+            v.state = state
+            v.attempt = attempt
+            return CLIProgress.liveLine(view: v, width: width, now: now, frame: 0)
+        }
+        XCTAssertEqual(line("idle"), "‖ Debian 13 Trixie ISO [█████████████░░░░░░░] 68% waiting  Downloading at 18.4 MB/s (68%) · shodan · 1m02s")
+        XCTAssertTrue(line("retrying", attempt: 3).contains("68% retrying (attempt 3)  "), line("retrying", attempt: 3))
+        XCTAssertTrue(line("queued").hasPrefix("⠋ Debian 13 Trixie ISO [█████████████░░░░░░░] 68% queued  "))
+        XCTAssertTrue(line("rejected").hasPrefix("⊗ Debian 13 Trixie ISO [█████████████░░░░░░░] 68% rejected  "))
+        XCTAssertTrue(line("error").hasPrefix("✘ "))
+        XCTAssertTrue(line("cancelled").hasPrefix("⊘ "))
+        XCTAssertEqual(Set(["completed", "error", "cancelled", "rejected", "idle"].map { CLIProgress.glyph(CLIActivityView(activityID: "a", state: $0), frame: 0) }).count, 5,
+                       "one mark per final state, and one for waiting")
+        // Narrow terminals keep the state: the bar and the attempt's words shrink first.
+        for width in [30, 40, 50, 60] {
+            let l = line("retrying", attempt: 12, width: width)
+            XCTAssertLessThanOrEqual(l.count, width, l)
+            XCTAssertTrue(l.contains("retry"), "width \(width): \(l)")
+            let idle = line("idle", width: width)
+            XCTAssertLessThanOrEqual(idle.count, width, idle)
+            XCTAssertTrue(idle.contains("waiting"), "width \(width): \(idle)")
+        }
+        XCTAssertEqual(CLIProgress.plainLine(event: "retrying", view: { var r = v; r.state = "retrying"; r.attempt = 2; return r }()),
+                       "#5 retrying 68% (attempt 2) [shodan] Downloading at 18.4 MB/s (68%)")
     }
 
     func testProgressExtractor() throws {
@@ -317,6 +465,23 @@ final class CLIRenderingTests: XCTestCase {
         XCTAssertThrowsError(try CLIProgressExtractor(pattern: "("))
     }
 
+    /// What `run` reads as progress when given no pattern, and what it leaves alone.
+    func testProgressShapes() {
+        let cases: [(String, Double?)] = [
+            ("Downloading 68% done", 0.68), ("68.5%", 0.685), ("68,5 %", nil), ("[68,5%]", 0.685), ("100%", 1), ("0%", 0),
+            ("10% ... 20%", 0.2), ("150%", nil), ("(45%) eta 3s", 0.45),
+            ("[3/10] Compiling Foo", 0.3), ("12/40 files", 0.3), ("Building [====>  ] 120/200: crate", 0.6),
+            ("━━━━━━ 1.2/4.8 MB 5.0 MB/s", 0.25), ("step 1/1", 1), ("1/0", nil), ("41/40", nil),
+            ("10% then 3/4", 0.75), ("3/4 then 10%", 0.1),
+            ("2024/05/06 12:00", nil), ("route 10.0.0.1/24", nil), ("sha256%20", nil), ("version 1.2.3/4", nil),
+            ("x86/64", nil), ("a/12", nil), ("no numbers", nil), ("", nil), ("99999999999999999%", nil),
+            ("épée 50%", 0.5), ("ü50%", nil),
+        ]
+        for (line, expected) in cases {
+            XCTAssertEqual(CLIProgressShapes.progress(in: line), expected, line)
+        }
+    }
+
     func testLineSplitter() {
         var s = CLILineSplitter(maxLineBytes: 8)
         XCTAssertEqual(s.feed(Array("a\r\nb\rc".utf8)), ["a", "b"])
@@ -325,6 +490,10 @@ final class CLIRenderingTests: XCTestCase {
         XCTAssertEqual(s.finish(), "89")
         XCTAssertNil(s.finish())
     }
+}
+
+extension CLIWatchState.Action {
+    var isDisplay: Bool { if case .display = self { return true } else { return false } }
 }
 
 final class CLIWatchStateTests: XCTestCase {
@@ -359,6 +528,8 @@ final class CLIWatchStateTests: XCTestCase {
         XCTAssertEqual(w.received(event(4, "error")).last, .finish(.jobFailed))
         var c = CLIWatchState(activityID: "A")
         XCTAssertEqual(c.received(event(4, "cancelled")).last, .finish(.jobFailed))
+        var r = CLIWatchState(activityID: "A")
+        XCTAssertEqual(r.received(event(4, "rejected")).last, .finish(.jobFailed), "rejected is final: watch ends like on error")
         var n = CLIWatchState(activityID: "A")
         XCTAssertEqual(n.received(SSEEvent(id: nil, event: "not_found", data: #"{"activityId":"A"}"#)).last, .finish(.notFound))
         var h = CLIWatchState(activityID: "A")
@@ -374,5 +545,47 @@ final class CLIWatchStateTests: XCTestCase {
         var t = CLIWatchState(activityID: "A")
         _ = t.received(event(4, "processing"))
         XCTAssertEqual(t.snapshotFetched(CLIActivityView(activityID: "A", state: "error", seq: 4)), [.finish(.jobFailed)])
+        var u = CLIWatchState(activityID: "A")
+        _ = u.received(event(1, "queued"))
+        let rejected = CLIActivityView(activityID: "A", state: "rejected", seq: 2)
+        XCTAssertEqual(u.snapshotFetched(rejected), [.display(event: "rejected", view: rejected), .finish(.jobFailed)],
+                       "after a 204, a rejected snapshot ends the watch instead of reconnecting for ever")
+    }
+
+    /// `watch --wait`: not_found means "not started yet" until the deadline; once the activity
+    /// was seen, not_found is final again.
+    func testWaitingForAnActivityThatDoesNotExistYet() throws {
+        let notFound = SSEEvent(id: "0", event: "not_found", data: #"{"activityId":"A"}"#)
+        var w = CLIWatchState(activityID: "A", waitForStart: .until(100))
+        XCTAssertEqual(w.received(notFound, now: 10), [.awaitActivity(afterMilliseconds: 1000)])
+        XCTAssertNil(w.lastEventID, "not_found's id 0 is no Last-Event-ID: the next connection asks afresh")
+        XCTAssertEqual(w.received(notFound, now: 99.75), [.awaitActivity(afterMilliseconds: 250)], "the last look lands on the deadline")
+        XCTAssertEqual(w.received(notFound, now: 100).last, .finish(.notFound))
+        XCTAssertEqual(try XCTUnwrap(w.received(notFound, now: 100).first).isDisplay, true, "the timeout shows not_found")
+
+        var f = CLIWatchState(activityID: "A", waitForStart: .forever)
+        XCTAssertEqual(f.received(notFound, now: 1e9), [.awaitActivity(afterMilliseconds: 1000)])
+        XCTAssertEqual(f.received(event(1, "queued"), now: 1e9).count, 1)
+        XCTAssertEqual(f.waitForStart, .no)
+        XCTAssertEqual(f.received(notFound, now: 1e9).last, .finish(.notFound), "it existed: gone now is final")
+
+        var n = CLIWatchState(activityID: "A")
+        XCTAssertEqual(n.received(notFound, now: 0).last, .finish(.notFound), "without --wait: exit 3 at once")
+        let (_, c) = try command(["watch", "--id", "A", "--wait"])
+        XCTAssertEqual(c, .watch(CLIWatchOptions(activityID: "A", wait: true, waitTimeout: 600)))
+        XCTAssertEqual(try command(["watch", "--id", "A", "--wait-timeout", "90s"]).1, .watch(CLIWatchOptions(activityID: "A", wait: true, waitTimeout: 90)))
+        XCTAssertEqual(try command(["watch", "--id", "A", "--wait", "--wait-timeout", "0"]).1, .watch(CLIWatchOptions(activityID: "A", wait: true, waitTimeout: nil)))
+        XCTAssertNotNil(usageError(["watch", "--id", "A", "--wait-timeout", "soon"]))
+    }
+
+    /// Contract §1: completed, error, cancelled and rejected are the terminal states; idle is live.
+    func testTerminalStatesAreTheContractsFour() {
+        for state in ["completed", "error", "cancelled", "rejected"] {
+            XCTAssertTrue(CLIActivityView(activityID: "A", state: state).isTerminal, state)
+        }
+        for state in ["queued", "processing", "retrying", "idle"] {
+            XCTAssertFalse(CLIActivityView(activityID: "A", state: state).isTerminal, state)
+        }
+        XCTAssertEqual(CLIActivityView.terminalStates, ["completed", "error", "cancelled", "rejected"])
     }
 }

@@ -1,0 +1,157 @@
+import DispatchCore
+
+/// What `dispatch run` publishes, in which order and when, while its command runs from the
+/// first instant: the start, the latest progress (coalesced), touches while nothing else is
+/// said, and the end once the command is over. Pure: the shell's publishing thread asks `next`,
+/// performs the step, and reports back; the clock is passed in.
+///
+/// Order is the server's: nothing before the start is accepted (the activity would not exist),
+/// and nothing after the end. A step that failed for a passing reason (server down, 503) is
+/// tried again after a growing pause, with the same Idempotency-Key (the shell keeps it per
+/// step), so a retried publish lands once. A step refused for good is dropped: a refused start
+/// leaves the command untracked, a refused progress value is skipped.
+public struct CLIRunPublishQueue: Equatable, Sendable {
+    public enum Step: Equatable, Sendable {
+        case start
+        case progress(Double)
+        case touch
+        case end(CLIEndOptions)
+    }
+
+    public enum Next: Equatable, Sendable {
+        case send(Step)
+        /// Nothing to do before this monotonic time (`.infinity`: until something is offered).
+        case wait(until: Double)
+        /// The end is published (or refused), or the start was refused and the command is over.
+        case finished
+        /// The end could not be published within the budget given after the command ended.
+        case gaveUp
+    }
+
+    /// At most this often a progress value goes out (seconds).
+    public static let progressInterval = 0.25
+    /// The longest pause between two tries of a failing step.
+    public static let maxRetryDelay = 5.0
+
+    /// Seconds between touches when nothing else was accepted (nil: no touches).
+    public let touchInterval: Double?
+    public private(set) var started = false
+    /// The start was refused for good: nothing is sent any more.
+    public private(set) var untracked = false
+    public private(set) var ended = false
+    private var touching: Bool
+    private var pending: Double?
+    private var lastSentProgress: Double?
+    private var lastProgressAt = -Double.infinity
+    /// When the server last accepted a step (it renews the stale deadline, like a touch).
+    private var lastAcceptedAt: Double
+    private var end: CLIEndOptions?
+    private var giveUpAt = Double.infinity
+    private var triedSinceEnd = false
+    private var retryAt: Double?
+    /// Failures in a row (the pause before the next try grows with them).
+    public private(set) var failures = 0
+
+    public init(touchInterval: Double?, now: Double) {
+        self.touchInterval = touchInterval
+        touching = touchInterval != nil
+        lastAcceptedAt = now
+    }
+
+    /// A new progress value from the command's output; replaces one not yet sent.
+    public mutating func offer(progress: Double) {
+        guard !ended, end == nil else { return }
+        pending = progress
+    }
+
+    /// The command is over: publish `end` after what is still pending, trying for `budget`
+    /// seconds from `now` (at least once).
+    public mutating func requestEnd(_ end: CLIEndOptions, now: Double, budget: Double) {
+        guard self.end == nil else { return }
+        self.end = end
+        giveUpAt = now + max(budget, 0)
+        triedSinceEnd = false
+        retryAt = nil  // one more try at once, whatever the pause under way
+    }
+
+    public func next(now: Double) -> Next {
+        if ended { return .finished }
+        if untracked { return end == nil ? .wait(until: .infinity) : .finished }
+        // Past the budget, a server that still fails is given up on; one that answers is not
+        // cut off in the middle of catching up.
+        let failing = end != nil && triedSinceEnd && failures > 0
+        if failing, now >= giveUpAt { return .gaveUp }
+        if let r = retryAt, now < r { return .wait(until: failing ? min(r, giveUpAt) : r) }
+        if !started { return .send(.start) }
+        if let p = pending, p != lastSentProgress {
+            let due = lastProgressAt + Self.progressInterval
+            return now >= due ? .send(.progress(p)) : .wait(until: due)
+        }
+        if let end { return .send(.end(end)) }
+        if touching, let t = touchInterval {
+            let due = lastAcceptedAt + t
+            return now >= due ? .send(.touch) : .wait(until: due)
+        }
+        return .wait(until: .infinity)
+    }
+
+    public mutating func succeeded(_ step: Step, now: Double) {
+        failures = 0
+        retryAt = nil
+        lastAcceptedAt = now
+        if end != nil { triedSinceEnd = true }
+        switch step {
+        case .start:
+            started = true
+        case .progress(let p):
+            lastSentProgress = p
+            lastProgressAt = now
+            if pending == p { pending = nil }
+        case .touch:
+            break
+        case .end:
+            ended = true
+        }
+    }
+
+    /// `transient`: worth another try (unreachable, 5xx, 429); otherwise the server refused it.
+    public mutating func failed(_ step: Step, transient: Bool, now: Double) {
+        if end != nil { triedSinceEnd = true }
+        if transient {
+            failures += 1
+            retryAt = now + Self.retryDelay(failures: failures)
+            return
+        }
+        failures = 0
+        retryAt = nil
+        switch step {
+        case .start:
+            untracked = true
+        case .progress(let p):
+            lastSentProgress = p
+            lastProgressAt = now
+            if pending == p { pending = nil }
+        case .touch:
+            touching = false  // the activity is over (ended elsewhere, or stale) or not ours
+        case .end:
+            ended = true
+        }
+    }
+
+    /// 0.5 s, 1 s, 2 s, 4 s, then 5 s between tries.
+    public static func retryDelay(failures: Int) -> Double {
+        min(maxRetryDelay, 0.5 * Double(1 << min(max(failures, 1) - 1, 8)))
+    }
+}
+
+/// Activity ids `run` makes itself, so it can name the activity (and start the command) before
+/// the server has answered: random (version 4) UUIDs, as the server would make.
+public enum CLIActivityID {
+    public static func uuid(_ a: UInt64, _ b: UInt64) -> String {
+        let high = (a & 0xFFFF_FFFF_FFFF_0FFF) | 0x0000_0000_0000_4000  // version 4
+        let low = (b & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000   // RFC 4122 variant
+        let hex = CLIIdempotencyKey.hex(high) + CLIIdempotencyKey.hex(low)
+        let c = Array(hex)
+        return String(c[0..<8]) + "-" + String(c[8..<12]) + "-" + String(c[12..<16]) + "-" + String(c[16..<20]) + "-" + String(c[20..<32])
+    }
+}
