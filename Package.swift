@@ -10,8 +10,8 @@ import PackageDescription
 //     DispatchBenchKit  the load generator's SSE reading (on DispatchCore's HTTP parser), histograms
 //     DispatchLiveActivity  the iOS app's ActivityAttributes for Live Activity pushes (no dependency)
 //   C, as system libraries: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl; and
-//     CCurlDynamic, a few lines of C that load libcurl with dlopen for the CLI, only when a URL
-//     is https:// (linking it slowed every start of the CLI: docs/cli.md, Performance)
+//     CCurlDynamic, libcurl's header without linking it: the CLI loads libcurl with dlopen
+//     only when a URL is https:// (linking it slowed every start: docs/cli.md, Performance)
 //   Shells (thin layers that perform what the pure parts decide):
 //     DispatchSystem    clocks, files, processes (plain libc)
 //     DispatchCrypto    SHA-256, HMAC, AES-GCM, ES256, random bytes (libcrypto)
@@ -45,7 +45,7 @@ let package = Package(
         .systemLibrary(name: "CLibpq", path: "Sources/CLibpq", pkgConfig: "libpq"),
         .systemLibrary(name: "CCrypto", path: "Sources/CCrypto", pkgConfig: "libcrypto"),
         .systemLibrary(name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl"),
-        .target(name: "CCurlDynamic", linkerSettings: [.linkedLibrary("dl", .when(platforms: [.linux]))]),
+        .systemLibrary(name: "CCurlDynamic", path: "Sources/CCurlDynamic"),
 
         // Shells.
         .target(name: "DispatchSystem"),

@@ -212,61 +212,69 @@ final class SocketStream: ByteStream {
 /// and streams take the same path as over a plain socket. HTTP/1.1 only (ALPN offers nothing
 /// else): one request per process has nothing to gain from HTTP/2's streams.
 final class CurlStream: ByteStream {
-    /// `CURL *` (C's `void`).
-    private let handle: UnsafeMutableRawPointer
+    private let curl: LibCurl
+    private let handle: LibCurl.Handle
     private let fd: Int32
 
-    private init(handle: UnsafeMutableRawPointer, fd: Int32) {
+    private init(curl: LibCurl, handle: LibCurl.Handle, fd: Int32) {
+        self.curl = curl
         self.handle = handle
         self.fd = fd
     }
 
-    deinit { dispatch_curl_easy_cleanup(handle) }
+    deinit { curl.easyCleanup(handle) }
 
     /// Loads libcurl. Call it on the main thread before other threads start (curl_global_init
     /// is not thread-safe); nil when it is ready, else why not.
     static func load() -> String? {
-        dispatch_curl_load().map { String(cString: $0) }
+        switch LibCurl.shared {
+        case .success: return nil
+        case .failure(let e): return e.message
+        }
     }
 
     static func connect(to endpoint: CLIEndpoint, caFile: String?, timeout: Double) throws(TransportError) -> CurlStream {
-        if let why = load() { throw TransportError(message: why, transient: false) }
-        guard let raw = dispatch_curl_easy_init() else { throw TransportError(message: "libcurl could not make a handle", transient: false) }
+        let curl: LibCurl
+        switch LibCurl.shared {
+        case .success(let loaded): curl = loaded
+        case .failure(let e): throw TransportError(message: e.message, transient: false)
+        }
+        guard let raw = curl.easyInit() else { throw TransportError(message: "libcurl could not make a handle", transient: false) }
         var errorText = [CChar](repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
         let code: CURLcode = errorText.withUnsafeMutableBufferPointer { errorBuffer in
-            _ = dispatch_curl_setopt_ptr(raw, CURLOPT_ERRORBUFFER, errorBuffer.baseAddress)
-            _ = dispatch_curl_setopt_str(raw, CURLOPT_URL, endpoint.connectURL)
-            _ = dispatch_curl_setopt_str(raw, CURLOPT_PROTOCOLS_STR, "https")
-            _ = dispatch_curl_setopt_long(raw, CURLOPT_CONNECT_ONLY, 1)
-            _ = dispatch_curl_setopt_long(raw, CURLOPT_NOSIGNAL, 1)
-            _ = dispatch_curl_setopt_long(raw, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_1_1))
-            _ = dispatch_curl_setopt_long(raw, CURLOPT_HTTPPROXYTUNNEL, 1)
-            _ = dispatch_curl_setopt_long(raw, CURLOPT_CONNECTTIMEOUT_MS, Int(timeout * 1000))
-            _ = dispatch_curl_setopt_long(raw, CURLOPT_TIMEOUT_MS, Int(timeout * 1000))
+            _ = curl.set(raw, CURLOPT_ERRORBUFFER, pointer: UnsafeMutableRawPointer(errorBuffer.baseAddress))
+            _ = curl.set(raw, CURLOPT_URL, endpoint.connectURL)
+            _ = curl.set(raw, CURLOPT_PROTOCOLS_STR, "https")
+            _ = curl.set(raw, CURLOPT_CONNECT_ONLY, 1)
+            _ = curl.set(raw, CURLOPT_NOSIGNAL, 1)
+            _ = curl.set(raw, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_1_1))
+            _ = curl.set(raw, CURLOPT_HTTPPROXYTUNNEL, 1)
+            _ = curl.set(raw, CURLOPT_CONNECTTIMEOUT_MS, Int(timeout * 1000))
+            _ = curl.set(raw, CURLOPT_TIMEOUT_MS, Int(timeout * 1000))
             if let caFile {
                 // Exactly this CA, as the help says: not the system's directory of CAs as well.
-                _ = dispatch_curl_setopt_str(raw, CURLOPT_CAINFO, caFile)
-                _ = dispatch_curl_setopt_str(raw, CURLOPT_CAPATH, nil)
+                _ = curl.set(raw, CURLOPT_CAINFO, caFile)
+                _ = curl.set(raw, CURLOPT_CAPATH, nil as String?)
             }
             // Ctrl-C during a slow connect or handshake: curl asks this about once a second.
-            _ = dispatch_curl_setopt_long(raw, CURLOPT_NOPROGRESS, 0)
-            _ = dispatch_curl_setopt_xferinfo(raw) { _, _, _, _, _ in System.interrupted() ? 1 : 0 }
-            let code = dispatch_curl_easy_perform(raw)
-            _ = dispatch_curl_setopt_ptr(raw, CURLOPT_ERRORBUFFER, nil)
+            _ = curl.set(raw, CURLOPT_NOPROGRESS, 0)
+            _ = curl.setProgress(raw) { _, _, _, _, _ in System.interrupted() ? 1 : 0 }
+            let code = curl.easyPerform(raw)
+            _ = curl.set(raw, CURLOPT_ERRORBUFFER, pointer: nil)
             return code
         }
         let written = String(decoding: errorText.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        let detail = written.isEmpty ? String(cString: dispatch_curl_easy_strerror(code)) : written
+        let detail = written.isEmpty ? curl.describe(code) : written
         guard code == CURLE_OK else {
-            dispatch_curl_easy_cleanup(raw)
+            curl.easyCleanup(raw)
             throw connectError(code, detail: detail, endpoint: endpoint)
         }
         var socket = curl_socket_t(-1)
-        guard dispatch_curl_getinfo_socket(raw, &socket) == CURLE_OK, socket >= 0 else {
-            dispatch_curl_easy_cleanup(raw)
+        guard curl.activeSocket(raw, &socket) == CURLE_OK, socket >= 0 else {
+            curl.easyCleanup(raw)
             throw TransportError(message: "cannot connect to \(endpoint.display): no socket from libcurl", transient: true)
         }
-        return CurlStream(handle: raw, fd: socket)
+        return CurlStream(curl: curl, handle: raw, fd: socket)
     }
 
     /// What a failed connect means for the user: worth a retry (refused, timed out, reset), or
@@ -299,12 +307,12 @@ final class CurlStream: ByteStream {
         while offset < bytes.count {
             var sent = 0
             let code = bytes.withUnsafeBytes { raw in
-                dispatch_curl_easy_send(handle, raw.baseAddress! + offset, raw.count - offset, &sent)
+                curl.easySend(handle, raw.baseAddress! + offset, raw.count - offset, &sent)
             }
             offset += sent
             if code == CURLE_OK { continue }
             guard code == CURLE_AGAIN else {
-                throw TransportError(message: "send failed: \(String(cString: dispatch_curl_easy_strerror(code)))", transient: true)
+                throw TransportError(message: "send failed: \(curl.describe(code))", transient: true)
             }
             switch waitFor(fd: fd, events: Int16(POLLOUT), deadline: deadline) {
             case .ready: continue
@@ -320,11 +328,11 @@ final class CurlStream: ByteStream {
         while true {
             var received = 0
             let code = buffer.withUnsafeMutableBytes { raw in
-                dispatch_curl_easy_recv(handle, raw.baseAddress!, raw.count, &received)
+                curl.easyRecv(handle, raw.baseAddress!, raw.count, &received)
             }
             if code == CURLE_OK { return received > 0 ? .bytes(received) : .closed }
             guard code == CURLE_AGAIN else {
-                throw TransportError(message: "receive failed: \(String(cString: dispatch_curl_easy_strerror(code)))", transient: true)
+                throw TransportError(message: "receive failed: \(curl.describe(code))", transient: true)
             }
             switch waitFor(fd: fd, events: Int16(POLLIN), deadline: deadline) {
             case .ready: continue
