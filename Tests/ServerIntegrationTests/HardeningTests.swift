@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchCrypto
 import DispatchIO
 import DispatchSystem
 import DispatchTestSupport
@@ -66,6 +67,35 @@ final class EmbeddedDatabaseTests: XCTestCase {
         XCTAssertEqual(psql(target + " passfile=\(dataDir)/pgpass").status, 0, "the server's own way in works")
         let tcp = psql("host=127.0.0.1 port=5432 user=dispatch dbname=dispatch")
         XCTAssertNotEqual(tcp.status, 0)
+    }
+
+    /// As root with the data dir under a private directory (0700, as a home directory often
+    /// is), the cluster moves to /var/lib/dispatch/<hash> where the postgres user can reach it.
+    /// The first such start once failed: /var/lib/dispatch itself was made 0700 for root.
+    func testAPrivateParentDirectoryMovesTheClusterWhereThePostgresUserCanReachIt() throws {
+        guard getuid() == 0 else { throw XCTSkip("relocation happens only when dispatchd runs as root") }
+        let parent = dataDir + "-home"
+        try Files.makeDirectory(parent, mode: 0o700)
+        chmod(parent, 0o700)
+        let ownDir = dataDir
+        dataDir = parent + "/data"
+        let relocated = "/var/lib/dispatch/" + String(SHA256.hex(Array(dataDir.utf8)).prefix(16))
+        defer {
+            for pid in pids { kill(pid, SIGTERM); _ = Subprocess.wait(pid, seconds: 15) }
+            pids = []
+            _ = Subprocess.run(["runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_ctl", "-D", relocated + "/pg", "-m", "immediate", "stop"])
+            _ = Subprocess.run(["rm", "-rf", relocated, parent, ownDir + ".log"])
+            dataDir = ownDir
+        }
+        // As a first start on this machine would find it (an earlier run may have made it).
+        _ = Subprocess.run(["rmdir", "/var/lib/dispatch"])
+        let port = try TestServer.freePort()
+        _ = try startServer(port: port)
+        XCTAssertTrue(Files.exists(relocated + "/pg/PG_VERSION"))
+        var st = stat()
+        XCTAssertEqual(stat(relocated, &st), 0)
+        XCTAssertEqual(st.st_mode & 0o777, 0o700, "the cluster's own directory stays private")
+        XCTAssertEqual(try HTTPClient(port: port).get("/readyz").status, 200)
     }
 
     /// A dispatchd killed with -9 leaves its cluster running: the next start adopts it (and

@@ -114,6 +114,13 @@ public final class EmbeddedPostgres {
     /// 0700, so no other local account can reach the socket or the files.
     private func prepareDirectories() throws {
         let home = clusterDir.dropLastPathComponent
+        if home != dataDir {
+            // Relocated under /var/lib/dispatch: that directory only needs to be passable for
+            // the postgres user (not listable); each cluster's own directory stays 0700.
+            let shared = home.dropLastPathComponent
+            try Files.makeDirectory(shared, mode: 0o711)
+            chmod(shared, 0o711)
+        }
         for dir in [home, socketDir] {
             try Files.makeDirectory(dir, mode: 0o700)
             if getuid() == 0 { _ = Subprocess.run(["chown", "postgres:postgres", dir]) }
