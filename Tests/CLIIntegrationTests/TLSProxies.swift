@@ -42,7 +42,7 @@ final class TLSReverseProxy {
                 listen 127.0.0.1:\(port) ssl http2;
                 listen 127.0.0.2:\(port) ssl http2;  # an address the certificate does not name
                 ssl_certificate \(dir)/server.pem;
-                ssl_certificate_key \(dir)/server.key;
+                ssl_certificate_key \(dir)/server-key.pem;
                 location / {
                     proxy_pass http://127.0.0.1:\(upstreamPort);
                     proxy_http_version 1.1;
@@ -161,27 +161,11 @@ final class ConnectProxy: @unchecked Sendable {
     }
 }
 
-/// A CA and a certificate it signed for localhost and 127.0.0.1.
+/// A CA and a certificate it signed for localhost and 127.0.0.1 (ca.pem, server.pem,
+/// server-key.pem), made by the tests' one PKI script.
 func makeCertificates(in dir: String) throws {
-    try Files.write(dir + "/server.ext", """
-    subjectAltName=DNS:localhost,IP:127.0.0.1
-    basicConstraints=CA:FALSE
-    keyUsage=digitalSignature,keyEncipherment
-    extendedKeyUsage=serverAuth
-    """)
-    let steps: [[String]] = [
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", dir + "/ca.key", "-out", dir + "/ca.pem", "-days", "2", "-subj", "/CN=Dispatch CLI Test CA",
-         "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-        ["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", dir + "/server.key", "-out", dir + "/server.csr", "-subj", "/CN=localhost"],
-        ["openssl", "x509", "-req", "-in", dir + "/server.csr", "-CA", dir + "/ca.pem", "-CAkey", dir + "/ca.key",
-         "-CAcreateserial", "-out", dir + "/server.pem", "-days", "2", "-extfile", dir + "/server.ext"],
-    ]
-    for argv in steps {
-        let r = Subprocess.run(argv)
-        guard r.status == 0 else { throw TLSTestFailure("openssl failed: \(r.output)") }
-    }
+    let r = Subprocess.run(["/bin/sh", TestPaths.repositoryRoot + "/Tests/tools/make_test_pki.sh", dir])
+    guard r.status == 0 else { throw TLSTestFailure("make_test_pki.sh failed: \(r.output)") }
 }
 
 func makeScratchDirectory(_ name: String) throws -> String {

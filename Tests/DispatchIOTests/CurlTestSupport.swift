@@ -221,7 +221,7 @@ final class NginxH2Server {
             server {
                 listen 127.0.0.1:\(port) ssl http2;
                 ssl_certificate \(dir)/server.pem;
-                ssl_certificate_key \(dir)/server.key;
+                ssl_certificate_key \(dir)/server-key.pem;
                 default_type application/json;
                 location / {
                     echo_read_request_body;
@@ -240,26 +240,11 @@ final class NginxH2Server {
         try start()
     }
 
+    /// A CA and a certificate it signed for localhost and 127.0.0.1, by the tests' one PKI script.
     private func makeCertificates() throws {
-        writeFile(dir + "/server.ext", """
-        subjectAltName=DNS:localhost,IP:127.0.0.1
-        basicConstraints=CA:FALSE
-        keyUsage=digitalSignature,keyEncipherment
-        extendedKeyUsage=serverAuth
-        """)
-        let steps: [[String]] = [
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", dir + "/ca.key", "-out", dir + "/ca.pem", "-days", "2", "-subj", "/CN=Dispatch Test CA",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-            ["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", dir + "/server.key", "-out", dir + "/server.csr", "-subj", "/CN=localhost"],
-            ["openssl", "x509", "-req", "-in", dir + "/server.csr", "-CA", dir + "/ca.pem", "-CAkey", dir + "/ca.key",
-             "-CAcreateserial", "-out", dir + "/server.pem", "-days", "2", "-extfile", dir + "/server.ext"],
-        ]
-        for argv in steps {
-            let r = Subprocess.run(argv)
-            guard r.status == 0 else { throw TestFailure("openssl failed: \(r.output)") }
-        }
+        let root = "\(#filePath)".split(separator: "/").dropLast(3).joined(separator: "/")
+        let r = Subprocess.run(["/bin/sh", "/" + root + "/Tests/tools/make_test_pki.sh", dir])
+        guard r.status == 0 else { throw TestFailure("make_test_pki.sh failed: \(r.output)") }
     }
 
     func start() throws {
