@@ -176,6 +176,32 @@ try:
     """, KEY)
     check("mistyped status stream stops after one reconnect", result["notFound"] == 1 and result["state"] == 2, str(result))
 
+    # Contract §9: a job that fails sends the event named `error`, which EventSource also uses
+    # for connection errors. The browser example in docs/api.md, run as printed, must show the
+    # job's snapshots (not a connection error) and close on the final event.
+    docs = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../docs/api.md")).read()
+    example = docs.split("In a browser (the event named `error`", 1)[1].split("```js", 1)[1].split("```", 1)[0]
+    api("POST", "/v1/activities/start", {"activityId": "doomed", "taskName": "Doomed job", "state": "processing"})
+    driver.execute_script("""
+        window.shown = []; window.connectionErrors = 0;
+        const show = (snapshot) => window.shown.push(snapshot.state);
+        const id = 'doomed', key = arguments[0];
+        """ + example + """
+        window.exampleSource = es;
+        // A source left open after the final event would see the end of the stream as a
+        // connection error (and reconnect): count those.
+        es.addEventListener('error', (e) => { if (!(e instanceof MessageEvent)) window.connectionErrors++; });
+    """, KEY)
+    wait("the example shows the live snapshot", lambda: driver.execute_script("return window.shown.length") >= 1, 5)
+    api("POST", "/v1/activities/doomed/end", {"state": "error", "error": "out of memory"})
+    shown, _ = wait("the example shows the failure", lambda: (lambda v: v if v and v[-1] == "error" else None)(
+        driver.execute_script("return window.shown")), 5)
+    time.sleep(4)  # longer than the stream's retry: a source left open would reconnect and show it again
+    result = driver.execute_script(
+        "return {shown: window.shown, state: window.exampleSource.readyState, connectionErrors: window.connectionErrors}")
+    check("the docs' EventSource example tells a failed job from a connection error and closes",
+          result == {"shown": ["processing", "error"], "state": 2, "connectionErrors": 0}, str(result))
+
     # Many live activities: rows stay unique and current while 200 jobs update at once.
     for i in range(200):
         api("POST", "/v1/activities/start", {"activityId": f"bulk-{i}", "taskName": f"Bulk job {i}", "machine": "farm", "state": "processing"})
