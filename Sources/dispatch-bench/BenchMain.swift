@@ -24,6 +24,7 @@ enum BenchMain {
     usage: dispatch-bench run [--quick | --full | --smoke] [options]
       --only dispatch|nchan       run against one server only
       --repeats N                 repetitions (figures are medians)
+      --storm-repeats N           repetitions of restart, replay and nodes (quick 1, full 3)
       --server-workers N          DISPATCH_WORKERS and nginx worker_processes (default 2; full: 3)
       --dispatchd PATH            dispatchd binary (default: next to dispatch-bench)
       --dispatch-port P --key K   use an already running Dispatch on 127.0.0.1:P instead
@@ -61,6 +62,7 @@ enum BenchMain {
                 guard let v = value(), let k = Target.Kind(rawValue: v) else { log(usage); return 64 }
                 c.targets = [k]
             case "--repeats": c.repeats = max(1, Int(value() ?? "") ?? 1)
+            case "--storm-repeats": c.stormRepeats = max(1, Int(value() ?? "") ?? 1)
             case "--server-workers": c.serverWorkers = max(1, Int(value() ?? "") ?? 2)
             case "--dispatchd": c.dispatchd = value() ?? c.dispatchd
             case "--dispatch-port":

@@ -96,7 +96,9 @@ extension Orchestrator {
     /// One measured run: streams on `subs`, publishers on `pubs`, `running` nodes up.
     func nodeRun(label: String, subs: [Target], pubs: [Target], running: [Target], rep: Int) throws {
         let t = running[0]
-        let prefix = "b\(runTag)-nd\(rep)-\(figures.count)"
+        // Fresh activities for every run: reused ones would start past the seq the streams expect.
+        nodeRuns += 1
+        let prefix = "b\(runTag)-nd\(rep)-\(nodeRuns)"
         let k = config.nodeActivities
         try batch(t, t.createRequests(names(prefix, k)), what: "creating node activities")
         let s = try subscribe(t, count: config.nodeSubscribers, path: t.streamPath("\(prefix)-{ch}"), channels: k, trackSeqs: false) { w in

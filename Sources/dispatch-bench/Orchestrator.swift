@@ -142,6 +142,8 @@ final class Orchestrator {
     var notes: [String] = []
     /// The nodes scenario's dispatchd supervisors (node 1 owns their PostgreSQL).
     var nodeTargets: [Target] = []
+    /// Measured nodes runs so far (names each run's activities).
+    var nodeRuns = 0
     let runTag: String
     var tempDir = ""
 
