@@ -1,3 +1,5 @@
+// Long because it is the CLI's whole flag table (every option of every command, with its help
+// line) and the one parser over it: a table reads best in one place.
 import DispatchCore
 
 /// Command-line parsing for the `dispatch` CLI: pure values in, pure values out, so every rule

@@ -1,3 +1,4 @@
+// Long because it is one state machine; its states split over files would hide the transitions.
 /// The one HTTP/1.1 response parser: the CLI, the benchmark's load generator and the tests
 /// all read answers with it. It only frames (RFC 9112): the status line and header fields,
 /// then the body delimited by chunked coding, Content-Length or the end of the connection.

@@ -14,12 +14,11 @@ import Glibc
 /// never completed a request, until the sweep sees evhttp dropped it. So a pointer the guard
 /// holds is never freed under it.
 final class ConnectionGuard {
+    /// Kept small: one per open connection, so 50k streams hold 50k of these.
     struct Tracked {
-        let id: Int
         var evcon: OpaquePointer?
         var since: Double
-        var requests = 0
-        var peer: String?
+        var requests: Int32 = 0
         /// A request arrived and is not answered yet.
         var answering = false
         weak var stream: HTTPStream?
@@ -28,7 +27,6 @@ final class ConnectionGuard {
     private let loop: EventLoop
     var policy: ConnectionPolicy
     private var tracked: [OpaquePointer: Tracked] = [:]
-    private var nextID = 1
     private var sweeper: Timer?
     private(set) var cut = 0
 
@@ -44,8 +42,7 @@ final class ConnectionGuard {
     func newConnection(base: OpaquePointer) -> OpaquePointer? {
         guard let bev = bufferevent_socket_new(base, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else { return nil }
         bufferevent_incref(bev)
-        tracked[bev] = Tracked(id: nextID, since: Clock.monotonic())
-        nextID += 1
+        tracked[bev] = Tracked(since: Clock.monotonic())
         return bev
     }
 
@@ -86,28 +83,33 @@ final class ConnectionGuard {
     private func sweep() {
         let now = Clock.monotonic()
         var snapshot: [ConnectionPolicy.Connection] = []
-        var byID: [Int: OpaquePointer] = [:]
+        var dropped: [OpaquePointer] = []
         for (bev, t) in tracked {
+            // Held connections (a request being answered, a stream) are never cut: skip them
+            // before any work, there may be tens of thousands.
+            if t.answering || t.stream != nil { continue }
             // evhttp dropped a connection that never completed a request (no close callback
             // was set for it): our reference is the last one.
             var readcb: bufferevent_data_cb?
             bufferevent_getcb(bev, &readcb, nil, nil, nil)
             if readcb == nil && t.requests == 0 {
-                tracked[bev] = nil
-                bufferevent_decref(bev)
+                dropped.append(bev)
                 continue
             }
-            var peer = t.peer
-            if peer == nil {
-                peer = ConnectionGuard.peerAddress(Int32(bufferevent_getfd(bev)))
-                tracked[bev]?.peer = peer
-            }
-            snapshot.append(.init(id: t.id, peer: peer, since: t.since, requestsCompleted: t.requests, held: t.answering || t.stream != nil))
-            byID[t.id] = bev
+            // Only connections still waiting for their first request count against the
+            // per-address cap, so only they need their peer's address.
+            let peer = t.requests == 0 ? ConnectionGuard.peerAddress(Int32(bufferevent_getfd(bev))) : nil
+            snapshot.append(.init(id: Int(bitPattern: UnsafeRawPointer(bev)), peer: peer, since: t.since,
+                                  requestsCompleted: Int(t.requests), held: false))
+        }
+        // Changed after the walk: a change during it would copy the whole table.
+        for bev in dropped {
+            tracked[bev] = nil
+            bufferevent_decref(bev)
         }
         for id in policy.connectionsToCut(snapshot, now: now) {
-            guard let bev = byID[id] else { continue }
-            let fd = Int32(bufferevent_getfd(bev))
+            guard let raw = UnsafeRawPointer(bitPattern: id) else { continue }
+            let fd = Int32(bufferevent_getfd(OpaquePointer(raw)))
             if fd >= 0 { shutdown(fd, Int32(SHUT_RDWR)) }
             cut += 1
         }

@@ -1,3 +1,5 @@
+// Long because it is the run itself: configuration, the four side-by-side scenarios and the
+// report. The storms, the nodes and the push bench live in their own files.
 import DispatchCore
 import DispatchSystem
 import DispatchBenchKit

@@ -1,3 +1,5 @@
+// Long because it is a whole second benchmark (runner, stand-ins, report), kept apart from the
+// stream scenarios so neither has to know the other.
 import DispatchCore
 import DispatchBenchKit
 import DispatchSystem

@@ -1,3 +1,6 @@
+// Long on purpose: every role (subscriber, publisher, terminal, batch) shares one compact
+// connection table and one set of libevent callbacks, so a process can hold ~18k sockets;
+// split by role, that shared state would be spread over files that all mutate it.
 import CLibevent
 import DispatchCore
 import DispatchSystem

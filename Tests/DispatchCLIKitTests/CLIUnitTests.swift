@@ -1,3 +1,5 @@
+// Long: one test class per CLI piece (arguments, endpoint, publish, rendering, watch), sharing
+// the parsing helpers below.
 import XCTest
 import DispatchCore
 import DispatchCLIKit

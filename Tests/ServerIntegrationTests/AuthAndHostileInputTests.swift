@@ -1,3 +1,5 @@
+// Long: one shared server for every credential and hostile-input case (starting one per case
+// would triple the suite's time).
 import DispatchSystem
 import DispatchCore
 import DispatchCrypto

@@ -1,3 +1,4 @@
+// Long: the hardening issue's items, one small test class each, side by side.
 import DispatchCore
 import DispatchCrypto
 import DispatchIO

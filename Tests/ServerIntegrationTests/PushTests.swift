@@ -1,3 +1,4 @@
+// Long: every push case runs against one fake APNs and its scripted answers, set up once here.
 @testable import DispatchServer
 import DispatchCore
 import DispatchIO

@@ -1,3 +1,4 @@
+// Long: the status stream's whole contract (lifecycle, resume, edges, memory) in one place.
 import DispatchSystem
 import DispatchCore
 import DispatchIO
