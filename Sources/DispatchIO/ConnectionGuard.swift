@@ -21,6 +21,8 @@ final class ConnectionGuard {
         var requests: Int32 = 0
         /// A request arrived and is not answered yet.
         var answering = false
+        /// Weak, not unowned: its owner may free the stream during `peerClosed()`, and the
+        /// strong reference a weak load yields keeps it alive until that call returns.
         weak var stream: HTTPStream?
     }
 
