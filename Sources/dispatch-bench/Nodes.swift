@@ -112,18 +112,9 @@ extension Orchestrator {
         let dPids = dispatchdPids(running), pgPids = postgresPids()
         let cpuD0 = cpuSeconds(dPids), cpuPG0 = cpuSeconds(pgPids), cpuM0 = PushRun.machineBusySeconds()
         let started = Clock.monotonicNanoseconds()
-        publisher.send { w in
-            w.field("cmd", "publish")
-            w.key("addrs"); w.beginArray(); for a in addrs { w.string(a) }; w.endArray()
-            w.field("port", Int64(pubs[0].port))
+        startPublishing(t, port: pubs[0].port, prefix: prefix, channels: k, conns: config.nodePublishers,
+                        seconds: config.nodeSeconds) { w in
             w.key("ports"); w.beginArray(); for n in pubs { w.int(Int64(n.port)) }; w.endArray()
-            w.field("auth", t.key)
-            w.field("target", "dispatch")
-            w.field("conns", Int64(config.nodePublishers))
-            w.field("channels", Int64(k))
-            w.field("name", "\(prefix)-{ch}")
-            w.field("duration", config.nodeSeconds)
-            w.field("seqAtSubscribe", t.seqAtSubscribe)
         }
         // While publishers run: PostgreSQL's counters from 1 s in (both reads in steady state:
         // backends report xact_commit at most once a second), and what its sessions wait on.

@@ -339,6 +339,25 @@ final class Orchestrator {
         return s
     }
 
+    /// Tells the publisher process to publish to `t`'s activities `<prefix>-{ch}` over `conns`
+    /// connections for `seconds` (through `port` when not `t`'s); `more` adds a scenario's fields.
+    func startPublishing(_ t: Target, port: UInt16? = nil, prefix: String, channels: Int, conns: Int, seconds: Double,
+                         more: (inout JSONWriter) -> Void = { _ in }) {
+        publisher.send { w in
+            w.field("cmd", "publish")
+            w.key("addrs"); w.beginArray(); for a in addrs { w.string(a) }; w.endArray()
+            w.field("port", Int64(port ?? t.port))
+            w.field("auth", t.key)
+            w.field("target", t.name)
+            w.field("conns", Int64(conns))
+            w.field("channels", Int64(channels))
+            w.field("name", "\(prefix)-{ch}")
+            w.field("duration", seconds)
+            w.field("seqAtSubscribe", t.seqAtSubscribe)
+            more(&w)
+        }
+    }
+
     func closeSubscribers() {
         for w in subscribers { w.send { $0.field("cmd", "close") } }
         _ = Control.collect(subscribers, "closed", timeout: 30)
@@ -486,18 +505,7 @@ final class Orchestrator {
         _ = Control.collect(subscribers, "reset", timeout: 10)
         // Dispatch's writer round trips (each one batch, one commit): the commit's share of a publish.
         let commitsBefore = t.kind == .dispatch ? Metrics.scrape(port: t.port).histogram("dispatch_db_query_seconds", "session=\"writer\"") : nil
-        publisher.send { w in
-            w.field("cmd", "publish")
-            w.key("addrs"); w.beginArray(); for a in addrs { w.string(a) }; w.endArray()
-            w.field("port", Int64(t.port))
-            w.field("auth", t.key)
-            w.field("target", t.name)
-            w.field("conns", Int64(config.throughputPublishers))
-            w.field("channels", Int64(k))
-            w.field("name", "\(prefix)-{ch}")
-            w.field("duration", config.throughputSeconds)
-            w.field("seqAtSubscribe", t.seqAtSubscribe)
-        }
+        startPublishing(t, prefix: prefix, channels: k, conns: config.throughputPublishers, seconds: config.throughputSeconds)
         guard let p = Control.collect([publisher], "published", timeout: config.throughputSeconds + 60)[0] else {
             throw BenchError("\(t.name): publishers did not finish")
         }

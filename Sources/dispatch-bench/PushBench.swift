@@ -245,17 +245,8 @@ final class PushRun {
         let before = Metrics.scrape(port: t.port, workers: o.workers)
         let cpuBefore = cpu(t, standIn), machineBefore = PushRun.machineBusySeconds()
         let windowStart = Clock.monotonicNanoseconds()
-        orchestrator.publisher.send { w in
-            w.field("cmd", "publish")
-            w.key("addrs"); w.beginArray(); for a in orchestrator.addrs { w.string(a) }; w.endArray()
-            w.field("port", Int64(t.port))
-            w.field("auth", t.key)
-            w.field("target", "dispatch")
-            w.field("conns", Int64(max(4, min(64, Int(o.rate / 25)))))
-            w.field("channels", Int64(o.activities))
-            w.field("name", "\(prefix)-{ch}")
-            w.field("duration", o.seconds)
-            w.field("seqAtSubscribe", Int64(1))
+        orchestrator.startPublishing(t, prefix: prefix, channels: o.activities, conns: max(4, min(64, Int(o.rate / 25))),
+                                     seconds: o.seconds) { w in
             w.field("rate", o.rate)
         }
         guard let p = Control.collect([orchestrator.publisher], "published", timeout: o.seconds + 60)[0] else {
@@ -369,18 +360,7 @@ final class PushRun {
         _ = Control.collect(orchestrator.subscribers, "reset", timeout: 10)
         let before = Metrics.scrape(port: t.port, workers: o.workers)
         let cpuBefore = cpu(t, standIn), machineBefore = Self.machineBusySeconds()
-        orchestrator.publisher.send { w in
-            w.field("cmd", "publish")
-            w.key("addrs"); w.beginArray(); for a in orchestrator.addrs { w.string(a) }; w.endArray()
-            w.field("port", Int64(t.port))
-            w.field("auth", t.key)
-            w.field("target", "dispatch")
-            w.field("conns", Int64(o.tpPublishers))
-            w.field("channels", Int64(o.tpActivities))
-            w.field("name", "\(prefix)-{ch}")
-            w.field("duration", o.tpSeconds)
-            w.field("seqAtSubscribe", Int64(1))
-        }
+        orchestrator.startPublishing(t, prefix: prefix, channels: o.tpActivities, conns: o.tpPublishers, seconds: o.tpSeconds)
         guard let p = Control.collect([orchestrator.publisher], "published", timeout: o.tpSeconds + 60)[0] else {
             throw BenchError("throughput (pushes \(mode)): the publishers did not finish")
         }

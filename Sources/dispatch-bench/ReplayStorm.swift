@@ -23,17 +23,7 @@ extension Orchestrator {
         let events = Int64(config.replayEvents)
         let made = Clock.monotonicNanoseconds()
         try batch(t, t.createRequests(names(prefix, k)), what: "creating replay activities")
-        publisher.send { w in
-            w.field("cmd", "publish")
-            w.key("addrs"); w.beginArray(); for a in addrs { w.string(a) }; w.endArray()
-            w.field("port", Int64(t.port))
-            w.field("auth", t.key)
-            w.field("target", t.name)
-            w.field("conns", Int64(k))
-            w.field("channels", Int64(k))
-            w.field("name", "\(prefix)-{ch}")
-            w.field("duration", 600)
-            w.field("seqAtSubscribe", Int64(1))
+        startPublishing(t, prefix: prefix, channels: k, conns: k, seconds: 600) { w in
             w.field("perChannel", events - 1)
         }
         guard let p = Control.collect([publisher], "published", timeout: 600)[0] else {

@@ -28,17 +28,8 @@ extension Orchestrator {
         let s = try subscribe(t, count: config.stormStreams, path: t.streamPath("\(prefix)-{ch}"), channels: k, trackSeqs: false) { w in
             w.field("reconnect", true)
         }
-        publisher.send { w in
-            w.field("cmd", "publish")
-            w.key("addrs"); w.beginArray(); for a in addrs { w.string(a) }; w.endArray()
-            w.field("port", Int64(t.port))
-            w.field("auth", t.key)
-            w.field("target", t.name)
-            w.field("conns", Int64(config.stormPublishers))
-            w.field("channels", Int64(k))
-            w.field("name", "\(prefix)-{ch}")
-            w.field("duration", config.stormWarmup + config.stormSettle + 60)
-            w.field("seqAtSubscribe", t.seqAtSubscribe)
+        startPublishing(t, prefix: prefix, channels: k, conns: config.stormPublishers,
+                        seconds: config.stormWarmup + config.stormSettle + 60) { w in
             w.field("rate", config.stormRate)
             w.field("retryDelay", 0.25)
             w.field("idempotent", t.kind == .dispatch)
