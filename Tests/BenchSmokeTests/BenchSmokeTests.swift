@@ -4,29 +4,37 @@ import DispatchTestSupport
 import Foundation
 import XCTest
 
+/// Runs dispatch-bench from the repository root, its results JSON going to a temporary file:
+/// its exit status, everything it printed, and the JSON it wrote (nil when none).
+func runBench(_ arguments: [String]) throws -> (status: Int32, text: String, result: JSONValue?) {
+    let json = NSTemporaryDirectory() + "bench-smoke-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).json"
+    defer { try? FileManager.default.removeItem(atPath: json) }
+    let bench = Process()
+    bench.executableURL = URL(fileURLWithPath: TestPaths.binary("dispatch-bench"))
+    bench.currentDirectoryURL = URL(fileURLWithPath: TestPaths.repositoryRoot)
+    bench.arguments = arguments + ["--json", json]
+    let output = Pipe()
+    bench.standardOutput = output
+    bench.standardError = output
+    try bench.run()
+    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    bench.waitUntilExit()
+    let result = (try? Data(contentsOf: URL(fileURLWithPath: json))).flatMap { try? JSONParser.parse(Array($0)) }
+    return (bench.terminationStatus, text, result)
+}
+
 /// Runs the benchmark in smoke mode (a few hundred streams, seconds long) against a real
 /// dispatchd: every scenario must finish with no lost, duplicated or failed event or stream.
 final class BenchSmokeTests: XCTestCase {
     func testSmokeRunAgainstDispatchLosesNothing() throws {
         let server = try TestServer.start()
         defer { server.stop() }
-        let json = NSTemporaryDirectory() + "bench-smoke-\(getpid()).json"
-        defer { try? FileManager.default.removeItem(atPath: json) }
+        let (status, text, written) = try runBench(["run", "--smoke", "--only", "dispatch",
+                                                   "--dispatch-port", String(server.port), "--key", server.adminKey])
+        XCTAssertEqual(status, 0, text)
+        guard let result = written else { return XCTFail("no results JSON\n\(text)") }
 
-        let bench = Process()
-        bench.executableURL = URL(fileURLWithPath: TestPaths.binary("dispatch-bench"))
-        bench.arguments = ["run", "--smoke", "--only", "dispatch",
-                           "--dispatch-port", String(server.port), "--key", server.adminKey, "--json", json]
-        let output = Pipe()
-        bench.standardOutput = output
-        bench.standardError = output
-        try bench.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        bench.waitUntilExit()
-        XCTAssertEqual(bench.terminationStatus, 0, text)
-
-        let result = try JSONParser.parse(Array(try Data(contentsOf: URL(fileURLWithPath: json))))
-        guard case .object(let checks)? = result["checks"]?["dispatch"] else { return XCTFail("no checks in \(json)\n\(text)") }
+        guard case .object(let checks)? = result["checks"]?["dispatch"] else { return XCTFail("no checks\n\(text)") }
         for (name, value) in checks { XCTAssertEqual(value, .number(0), "\(name)\n\(text)") }
         guard case .array(let figures)? = result["figures"] else { return XCTFail("no figures\n\(text)") }
         let names = Set(figures.compactMap { f -> String? in
@@ -49,26 +57,14 @@ final class BenchSmokeTests: XCTestCase {
 /// replay readers get every event, and nothing is lost or duplicated anywhere.
 final class BenchStormSmokeTests: XCTestCase {
     func testRestartReplayAndNodesLoseNothing() throws {
-        let json = NSTemporaryDirectory() + "bench-storm-smoke-\(getpid()).json"
-        defer { try? FileManager.default.removeItem(atPath: json) }
-        let bench = Process()
-        bench.executableURL = URL(fileURLWithPath: TestPaths.binary("dispatch-bench"))
-        bench.currentDirectoryURL = URL(fileURLWithPath: TestPaths.repositoryRoot)
         // Twice: a second repetition must not reuse the first one's activities (it did, and
         // every stream of its multi-node runs counted what the earlier run published as lost).
-        bench.arguments = ["run", "--smoke", "--only", "dispatch", "--scenarios", "restart,replay,nodes", "--storm-repeats", "2",
-                           "--dispatchd", TestPaths.binary("dispatchd"), "--json", json]
-        let output = Pipe()
-        bench.standardOutput = output
-        bench.standardError = output
-        try bench.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        bench.waitUntilExit()
-        XCTAssertEqual(bench.terminationStatus, 0, text)
-
-        let result = try JSONParser.parse(Array(try Data(contentsOf: URL(fileURLWithPath: json))))
+        let (status, text, written) = try runBench(["run", "--smoke", "--only", "dispatch", "--scenarios", "restart,replay,nodes",
+                                                   "--storm-repeats", "2", "--dispatchd", TestPaths.binary("dispatchd")])
+        XCTAssertEqual(status, 0, text)
+        guard let result = written else { return XCTFail("no results JSON\n\(text)") }
         XCTAssertEqual(result["problems"], .array([]), text)
-        guard case .object(let checks)? = result["checks"]?["dispatch"] else { return XCTFail("no checks in \(json)\n\(text)") }
+        guard case .object(let checks)? = result["checks"]?["dispatch"] else { return XCTFail("no checks\n\(text)") }
         for (name, value) in checks { XCTAssertEqual(value, .number(0), "\(name)\n\(text)") }
         guard case .array(let figures)? = result["figures"] else { return XCTFail("no figures\n\(text)") }
         func value(_ scenario: String, _ figure: String) -> Double? {
@@ -93,21 +89,10 @@ final class BenchStormSmokeTests: XCTestCase {
 /// The push bench in smoke mode against the fake APNs: pushes flow, nothing fails.
 final class PushBenchSmokeTests: XCTestCase {
     func testPushSmokeRunDeliversEveryPush() throws {
-        let json = NSTemporaryDirectory() + "bench-push-smoke-\(getpid()).json"
-        defer { try? FileManager.default.removeItem(atPath: json) }
-        let bench = Process()
-        bench.executableURL = URL(fileURLWithPath: TestPaths.binary("dispatch-bench"))
-        bench.currentDirectoryURL = URL(fileURLWithPath: TestPaths.repositoryRoot)
-        bench.arguments = ["push", "--smoke", "--apns", "fake", "--no-throughput", "--dispatchd", TestPaths.binary("dispatchd"),
-                           "--json", json]
-        let output = Pipe()
-        bench.standardOutput = output
-        bench.standardError = output
-        try bench.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        bench.waitUntilExit()
-        XCTAssertEqual(bench.terminationStatus, 0, text)
-        let result = try JSONParser.parse(Array(try Data(contentsOf: URL(fileURLWithPath: json))))
+        let (status, text, written) = try runBench(["push", "--smoke", "--apns", "fake", "--no-throughput",
+                                                   "--dispatchd", TestPaths.binary("dispatchd")])
+        XCTAssertEqual(status, 0, text)
+        guard let result = written else { return XCTFail("no results JSON\n\(text)") }
         XCTAssertEqual(result["problems"], .array([]), text)
         guard case .array(let figures)? = result["figures"] else { return XCTFail("no figures\n\(text)") }
         func value(_ figure: String) -> Double? {
