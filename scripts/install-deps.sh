@@ -7,8 +7,8 @@
 # Tests/tools/requirements.txt (Selenium, schemathesis).
 set -euo pipefail
 
-build=(libevent-dev libpq-dev libssl-dev libcurl4-openssl-dev curl)
-tests=(nginx-light libnginx-mod-http-echo python3-h2 python3-cryptography python3-jwt openssl
+build=(libevent-dev libpq-dev libssl-dev libcurl4-openssl-dev curl libnats-dev)
+tests=(nats-server prometheus nginx-light libnginx-mod-http-echo python3-h2 python3-cryptography python3-jwt openssl
        chromium chromium-driver python3-venv)
 want=("${build[@]}")
 with_tests=0
