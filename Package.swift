@@ -9,14 +9,15 @@ import PackageDescription
 //     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
 //     DispatchBenchKit  the load generator's SSE reading (on DispatchCore's HTTP parser), histograms
 //     DispatchLiveActivity  the iOS app's ActivityAttributes for Live Activity pushes (no dependency)
-//   C, as system libraries: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl; and
+//   C, as system libraries: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl, CNats (the
+//     NATS client, the carrier between servers); and
 //     CCurlDynamic, libcurl's header without linking it: the CLI loads libcurl with dlopen
 //     only when a URL is https:// (linking it slowed every start: docs/cli.md, Performance)
 //   Shells (thin layers that perform what the pure parts decide):
 //     DispatchSystem    clocks, files, processes (plain libc)
 //     DispatchCrypto    SHA-256, HMAC, AES-GCM, ES256, random bytes (libcrypto)
 //     DispatchIO        libevent loop, evhttp server and streams, async libpq driver, libcurl
-//                       client (HTTP/2, in the loop), logging
+//                       client (HTTP/2, in the loop), NATS client (hand-off to the loop), logging
 //     DispatchServer    dispatchd: routes' handlers, repositories (SQL), streams, auth, metrics
 //   Executables: dispatchd, dispatch (the CLI), dispatch-bench
 //   Build: EmbedFiles (plugin) + embed-files (its tool) compile directories of text files
@@ -46,11 +47,12 @@ let package = Package(
         .systemLibrary(name: "CCrypto", path: "Sources/CCrypto", pkgConfig: "libcrypto"),
         .systemLibrary(name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl"),
         .systemLibrary(name: "CCurlDynamic", path: "Sources/CCurlDynamic"),
+        .systemLibrary(name: "CNats", path: "Sources/CNats"),
 
         // Shells.
         .target(name: "DispatchSystem"),
         .target(name: "DispatchCrypto", dependencies: ["CCrypto"]),
-        .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "CCurl", "PGCore", "DispatchCore", "DispatchSystem"]),
+        .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "CCurl", "CNats", "PGCore", "DispatchCore", "DispatchSystem"]),
         .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "DispatchWeb", "DispatchBuildInfo"],
                 exclude: ["EmbeddedMigrations.embed"], plugins: ["EmbedFiles"]),
 
@@ -74,7 +76,7 @@ let package = Package(
         .testTarget(name: "DispatchBenchKitTests", dependencies: ["DispatchBenchKit"]),
         .testTarget(name: "DispatchLiveActivityTests", dependencies: ["DispatchLiveActivity", "DispatchCore"]),
         .testTarget(name: "DispatchCryptoTests", dependencies: ["DispatchCrypto"]),
-        .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl"]),
+        .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl", "DispatchTestSupport"]),
         .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore"]),
         .testTarget(name: "ServerIntegrationTests",
                     dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchCrypto",

@@ -1,0 +1,381 @@
+import CLibevent
+import CNats
+import DispatchSystem
+import Glibc
+
+/// A NATS connection for one worker's loop: publish, per-subject interest, and everything the
+/// library reports handed to the loop's thread.
+///
+/// Threads (the design decision): the library runs its own I/O threads (read loop, flusher,
+/// reconnect) and one shared delivery thread (`natsOptions_UseGlobalMessageDelivery`, so a
+/// worker holding 10,000 subscriptions does not start 10,000 threads). Its libevent adapter was
+/// not used: it attaches and detaches sockets from its reconnect thread, which would need
+/// `evthread_use_pthreads()` and so a lock around every libevent call of every worker, while
+/// message handlers would still run on the library's threads. Instead every message, status
+/// and error goes through one `NATSMailbox` (a locked queue and an eventfd the loop watches)
+/// and is delivered on the loop in batches of `Options.batch` per turn, so libevent stays
+/// single-threaded and every piece of Dispatch state stays on the loop. Publishing from the
+/// loop is the library's thread-safe `natsConnection_Publish`: it appends to the library's
+/// buffer, which its flusher thread writes (only when that buffer is full does the call
+/// write to the socket itself).
+///
+/// Core NATS is at-most-once: after `.reconnected`, or `onDropped`, messages may be missing
+/// and the caller repairs from the database.
+public final class NATSClient {
+    public enum Status: Equatable, Sendable { case connected, disconnected, reconnected, closed }
+
+    /// Counted since `start()`. In and out as the library counts them (in: before any drop).
+    public struct Figures: Equatable, Sendable {
+        public var messagesIn = 0, messagesOut = 0, bytesIn = 0, bytesOut = 0
+        /// Received but never handed to `onMessage`: past a subscription's pending limit in the
+        /// library, or past the hand-off queue's limit.
+        public var dropped = 0
+        public var reconnects = 0
+        /// `publish` calls that returned false (no connection object, or the buffer was full).
+        public var publishFailed = 0
+        public init() {}
+    }
+
+    public struct Options: Sendable {
+        /// Per subscription in the library, and for the hand-off queue to the loop as a whole.
+        public var pendingMessages = 65_536
+        public var pendingBytes = 64 << 20
+        /// Between two attempts on the same server, plus up to `reconnectJitter`.
+        public var reconnectWait = 0.25
+        public var reconnectJitter = 0.1
+        /// Bytes published while disconnected that the library keeps to send on reconnect.
+        public var reconnectBuffer = 8 << 20
+        /// Per connection attempt; `start()` waits this long per unreachable (not refusing)
+        /// server before it retries in the background.
+        public var connectTimeout = 1.0
+        /// A half-open connection is noticed after about `pingInterval` × 2.
+        public var pingInterval = 5.0
+        /// Whether this connection receives what it publishes itself (NATS's default).
+        public var echo = true
+        /// Events handed to the callbacks per turn of the loop.
+        public var batch = 256
+        public init() {}
+    }
+
+    public let name: String
+    public let servers: [String]
+    private let loop: EventLoop
+    private let log: Logger
+    private let options: Options
+
+    /// Called on the loop's thread only.
+    public var onMessage: ((_ subject: String, _ payload: [UInt8]) -> Void)?
+    public var onStatus: ((Status) -> Void)?
+    /// Messages were dropped for this client (slow consumer, or any async error): the caller
+    /// resyncs from the database.
+    public var onDropped: ((_ reason: String) -> Void)?
+
+    /// As the loop has seen it: true from a successful connect or the `.connected` or
+    /// `.reconnected` it delivered, false from `.disconnected` / `.closed`.
+    public private(set) var isConnected = false
+
+    private var connection: OpaquePointer?
+    private var mailbox: NATSMailbox?
+    private var event: OpaquePointer?
+    private var statistics: OpaquePointer?
+    /// Subject → (id, library subscription). The id travels with each message, so one that
+    /// was already queued when its subscription went is not delivered.
+    private var subscriptions: [String: (id: Int, sub: OpaquePointer)] = [:]
+    private var pendingSubjects: Set<String> = []
+    private var liveIDs: Set<Int> = []
+    private var nextID = 0
+    /// Drops counted by subscriptions since removed.
+    private var retiredDrops = 0
+    private var publishFailed = 0
+    private var draining = false
+    private var closed = false
+
+    /// servers: nats://host:port URLs of one cluster (the client fails over between them).
+    public init(loop: EventLoop, servers: [String], name: String, log: Logger, options: Options = Options()) {
+        self.loop = loop
+        self.servers = servers
+        self.name = name
+        self.log = log
+        self.options = options
+    }
+
+    deinit { close() }
+
+    /// The library's globals, once per process; never closed (other clients may still run).
+    private static let libraryOpened: Bool = nats_Open(-1) == NATS_OK
+
+    /// Starts connecting; never blocks the loop for long and never throws when the servers are
+    /// merely down (it keeps retrying in the background: NATS being down must not stop
+    /// dispatchd from starting). Throws on a bad URL or bad options.
+    public func start() throws(SystemError) {
+        guard !closed, connection == nil else { return }
+        guard Self.libraryOpened else { throw SystemError("the NATS library did not initialise") }
+        guard !servers.isEmpty else { throw SystemError("no NATS server URL") }
+        for url in servers where !Self.plausible(url) {
+            throw SystemError("NATS server URL \(url) is not nats://host:port")
+        }
+        let mailbox = try NATSMailbox(maxMessages: options.pendingMessages, maxBytes: options.pendingBytes)
+        var opts: OpaquePointer?
+        guard natsOptions_Create(&opts) == NATS_OK, let opts else { throw SystemError("cannot create NATS options") }
+        defer { natsOptions_Destroy(opts) }
+        // The connection's callbacks share one retain of the box; `closed` is always the last
+        // of them (posted after the library joined its connection threads).
+        let box = Unmanaged.passRetained(mailbox).toOpaque()
+        var s = configure(opts, box)
+        guard s == NATS_OK else {
+            Unmanaged<NATSMailbox>.fromOpaque(box).release()
+            throw SystemError("NATS options: " + Self.text(s))
+        }
+        var nc: OpaquePointer?
+        s = natsConnection_Connect(&nc, opts)
+        guard s == NATS_OK || s == NATS_NOT_YET_CONNECTED, let nc else {
+            Unmanaged<NATSMailbox>.fromOpaque(box).release()
+            throw SystemError("NATS connect to \(servers.joined(separator: ",")): " + Self.text(s))
+        }
+        connection = nc
+        self.mailbox = mailbox
+        var stats: OpaquePointer?
+        if natsStatistics_Create(&stats) == NATS_OK { statistics = stats }
+        event = event_new(loop.base, mailbox.fd, Int16(EV_READ | EV_PERSIST), { _, _, arg in
+            Unmanaged<NATSClient>.fromOpaque(arg!).takeUnretainedValue().drain()
+        }, Unmanaged.passUnretained(self).toOpaque())
+        if let event { event_add(event, nil) }
+        if s == NATS_OK {
+            isConnected = true
+            mailbox.post(.status(.connected))
+        } else {
+            log.warning("nats.connecting", [("client", name), ("servers", servers.joined(separator: ",")),
+                                             ("reason", Self.text(s))])
+        }
+        // Subscriptions asked for before start() are made now.
+        let early = pendingSubjects.sorted()
+        pendingSubjects = []
+        for subject in early { subscribe(subject) }
+    }
+
+    private func configure(_ opts: OpaquePointer, _ box: UnsafeMutableRawPointer) -> natsStatus {
+        var cURLs = servers.map { strdup($0) }
+        defer { for p in cURLs { free(p) } }
+        let steps: [() -> natsStatus] = [
+            { cURLs.withUnsafeMutableBufferPointer { buf in
+                buf.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buf.count) {
+                    natsOptions_SetServers(opts, $0, Int32(buf.count))
+                } } },
+            { natsOptions_SetName(opts, self.name) },
+            { natsOptions_SetNoRandomize(opts, false) },
+            { natsOptions_SetTimeout(opts, Int64(self.options.connectTimeout * 1000)) },
+            { natsOptions_SetAllowReconnect(opts, true) },
+            { natsOptions_SetMaxReconnect(opts, -1) },
+            { natsOptions_SetReconnectWait(opts, Int64(self.options.reconnectWait * 1000)) },
+            { natsOptions_SetReconnectJitter(opts, Int64(self.options.reconnectJitter * 1000), Int64(self.options.reconnectJitter * 1000)) },
+            { natsOptions_SetReconnectBufSize(opts, Int32(clamping: self.options.reconnectBuffer)) },
+            { natsOptions_SetMaxPendingMsgs(opts, Int32(clamping: self.options.pendingMessages)) },
+            { natsOptions_SetPingInterval(opts, Int64(self.options.pingInterval * 1000)) },
+            { natsOptions_SetMaxPingsOut(opts, 2) },
+            { natsOptions_SetIOBufSize(opts, 256 << 10) },
+            { natsOptions_SetNoEcho(opts, !self.options.echo) },
+            { natsOptions_UseGlobalMessageDelivery(opts, true) },
+            { natsOptions_SetRetryOnFailedConnect(opts, true, { _, box in
+                NATSClient.post(box, .status(.connected))
+            }, box) },
+            { natsOptions_SetDisconnectedCB(opts, { _, box in NATSClient.post(box, .status(.disconnected)) }, box) },
+            { natsOptions_SetReconnectedCB(opts, { _, box in NATSClient.post(box, .status(.reconnected)) }, box) },
+            { natsOptions_SetClosedCB(opts, { _, box in
+                NATSClient.post(box, .status(.closed))
+                Unmanaged<NATSMailbox>.fromOpaque(box!).release()
+            }, box) },
+            { natsOptions_SetErrorHandler(opts, { _, _, err, box in
+                NATSClient.post(box, .dropped(err == NATS_SLOW_CONSUMER ? "slow consumer: a subscription's pending limit was reached"
+                                                                  : "nats error: " + NATSClient.text(err)))
+            }, box) },
+        ]
+        for step in steps {
+            let s = step()
+            if s != NATS_OK { return s }
+        }
+        return NATS_OK
+    }
+
+    /// From the library's threads.
+    private static func post(_ box: UnsafeMutableRawPointer?, _ event: NATSEvent) {
+        guard let box else { return }
+        Unmanaged<NATSMailbox>.fromOpaque(box).takeUnretainedValue().post(event)
+    }
+
+    static func text(_ s: natsStatus) -> String {
+        natsStatus_GetText(s).map { String(cString: $0) } ?? "status \(s.rawValue)"
+    }
+
+    /// nats://host:port (or host:port, the library's shorthand), port in range.
+    static func plausible(_ url: String) -> Bool {
+        var rest = Substring(url)
+        if rest.hasPrefix("nats://") { rest = rest.dropFirst(7) } else if rest.contains("://") { return false }
+        if let at = rest.lastIndex(of: "@") { rest = rest[rest.index(after: at)...] }
+        guard let colon = rest.lastIndex(of: ":"), colon != rest.startIndex,
+              let port = Int(rest[rest.index(after: colon)...]), (1...65535).contains(port) else { return false }
+        return !rest[..<colon].contains(where: { $0 == " " || $0 == "/" || $0 == "," })
+    }
+
+    /// Fire-and-forget; false (and counted) when it could not be buffered.
+    @discardableResult
+    public func publish(_ subject: String, _ payload: [UInt8]) -> Bool {
+        guard let connection, !closed else { publishFailed += 1; return false }
+        let s = payload.withUnsafeBytes { natsConnection_Publish(connection, subject, $0.baseAddress, Int32($0.count)) }
+        if s != NATS_OK { publishFailed += 1; return false }
+        return true
+    }
+
+    /// Idempotent per subject; the library restores interest after a reconnect. Before
+    /// start() the subject is remembered and subscribed by start().
+    public func subscribe(_ subject: String) {
+        guard !closed, subscriptions[subject] == nil else { return }
+        guard let connection, let mailbox else { pendingSubjects.insert(subject); return }
+        nextID += 1
+        let id = nextID
+        // One retain per subscription, given back by its completion callback: the library calls
+        // that after the last call of the message handler, whichever thread closes it.
+        let tag = Unmanaged.passRetained(NATSSubscriptionTag(mailbox: mailbox, id: id)).toOpaque()
+        var sub: OpaquePointer?
+        let s = natsConnection_Subscribe(&sub, connection, subject, { _, _, msg, tag in
+            guard let msg, let tag else { return }
+            let box = Unmanaged<NATSSubscriptionTag>.fromOpaque(tag).takeUnretainedValue()
+            let subject = String(cString: natsMsg_GetSubject(msg))
+            let n = Int(natsMsg_GetDataLength(msg))
+            var payload: [UInt8] = []
+            if n > 0, let data = natsMsg_GetData(msg) { payload = Array(UnsafeRawBufferPointer(start: data, count: n)) }
+            natsMsg_Destroy(msg)
+            box.mailbox.post(.message(subscription: box.id, subject: subject, payload: payload))
+        }, tag)
+        guard s == NATS_OK, let sub else {
+            Unmanaged<NATSSubscriptionTag>.fromOpaque(tag).release()
+            log.error("nats.subscribe_failed", [("client", name), ("subject", subject), ("reason", Self.text(s))])
+            mailbox.post(.dropped("cannot subscribe to \(subject): " + Self.text(s)))
+            return
+        }
+        if natsSubscription_SetOnCompleteCB(sub, { tag in
+            Unmanaged<NATSSubscriptionTag>.fromOpaque(tag!).release()
+        }, tag) != NATS_OK {
+            // Only a closed subscription refuses; the handler may still run once, so the
+            // retain stays (a few bytes) rather than risk a freed box.
+            log.warning("nats.subscription_closed_early", [("client", name), ("subject", subject)])
+        }
+        natsSubscription_SetPendingLimits(sub, Int32(clamping: options.pendingMessages), Int32(clamping: options.pendingBytes))
+        subscriptions[subject] = (id: id, sub: sub)
+        liveIDs.insert(id)
+    }
+
+    public func unsubscribe(_ subject: String) {
+        pendingSubjects.remove(subject)
+        guard let entry = subscriptions.removeValue(forKey: subject) else { return }
+        liveIDs.remove(entry.id)
+        retiredDrops += Self.dropped(entry.sub)
+        natsSubscription_Unsubscribe(entry.sub)
+        natsSubscription_Destroy(entry.sub)
+    }
+
+    /// The subjects this client holds interest in.
+    public var subjects: [String] { (Array(subscriptions.keys) + pendingSubjects).sorted() }
+
+    public var figures: Figures {
+        var f = Figures()
+        f.publishFailed = publishFailed
+        f.dropped = retiredDrops + (mailbox?.refusedCount ?? 0)
+        for entry in subscriptions.values { f.dropped += Self.dropped(entry.sub) }
+        if let connection, let statistics, natsConnection_GetStats(connection, statistics) == NATS_OK {
+            var inMsgs: UInt64 = 0, inBytes: UInt64 = 0, outMsgs: UInt64 = 0, outBytes: UInt64 = 0, reconnects: UInt64 = 0
+            natsStatistics_GetCounts(statistics, &inMsgs, &inBytes, &outMsgs, &outBytes, &reconnects)
+            f.messagesIn = Int(inMsgs); f.bytesIn = Int(inBytes)
+            f.messagesOut = Int(outMsgs); f.bytesOut = Int(outBytes)
+            f.reconnects = Int(reconnects)
+        }
+        return f
+    }
+
+    private static func dropped(_ sub: OpaquePointer) -> Int {
+        var n: Int64 = 0
+        return natsSubscription_GetDropped(sub, &n) == NATS_OK ? Int(n) : 0
+    }
+
+    /// On the loop: one batch from the mailbox.
+    private func drain() {
+        guard let mailbox, !closed else { return }
+        draining = true
+        for event in mailbox.take(options.batch) {
+            if closed { break }
+            switch event {
+            case .message(let id, let subject, let payload):
+                if liveIDs.contains(id) { onMessage?(subject, payload) }
+            case .status(let status):
+                deliver(status)
+            case .dropped(let reason):
+                log.warning("nats.dropped", [("client", name), ("reason", reason)])
+                onDropped?(reason)
+            }
+        }
+        draining = false
+        if closed { freeEvent() }
+    }
+
+    private func deliver(_ status: Status) {
+        switch status {
+        case .connected, .reconnected:
+            isConnected = true
+            log.info(status == .connected ? "nats.connected" : "nats.reconnected", [("client", name), ("url", connectedURL)])
+        case .disconnected:
+            isConnected = false
+            log.warning("nats.disconnected", [("client", name)])
+        case .closed:
+            isConnected = false
+            log.warning("nats.closed", [("client", name)])
+        }
+        onStatus?(status)
+    }
+
+    private var connectedURL: String {
+        guard let connection else { return "" }
+        var buf = [CChar](repeating: 0, count: 256)
+        guard natsConnection_GetConnectedUrl(connection, &buf, buf.count) == NATS_OK else { return "" }
+        return String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// Safe to call twice, and from inside onMessage/onStatus; after it no callback runs.
+    /// Waits for the library's connection threads to stop (and up to 0.5 s for a flush).
+    public func close() {
+        guard !closed else { return }
+        closed = true
+        onMessage = nil
+        onStatus = nil
+        onDropped = nil
+        isConnected = false
+        mailbox?.shutDown()
+        if let event { event_del(event) }
+        if !draining { freeEvent() }
+        if let connection {
+            natsConnection_Close(connection)
+            for entry in subscriptions.values { natsSubscription_Destroy(entry.sub) }
+            natsConnection_Destroy(connection)
+        }
+        subscriptions = [:]
+        liveIDs = []
+        connection = nil
+        if let statistics { natsStatistics_Destroy(statistics) }
+        statistics = nil
+        mailbox = nil
+    }
+
+    private func freeEvent() {
+        if let event { event_free(event) }
+        event = nil
+    }
+}
+
+/// The closure of one subscription's handler: where its messages go, and which subscription
+/// they came from.
+final class NATSSubscriptionTag: Sendable {
+    let mailbox: NATSMailbox
+    let id: Int
+    init(mailbox: NATSMailbox, id: Int) {
+        self.mailbox = mailbox
+        self.id = id
+    }
+}

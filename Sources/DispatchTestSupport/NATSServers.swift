@@ -1,0 +1,208 @@
+import DispatchCore
+import DispatchSystem
+import Glibc
+
+/// Real `nats-server` processes on loopback ports, clustered: `urls[i]` is server i's client
+/// URL, fixed for the cluster's life, so a server stopped and started again is the same
+/// server to its clients. Each server runs under a small shell that holds a pipe from this
+/// process: when this process exits, however it dies, the pipe closes and the shell kills its
+/// server, so no test leaves a server behind.
+public final class NATSCluster: @unchecked Sendable {
+    public let size: Int
+    /// Client ports, cluster (route) ports and monitoring ports, by server.
+    public let ports: [Int]
+    private let routePorts: [Int]
+    public let monitorPorts: [Int]
+    private var running: [NATSServerProcess?]
+    private let tag: String
+
+    public var urls: [String] { ports.map { "nats://127.0.0.1:\($0)" } }
+
+    /// Starts `size` servers and waits until each accepts clients and has its routes to the
+    /// others. Ports are found free, so a clash with another process is possible: start
+    /// retries with new ports a few times.
+    public init(size: Int) throws {
+        precondition(size >= 1, "a cluster has at least one server")
+        self.size = size
+        tag = "\(getpid())-\(Int(Clock.monotonic() * 1000) % 1_000_000)"
+        var lastError: Error = TestError("nats-server did not start")
+        for _ in 0..<3 {
+            let chosen = try Self.freePorts(3 * size)
+            let attempt = NATSClusterPorts(clients: Array(chosen[0..<size]), routes: Array(chosen[size..<2 * size]),
+                                           monitors: Array(chosen[(2 * size)...]))
+            var started: [NATSServerProcess?] = Array(repeating: nil, count: size)
+            do {
+                for i in 0..<size { started[i] = try NATSCluster.launch(i, attempt, tag: tag) }
+                for i in 0..<size { try NATSCluster.waitUntilReady(i, attempt, running: size, server: started[i]!, log: "/tmp/nats-test-\(tag)-\(i).log") }
+                ports = attempt.clients
+                routePorts = attempt.routes
+                monitorPorts = attempt.monitors
+                running = started
+                return
+            } catch {
+                lastError = error
+                for s in started { s?.stop() }
+            }
+        }
+        throw lastError
+    }
+
+    deinit { stopAll() }
+
+    public func isRunning(_ i: Int) -> Bool { running[i] != nil }
+
+    /// Kills server i (SIGKILL: its clients see the connection drop at once).
+    public func stop(_ i: Int) {
+        running[i]?.stop()
+        running[i] = nil
+    }
+
+    /// Starts server i again on its ports and waits until it has its routes to the others.
+    public func start(_ i: Int) throws {
+        guard running[i] == nil else { return }
+        let layout = NATSClusterPorts(clients: ports, routes: routePorts, monitors: monitorPorts)
+        let server = try NATSCluster.launch(i, layout, tag: tag)
+        running[i] = server
+        do {
+            try NATSCluster.waitUntilReady(i, layout, running: running.compactMap { $0 }.count, server: server, log: logPath(i))
+        } catch {
+            stop(i)
+            throw error
+        }
+    }
+
+    public func stopAll() {
+        for i in 0..<running.count { stop(i) }
+    }
+
+    /// Whether server i would pass a message on `subject` to some subscriber: one of its own
+    /// clients (`/subsz`), or another server that told it over their route (`/routez`, where
+    /// the remote interest is listed by subject: give the subject exactly as subscribed).
+    /// Ask before publishing where interest has to travel, rather than sleeping.
+    public func hasInterest(_ i: Int, _ subject: String) -> Bool {
+        let monitor = HTTPClient(port: monitorPorts[i])
+        if let r = try? monitor.get("/subsz?subs=1&test=" + subject), r.status == 200,
+           case .array(let local)? = r.json?["subscriptions_list"], !local.isEmpty {
+            return true
+        }
+        guard let r = try? monitor.get("/routez?subs=1"), r.status == 200, case .array(let routes)? = r.json?["routes"] else { return false }
+        return routes.contains { route in
+            guard case .array(let subjects)? = route["subscriptions_list"] else { return false }
+            return subjects.contains(.string(subject))
+        }
+    }
+
+    /// Waits up to `timeout` seconds for `hasInterest`.
+    public func waitForInterest(_ i: Int, _ subject: String, timeout: Double = 10) -> Bool {
+        let deadline = Clock.monotonic() + timeout
+        while Clock.monotonic() < deadline {
+            if hasInterest(i, subject) { return true }
+            usleep(10_000)
+        }
+        return false
+    }
+
+    /// The server's log file (for a failing test's message).
+    public func logPath(_ i: Int) -> String { "/tmp/nats-test-\(tag)-\(i).log" }
+
+    /// `/usr/sbin/nats-server` (Debian), or the first in PATH.
+    public static func binary() throws -> String {
+        if access("/usr/sbin/nats-server", X_OK) == 0 { return "/usr/sbin/nats-server" }
+        for dir in (Subprocess.environment("PATH") ?? "").split(separator: ":") {
+            let path = String(dir) + "/nats-server"
+            if access(path, X_OK) == 0 { return path }
+        }
+        throw TestError("nats-server is not installed (scripts/install-deps.sh --tests installs Debian's nats-server)")
+    }
+
+    private static func launch(_ i: Int, _ layout: NATSClusterPorts, tag: String) throws -> NATSServerProcess {
+        var args = [try binary(), "-a", "127.0.0.1", "-p", String(layout.clients[i]), "-m", String(layout.monitors[i]),
+                    "-n", "dispatch-test-\(i)", "-l", "/tmp/nats-test-\(tag)-\(i).log"]
+        if layout.clients.count > 1 {
+            let others = layout.routes.enumerated().filter { $0.offset != i }.map { "nats://127.0.0.1:\($0.element)" }
+            args += ["--cluster_name", "dispatch-test", "--cluster", "nats://127.0.0.1:\(layout.routes[i])",
+                     "--routes", others.joined(separator: ",")]
+        }
+        return try NATSServerProcess(args)
+    }
+
+    private static func waitUntilReady(_ i: Int, _ layout: NATSClusterPorts, running: Int, server: NATSServerProcess, log: String) throws {
+        let deadline = Clock.monotonic() + 20
+        while Clock.monotonic() < deadline {
+            guard server.isAlive else {
+                throw TestError("nats-server \(i) exited: " + (Files.read(log) ?? ""))
+            }
+            if let r = try? HTTPClient(port: layout.monitors[i]).get("/routez"), r.status == 200,
+               case .number(let routes)? = r.json?["num_routes"], Int(routes) >= running - 1 {
+                return
+            }
+            usleep(20_000)
+        }
+        throw TestError("nats-server \(i) was not ready in 20 s (client port \(layout.clients[i]))")
+    }
+
+    private static func freePorts(_ n: Int) throws -> [Int] {
+        var out: [Int] = []
+        while out.count < n {
+            let p = try TestServer.freePort()
+            if !out.contains(p) { out.append(p) }
+        }
+        return out
+    }
+}
+
+struct NATSClusterPorts {
+    var clients: [Int]
+    var routes: [Int]
+    var monitors: [Int]
+}
+
+/// One nats-server under its watchdog shell (see NATSCluster).
+final class NATSServerProcess {
+    private var shell: pid_t
+    private var pipeFD: Int32
+
+    init(_ argv: [String]) throws {
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { throw TestError("pipe failed") }
+        // Our end must not leak into any other child (it would keep this server alive).
+        _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
+        // The server runs in the background; a second background job waits for the pipe's end
+        // (fd 3) and kills it; the shell leaves when the server does, whoever ended it.
+        let script = #"exec 3<&0; "$@" </dev/null >/dev/null 2>&1 3<&- & s=$!; { read -r _ <&3; kill -9 $s; } & w=$!; exec 3<&-; wait $s; kill $w 2>/dev/null; wait $w"#
+        var options = Subprocess.Options()
+        options.stdin = .fd(fds[0])
+        options.stdout = .null
+        options.stderr = .null
+        options.closeInChild = [fds[1]]
+        let spawned = Subprocess.spawn(["/bin/sh", "-c", script, "nats-server-watch"] + argv, options)
+        close(fds[0])
+        guard case .success(let pid) = spawned else {
+            close(fds[1])
+            throw TestError("cannot start nats-server")
+        }
+        shell = pid
+        pipeFD = fds[1]
+    }
+
+    deinit { stop() }
+
+    var isAlive: Bool {
+        guard shell > 0 else { return false }
+        var status: Int32 = 0
+        if waitpid(shell, &status, WNOHANG) == shell {
+            shell = 0
+            close(pipeFD)
+            pipeFD = -1
+            return false
+        }
+        return true
+    }
+
+    /// Closes the pipe (the watchdog kills the server) and waits for the shell, which waits
+    /// for the server: when this returns, the server's ports are free.
+    func stop() {
+        if pipeFD >= 0 { close(pipeFD); pipeFD = -1 }
+        if shell > 0 { _ = Subprocess.wait(shell); shell = 0 }
+    }
+}
