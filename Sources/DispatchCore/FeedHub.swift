@@ -113,6 +113,9 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     public let maxPending: Int
     /// The last position processed (nil: none yet in this process).
     public private(set) var head: Int64?
+    /// Where the carrier's chain of announcements began (NATS only): a subscriber whose own
+    /// read ended before it missed what lies between, and reads it before going live.
+    public private(set) var anchor: Int64?
     var source: SourcePhase = .synced
     var subscribers: [Subscriber: SubscriberState] = [:]
     var lastGeneration: UInt64 = 0
@@ -133,6 +136,17 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         if case .live? = subscribers[s]?.phase { return true }
         return false
     }
+    /// Where this process stands in the feed: the last position processed, or (none heard
+    /// yet) the lowest position a live subscriber has; nil with nobody live.
+    public var standing: Int64? {
+        if let head { return head }
+        var lowest: Int64?
+        for state in subscribers.values {
+            if case .live(let last) = state.phase { lowest = min(lowest ?? last, last) }
+        }
+        return lowest
+    }
+
     /// Whether anyone here would receive anything: lets the shell skip building changes.
     public var hasSubscribers: Bool { !subscribers.isEmpty }
 
@@ -232,6 +246,53 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         }
     }
 
+    /// A feed announcement from the NATS carrier's sequencer: `changes` continue from `after`.
+    /// Announcements can be lost (the carrier is at-most-once): one that does not continue
+    /// from `head` re-reads what lies between from the database. The first one heard (`head`
+    /// nil) starts the chain; live subscribers that are behind it are caught up the same way.
+    /// `announced(after: newest, [])` is also how the shell reports the database's newest
+    /// position when it checks that nothing went unannounced.
+    public mutating func announced(after: Int64, _ changes: [Change]) -> [Action] {
+        switch source {
+        case .resyncing(let generation, var pending):
+            pending.append(.missing(after))
+            pending.append(contentsOf: changes.map { .change($0) })
+            source = .resyncing(generation: generation, pending: pending)
+            return pending.count > maxPending ? giveUp(.tooFarBehind) : []
+        case .synced:
+            if subscribers.isEmpty {
+                // Nobody to repair for: a later subscriber's own read starts after this.
+                let newest = max(head ?? after, changes.last?.position ?? after)
+                head = newest
+                anchor = newest
+                return []
+            }
+            var actions: [Action] = []
+            guard let head else {
+                var lowest = after
+                for state in subscribers.values {
+                    if case .live(let last) = state.phase { lowest = min(lowest, last) }
+                }
+                self.head = lowest
+                anchor = lowest
+                if lowest < after { return [startResync(pending: changes.map { .change($0) })] }
+                for c in changes { process(c, into: &actions) }
+                return actions
+            }
+            if after > head { return [startResync(pending: changes.map { .change($0) })] }
+            for c in changes { process(c, into: &actions) }
+            return actions
+        }
+    }
+
+    /// The shell stopped listening to the feed (nobody here reads it): the chain is broken,
+    /// the next subscriber starts a new one.
+    public mutating func sourceDetached() {
+        head = nil
+        anchor = nil
+        source = .synced
+    }
+
     /// The LISTEN session came back: notices sent while it was down are lost. Re-read what
     /// followed the last processed position. Without one (nothing heard yet), live streams
     /// say where they are; a stream still reading has nothing to anchor it and reconnects.
@@ -240,6 +301,7 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         if subscribers.isEmpty {
             // Nothing to catch up for: the next subscriber reads its own start.
             head = nil
+            anchor = nil
             source = .synced
             return []
         }
@@ -301,10 +363,17 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         subscribers = [:]
         source = .synced
         head = nil
+        anchor = nil
         return all.map { .drop($0, reason) }
     }
 
     private mutating func goLive(_ s: Subscriber, after p: Int64, into actions: inout [Action]) {
+        if let anchor, p < anchor, let filter = subscribers[s]?.filter {
+            // Its read ended before the carrier's chain began: read the changes in between first.
+            subscribers[s]?.phase = .replay
+            actions.append(.readReplay(s, filter, after: p))
+            return
+        }
         var last = p
         var out: [Change] = []
         for c in subscribers[s]?.buffer ?? [] where c.position > last {

@@ -223,6 +223,24 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         return actions
     }
 
+    /// The database holds `seq` for this topic, newer than what it has: a change whose message
+    /// the carrier lost with nothing after it to reveal the gap. Re-read from the topic's newest.
+    public mutating func behind(topic name: String, seq: Int64) -> [Action] {
+        guard let topic = topics[name], topic.phase == .synced, let latest = topic.latest, seq > latest.seq else { return [] }
+        topics[name]?.phase = .resyncing
+        return [.readTopicHistory(topic: name, generation: topic.generation, after: latest.seq)]
+    }
+
+    /// Every synced topic with the seq it holds (what the shell checks against the database).
+    public var syncedTopics: [(topic: String, seq: Int64)] {
+        var out: [(topic: String, seq: Int64)] = []
+        out.reserveCapacity(topics.count)
+        for (name, topic) in topics where topic.phase == .synced {
+            if let latest = topic.latest, !latest.isTerminal { out.append((name, latest.seq)) }
+        }
+        return out
+    }
+
     /// The LISTEN session is back: every topic may have missed events while it was down.
     public mutating func listenRestored() -> [Action] {
         var actions: [Action] = []
