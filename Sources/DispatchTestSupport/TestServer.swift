@@ -105,6 +105,11 @@ public final class TestServer: @unchecked Sendable {
         env["DISPATCH_WORKERS"] = env["DISPATCH_WORKERS"] ?? "1"
         env["DISPATCH_LOG_LEVEL"] = "info"
         for (k, v) in environment { env[k] = v }
+        if env["DISPATCH_NATS_URL"] == nil, let urls = try TestCarrier.sharedURLs() { env["DISPATCH_NATS_URL"] = urls }
+        if env["DISPATCH_NATS_URL"] != nil, env["DISPATCH_NATS_SUBJECT_PREFIX"] == nil {
+            // Tests share NATS servers; each database is a deployment of its own.
+            env["DISPATCH_NATS_SUBJECT_PREFIX"] = TestCarrier.subjectPrefix(conninfo)
+        }
         let cmd = "\(shell) exec \(TestPaths.binary("dispatchd")) >> \(logPath) 2>&1"
         guard let p = Subprocess.start(["/bin/sh", "-c", cmd], environment: env) else {
             throw TestError("cannot start dispatchd")
@@ -172,6 +177,28 @@ public final class TestServer: @unchecked Sendable {
         }
         guard ok else { throw TestError("no free port") }
         return Int(UInt16(bigEndian: addr.sin_port))
+    }
+}
+
+/// `DISPATCH_TEST_CARRIER=nats` runs every test server over NATS (a 3-server cluster this test
+/// process starts once) instead of LISTEN/NOTIFY: how CI runs the server suite in both modes.
+public enum TestCarrier {
+    nonisolated(unsafe) private static var cluster: NATSCluster?
+
+    public static var isNATS: Bool { Subprocess.environment("DISPATCH_TEST_CARRIER") == "nats" }
+
+    /// The shared cluster's URLs in NATS mode, else nil.
+    public static func sharedURLs() throws -> String? {
+        guard isNATS else { return nil }
+        if cluster == nil { cluster = try NATSCluster(size: 3) }
+        return cluster?.urls.joined(separator: ",")
+    }
+
+    /// A subject prefix of one database's own (`t` + a hash of its conninfo).
+    public static func subjectPrefix(_ conninfo: String) -> String {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for b in conninfo.utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+        return "t" + String(h, radix: 16)
     }
 }
 

@@ -36,6 +36,8 @@ public final class Metrics {
     public var feedCloses: [StreamCloseReason: Int] = [:]
     /// Live Activity pushes, when APNs is configured.
     var push: PushMetrics?
+    /// The NATS carrier, when configured.
+    var carrier: CarrierMetrics?
     /// Database round trips by session: `writer` is publish batches only (each one commit, so
     /// its figures are the commit's share of a publish), `reader` everything else.
     var writerRoundTrips = Histogram()
@@ -109,6 +111,7 @@ public final class Metrics {
         s += writerRoundTrips.render("dispatch_db_query_seconds", labels: "\(w),session=\"writer\"")
         s += readerRoundTrips.render("dispatch_db_query_seconds", labels: "\(w),session=\"reader\"")
         if let push { s += push.render(worker: w) }
+        if let carrier { s += carrier.render(worker: w) }
         line("process_resident_memory_bytes", "gauge", "Resident memory.", [(w, "\(process.residentBytes)")])
         line("process_open_fds", "gauge", "Open file descriptors.", [(w, "\(process.openFDs)")])
         line("process_cpu_seconds_total", "counter", "CPU time used.", [(w, "\(process.cpuSeconds)")])

@@ -26,6 +26,8 @@ public final class Worker {
     let vault: TokenVault?
     /// The Live Activity push sender, when APNs is configured.
     private(set) var push: PushService?
+    /// The NATS carrier between server processes, when configured (else LISTEN/NOTIFY).
+    private(set) var carrier: NATSCarrier?
     private let conninfo: String
     private var timers: [Timer] = []
     private var shuttingDown = false
@@ -61,6 +63,13 @@ public final class Worker {
         api = API(config: config, log: log, metrics: metrics, db: db, publisher: publisher, streams: streams, feeds: feeds, auth: auth)
         vault = config.tokenKey.map { TokenVault(key: $0) }
         if let vault { api.devices = DevicesContext(vault: vault, pushes: config.apns != nil) }
+        if let settings = config.carrier {
+            publisher.sequencedPositions = true
+            let c = NATSCarrier(loop: loop, settings: settings, db: db, conninfo: conninfo, streams: streams, feeds: feeds,
+                                runsSequencer: index == 0, log: log, name: "dispatchd-w\(index)-\(getpid())")
+            metrics.carrier = c.metrics
+            carrier = c
+        }
     }
 
     /// Binds, connects, and runs the loop until SIGTERM/SIGINT.
@@ -75,8 +84,13 @@ public final class Worker {
         api.onKeyRevoked = { [unowned self] id in self.keyRevoked(id) }
         publisher.onCommitted = { [unowned self] event, json, _ in
             if event.name == ActivityEvent.cancelRequested { self.webhooks?.kick() }
-            self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name,
-                                   json: String(decoding: json, as: UTF8.self))
+            let text = String(decoding: json, as: UTF8.self)
+            self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name, json: text)
+            self.carrier?.committed(activityID: event.snapshot.activityId, seq: event.seq, event: event.name, json: text)
+        }
+        if let carrier {
+            carrier.onCancelRequested = { [unowned self] in self.webhooks?.kick() }
+            try carrier.start()
         }
         db.writer.onReady = { [unowned self] in
             self.publisher.writerReady()
@@ -116,7 +130,9 @@ public final class Worker {
 
     private func wireListener() {
         listener.onReady = { [unowned self] in
-            self.listener.execute([PGQuery("LISTEN \(Channel.events)"), PGQuery("LISTEN \(Channel.keys)")]) { result in
+            // With the NATS carrier, changes do not travel through NOTIFY; key revocations still do.
+            let channels = self.carrier == nil ? [Channel.events, Channel.keys] : [Channel.keys]
+            self.listener.execute(channels.map { PGQuery("LISTEN \($0)") }) { result in
                 guard case .success = result else { return }
                 let restored = self.listenEstablished
                 self.listenEstablished = true
@@ -207,6 +223,7 @@ public final class Worker {
         webhooks?.stop()
         push?.shutdown()
         func finish() {
+            carrier?.close()
             push?.close()
             db.close()
             listener.close()

@@ -319,7 +319,11 @@ struct ActivityRepository {
     /// claim commits, so it pushes this change anyway. A row being sent gets the new seq. The
     /// look-ups are LATERAL subqueries (index probes per change): as plain joins, the generic
     /// plan of this prepared statement scanned whole tables on every batch.
-    static func finalizeStatement(_ changes: [Change], pushes: Bool, now: Int64) -> PGQuery {
+    ///
+    /// With the NATS carrier (`sequenced`), the history rows are written without a position
+    /// and nothing is notified: the sequencer numbers them after the commit (see
+    /// `SequencerMachine`), and the worker announces the changes on NATS itself.
+    static func finalizeStatement(_ changes: [Change], pushes: Bool, now: Int64, sequenced: Bool = false) -> PGQuery {
         let marks = pushes ? """
             , marks AS (
               INSERT INTO push_outbox AS o (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
@@ -348,13 +352,21 @@ struct ActivityRepository {
             )
             """ : ""
         let counted = pushes ? ", (SELECT count(*) FROM marks) + (SELECT count(*) FROM starts) AS pushes" : ", 0 AS pushes"
+        let notified = """
+            SELECT pg_notify('\(Channel.events)', ordered.position || E'\\n' || ordered.activity_id || E'\\n' || ordered.seq
+                             || E'\\n' || ordered.event || E'\\n'
+                             || CASE WHEN octet_length(ordered.data) + octet_length(ordered.activity_id) <= \(maxNotifyPayload - 64)
+                                     THEN ordered.data ELSE '' END) AS notified,
+                   ordered.activity_id, ordered.seq, ordered.position\(counted)
+            FROM (SELECT * FROM placed ORDER BY position) ordered
+            """
         return PGQuery("""
             WITH c AS (
               SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::smallint[])
                 WITH ORDINALITY AS c(activity_id, seq, event, data, idempotency_key, created_ms, priority, ord)
             ), inserted AS (
               INSERT INTO activity_events (activity_id, seq, event, data, idempotency_key, created_ms, position)
-              SELECT c.activity_id, c.seq, c.event, c.data, c.idempotency_key, c.created_ms, nextval('feed_positions')
+              SELECT c.activity_id, c.seq, c.event, c.data, c.idempotency_key, c.created_ms, \(sequenced ? "NULL::bigint" : "nextval('feed_positions')")
               FROM c CROSS JOIN LATERAL (
                 SELECT 1 FROM activities a
                 WHERE a.activity_id = c.activity_id AND a.seq = c.seq AND a.xmin = pg_current_xact_id()::xid LIMIT 1) mine
@@ -363,15 +375,10 @@ struct ActivityRepository {
             ), placed AS (
               SELECT i.activity_id, i.seq, i.position, i.event, i.data, c.priority FROM inserted i JOIN c USING (activity_id, seq)
             )\(marks)
-            SELECT pg_notify('\(Channel.events)', ordered.position || E'\\n' || ordered.activity_id || E'\\n' || ordered.seq
-                             || E'\\n' || ordered.event || E'\\n'
-                             || CASE WHEN octet_length(ordered.data) + octet_length(ordered.activity_id) <= \(maxNotifyPayload - 64)
-                                     THEN ordered.data ELSE '' END) AS notified,
-                   ordered.activity_id, ordered.seq, ordered.position\(counted)
-            FROM (SELECT * FROM placed ORDER BY position) ordered
+            \(sequenced ? "SELECT placed.activity_id, placed.seq, placed.position\(counted) FROM placed" : notified)
             """, [PGArray.text(changes.map(\.activityID)), PGArray.numbers(changes.map(\.seq)), PGArray.text(changes.map(\.event)),
                   PGArray.text(changes.map(\.data)), PGArray.text(changes.map(\.idempotencyKey)), PGArray.numbers(changes.map(\.createdMs)),
                   PGArray.numbers(changes.map { Int64($0.pushPriority) })] + (pushes ? [String(now)] : []),
-            name: pushes ? "publish_finalize_push" : "publish_finalize")
+            name: (pushes ? "publish_finalize_push" : "publish_finalize") + (sequenced ? "_sequenced" : ""))
     }
 }

@@ -91,8 +91,11 @@ final class Publisher {
     var pushes = false
     /// Called after a batch that marked the push outbox was committed (wakes the push sender).
     var onPushesMarked: (() -> Void)?
-    /// Called after each commit with the event and its feed position, before the publisher is answered.
-    var onCommitted: ((ActivityEvent, [UInt8], Int64) -> Void)?
+    /// Called after each commit with the event and its feed position (nil with the NATS
+    /// carrier: the sequencer numbers it later), before the publisher is answered.
+    var onCommitted: ((ActivityEvent, [UInt8], Int64?) -> Void)?
+    /// History rows are written without a feed position, for the sequencer (NATS carrier).
+    var sequencedPositions = false
 
     /// Live activities this worker has seen lately, kept current by its commits and by NOTIFY;
     /// bounded by bytes (a snapshot may be a few hundred bytes or several kilobytes).
@@ -288,7 +291,8 @@ final class Publisher {
                                       pushPriority: op.planned!.pushPriority(previous: op.previousState))
         }
         let writes = writeStatements(ops)
-        let queries = writes + [ActivityRepository.positionLock, ActivityRepository.finalizeStatement(changes, pushes: pushes, now: now())]
+        let finalize = ActivityRepository.finalizeStatement(changes, pushes: pushes, now: now(), sequenced: sequencedPositions)
+        let queries = writes + (sequencedPositions ? [finalize] : [ActivityRepository.positionLock, finalize])
         writing = true
         metrics.publishBatches += 1
         db.writer.execute(queries) { [weak self] result in
@@ -337,7 +341,7 @@ final class Publisher {
     }
 
     private func settle(_ op: PublishOp, applied: Bool, json: [UInt8], position: Int64?) {
-        guard applied, let event = op.planned, let position else {
+        guard applied, let event = op.planned, position != nil || sequencedPositions else {
             // Someone else changed it first (or this request was already applied): re-read, re-plan.
             cache.remove(op.activityID)
             op.attempts += 1

@@ -32,6 +32,10 @@ final class FeedService: HTTPStreamDelegate {
     private var hub = FeedHub<Int, FeedEvent>()
     private var sessions = StreamTable<FeedSession>()
     private var heartbeatTimer: Timer?
+    /// The carrier's interest in the feed: called when the first feed opens here and when
+    /// the last one ends (NATS listens to feed announcements only meanwhile).
+    var onFirstFeed: (() -> Void)?
+    var onLastFeedClosed: (() -> Void)?
     /// Finished activities younger than this are part of the initial set.
     static let recentWindowMs: Int64 = 24 * 3_600_000
 
@@ -62,6 +66,7 @@ final class FeedService: HTTPStreamDelegate {
         }
         metrics.feedsActive = sessions.count
         metrics.feedsOpened += 1
+        if sessions.count == 1 { onFirstFeed?() }
         // Headers (and heartbeats) at once: the initial set may take a few reads.
         session.connection.begin()
         perform(hub.subscribe(session.id, filter: filter, lastEventID: lastEventID, reset: invalidLastEventID))
@@ -87,6 +92,22 @@ final class FeedService: HTTPStreamDelegate {
     func listenRestored() {
         perform(hub.listenRestored())
     }
+
+    // MARK: - Inputs from the NATS carrier
+
+    /// A sequencer's announcement (or, with no changes, the newest position the database
+    /// holds, from the carrier's check): a break in the chain re-reads from the database.
+    func announced(_ a: CarrierMessage.Announcement) {
+        // Nobody here reads: the hub keeps only where the chain is, no change is built.
+        let changes = hub.hasSubscribers ? a.changes.map(FeedEvent.init(change:)) : []
+        perform(hub.announced(after: hub.hasSubscribers ? a.after : a.through, changes))
+    }
+
+    /// Nobody here reads the feed any more and the carrier stopped listening to it.
+    func carrierDetached() { hub.sourceDetached() }
+
+    /// Where this process stands in the feed (nil: nobody live), for the carrier's check.
+    var head: Int64? { hub.standing }
 
     // MARK: - Performing the hub's decisions
 
@@ -215,6 +236,7 @@ final class FeedService: HTTPStreamDelegate {
         session.connection.detach()
         metrics.feedsActive = sessions.count
         metrics.feedCloses[reason, default: 0] += 1
+        if sessions.count == 0 { onLastFeedClosed?() }
         let http = session.connection.http
         switch reason {
         case .clientClosed:

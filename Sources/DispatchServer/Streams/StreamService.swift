@@ -9,6 +9,8 @@ final class StreamSession: KeyedStream {
     let keyID: Int64
     let connection: SSEConnection
     let opened = Clock.monotonic()
+    /// Counted in the carrier's interest in its activity (NATS: subscribed to its subject).
+    var watching = false
 
     init(id: Int, activityID: String, keyID: Int64, connection: SSEConnection) {
         self.id = id
@@ -41,6 +43,10 @@ final class StreamService: HTTPStreamDelegate {
     /// Final events of finished activities, answered from memory; bounded by bytes.
     private var terminalCache = BoundedCache<String, WireEvent>(maxBytes: 32 << 20)
     private var heartbeatTimer: Timer?
+    /// The carrier's interest in an activity: one call per stream subscribed to it, and one
+    /// `unwatch` per such stream when it ends (NATS subscribes to what streams here follow).
+    var watch: ((String) -> Void)?
+    var unwatch: ((String) -> Void)?
 
     init(loop: EventLoop, activities: ActivityRepository, publisher: Publisher, metrics: Metrics, log: Logger, settings: Settings) {
         self.loop = loop
@@ -73,6 +79,10 @@ final class StreamService: HTTPStreamDelegate {
             // A finished activity never changes: answer from memory.
             serveFinished(session.id, final: final, after: lastEventID)
             return
+        }
+        if let watch {
+            session.watching = true
+            watch(activityID)
         }
         perform(hub.subscribe(session.id, topic: activityID, lastEventID: lastEventID))
         beginIfLive(session.id)
@@ -162,9 +172,18 @@ final class StreamService: HTTPStreamDelegate {
         }
     }
 
-    /// The LISTEN session came back: re-read every topic's history from where it was.
+    /// The LISTEN session (or the carrier's connection) came back: re-read every topic's
+    /// history from where it was.
     func listenRestored() {
         perform(hub.listenRestored())
+    }
+
+    /// Every topic held here with the seq it has (the carrier's check against the database).
+    var syncedTopics: [(topic: String, seq: Int64)] { hub.syncedTopics }
+
+    /// The database holds a newer change of this topic than it has (a lost carrier message).
+    func behind(_ topic: String, seq: Int64) {
+        perform(hub.behind(topic: topic, seq: seq))
     }
 
     private func rememberTerminal(_ id: String, _ e: WireEvent) {
@@ -293,6 +312,7 @@ final class StreamService: HTTPStreamDelegate {
     func close(_ id: Int, reason: StreamCloseReason) {
         guard let session = sessions.remove(id) else { return }
         hub.unsubscribe(id)
+        if session.watching { unwatch?(session.activityID) }
         session.connection.detach()
         metrics.streamsActive = sessions.count
         metrics.streamCloses[reason, default: 0] += 1

@@ -1,0 +1,59 @@
+import DispatchCore
+
+/// How committed changes travel between server processes: over NATS when
+/// `DISPATCH_NATS_URL` is set (several servers), else PostgreSQL's LISTEN/NOTIFY.
+public struct CarrierSettings: Equatable, Sendable {
+    /// `nats://host:port` URLs of one NATS cluster; the client fails over between them.
+    public var servers: [String]
+    /// Subject prefix, so that several deployments can share one NATS cluster.
+    public var subjectPrefix = "dispatch"
+    /// Seconds between each worker's check that nothing committed went unannounced (a lost
+    /// message, a process killed between its commit and its message).
+    public var checkSeconds: Double = 1
+
+    static let settings: [ServerConfig.Setting] = [
+        .init(env: "DISPATCH_NATS_URL", flag: "--nats-url",
+              help: "nats://host:port of a NATS cluster, comma-separated; carries changes between servers (default: none, LISTEN/NOTIFY for one server)"),
+        .init(env: "DISPATCH_NATS_SUBJECT_PREFIX", flag: "--nats-subject-prefix",
+              help: "NATS subject prefix, for deployments sharing a NATS cluster (default dispatch)"),
+        .init(env: "DISPATCH_CARRIER_CHECK", flag: "--carrier-check",
+              help: "seconds between checks for changes whose NATS message was lost (default 1)"),
+    ]
+
+    static func parse(_ values: [String: String]) throws(ConfigError) -> CarrierSettings? {
+        guard let text = values["DISPATCH_NATS_URL"], !text.isEmpty else {
+            for other in ["DISPATCH_NATS_SUBJECT_PREFIX", "DISPATCH_CARRIER_CHECK"] where values[other] != nil {
+                throw ConfigError("\(other) needs DISPATCH_NATS_URL")
+            }
+            return nil
+        }
+        var servers: [String] = []
+        for part in text.split(separator: ",") {
+            let url = part.trimmingCharactersSpace
+            guard let rest = url.hasPrefix("nats://") ? url.dropFirst(7) : nil, let colon = rest.lastIndex(of: ":"),
+                  !rest[..<colon].isEmpty, !rest.contains("/"), let port = Int(rest[rest.index(after: colon)...]),
+                  (1...65535).contains(port) else {
+                throw ConfigError("DISPATCH_NATS_URL entry \(url) must be nats://host:port")
+            }
+            servers.append(url)
+        }
+        guard !servers.isEmpty else { throw ConfigError("DISPATCH_NATS_URL is empty") }
+        var c = CarrierSettings(servers: servers)
+        if let p = values["DISPATCH_NATS_SUBJECT_PREFIX"] {
+            let tokens = p.split(separator: ".", omittingEmptySubsequences: false)
+            guard !p.isEmpty, p.utf8.count <= 64, tokens.allSatisfy({ t in
+                !t.isEmpty && t.utf8.allSatisfy { $0 == 0x2D || $0 == 0x5F || (0x30...0x39).contains($0) || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0) }
+            }) else {
+                throw ConfigError("DISPATCH_NATS_SUBJECT_PREFIX must be dot-separated tokens of [A-Za-z0-9_-], at most 64 characters")
+            }
+            c.subjectPrefix = p
+        }
+        if let v = values["DISPATCH_CARRIER_CHECK"] {
+            guard let d = Double(v), d.isFinite, d >= 0.05, d <= 60 else {
+                throw ConfigError("DISPATCH_CARRIER_CHECK must be seconds from 0.05 to 60, not \(v)")
+            }
+            c.checkSeconds = d
+        }
+        return c
+    }
+}
