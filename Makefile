@@ -3,7 +3,7 @@ SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: run test build deps test-deps bench bench-full install uninstall compose-env clean
+.PHONY: run test test-tsan build deps test-deps bench bench-full install uninstall compose-env clean
 
 deps:
 	@./scripts/install-deps.sh
@@ -22,9 +22,19 @@ run: build
 # Every test: unit, server integration (real PostgreSQL the tests start themselves), CLI,
 # browser, bench smoke. All are XCTest; the empty Swift Testing pass is skipped so the last
 # line is the real summary.
+# The server suite runs a second time with every test server on a NATS cluster instead of
+# LISTEN/NOTIFY (contract §10: every delivery guarantee holds with either carrier).
 test: test-deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build --disable-swift-testing
+	DISPATCH_TEST_CARRIER=nats $(SWIFT) test --skip-build --disable-swift-testing --filter ServerIntegrationTests
+
+# The NATS client and carrier tests under ThreadSanitizer: libnats's threads must meet
+# Dispatch's state only through the hand-off to each worker's loop.
+test-tsan: test-deps
+	$(SWIFT) build --build-tests --build-path .build-tsan -Xswiftc -sanitize=thread
+	TSAN_OPTIONS=halt_on_error=1 $(SWIFT) test --skip-build --build-path .build-tsan --disable-swift-testing \
+	  --filter 'NATSClientTests|NATSCarrierTests'
 
 bench: deps
 	./bench/run
