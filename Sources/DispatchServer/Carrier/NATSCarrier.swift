@@ -74,6 +74,7 @@ final class NATSCarrier {
         streams.unwatch = { [unowned self] id in self.unwatch(id) }
         feeds.onFirstFeed = { [unowned self] in self.feedOpened() }
         feeds.onLastFeedClosed = { [unowned self] in self.feedIdleSince = Clock.monotonic() }
+        feeds.awaitNumbering = { [unowned self] done in self.awaitNumbering(done) }
         if let sequencer {
             sequencer.announce = { [unowned self] message in self.publish(self.subjects.feed, message) }
             sequencer.onLeading = { [unowned self] leading in
@@ -194,6 +195,33 @@ final class NATSCarrier {
         metrics.subscriptions += 1
     }
 
+    // MARK: - A feed's first read
+
+    /// Calls `done` once every change committed before now has its feed position (the rows
+    /// waiting now are numbered), or after `numberingWait` seconds (no sequencer: its changes
+    /// then follow the feed's `synced` as live changes, still in order). Under load a pass
+    /// runs every few milliseconds, so this costs a feed a few milliseconds.
+    func awaitNumbering(_ done: @escaping () -> Void) {
+        db.read(CarrierSQL.waiting) { [weak self] result in
+            guard let self, case .success(let r) = result, !r.rows.isEmpty else { return done() }
+            let ids = r.rows.compactMap { $0["activity_id"] }, seqs = r.rows.compactMap { $0.int64("seq") }
+            self.poll(ids, seqs, until: Clock.monotonic() + NATSCarrier.numberingWait, done)
+        }
+    }
+
+    static let numberingWait = 2.0
+
+    private func poll(_ ids: [String], _ seqs: [Int64], until deadline: Double, _ done: @escaping () -> Void) {
+        guard Clock.monotonic() < deadline else { return done() }
+        loop.timer(after: 0.01) { [weak self] in
+            guard let self else { return done() }
+            self.db.read(CarrierSQL.stillWaiting(ids, seqs)) { [weak self] result in
+                guard let self, case .success(let r) = result, (r.first?.int64("n") ?? 0) > 0 else { return done() }
+                self.poll(ids, seqs, until: deadline, done)
+            }
+        }
+    }
+
     // MARK: - The check against the database
 
     /// Finds changes PostgreSQL holds that no message brought: for each followed activity its
@@ -252,8 +280,22 @@ final class NATSCarrier {
     }
 }
 
-/// The carrier's check (one statement: what it reads comes from one snapshot).
+/// The carrier's statements.
 enum CarrierSQL {
+    /// The committed changes still without a feed position (few: the sequencer's backlog).
+    static let waiting = PGQuery("SELECT activity_id, seq FROM activity_events WHERE position IS NULL LIMIT 10000",
+                                 name: "carrier_waiting")
+
+    /// How many of these changes are still without a position.
+    static func stillWaiting(_ ids: [String], _ seqs: [Int64]) -> PGQuery {
+        PGQuery("""
+            SELECT count(*) AS n FROM unnest($1::text[], $2::bigint[]) AS c(activity_id, seq)
+            JOIN activity_events e ON e.activity_id = c.activity_id AND e.seq = c.seq AND e.position IS NULL
+            """, [PGArray.text(ids), PGArray.numbers(seqs)], name: "carrier_still_waiting")
+    }
+
+    /// The check (one statement: what it reads comes from one snapshot).
+
     /// The followed activities whose stored seq is newer than the one held, and (with `feed`)
     /// one row without an activity id whose `seq` is the newest feed position.
     static func newer(_ topics: [(topic: String, seq: Int64)], feed: Bool) -> PGQuery {

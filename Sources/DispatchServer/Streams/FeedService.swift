@@ -9,6 +9,8 @@ final class FeedSession: KeyedStream {
     let connection: SSEConnection
     /// Finished activities since this time (ms) are in the initial set: the last 24 hours.
     let since: Int64
+    /// Its first read waited for the sequencer (NATS carrier), or needs no wait.
+    var settled = false
 
     init(id: Int, keyID: Int64, connection: SSEConnection, since: Int64) {
         self.id = id
@@ -36,6 +38,10 @@ final class FeedService: HTTPStreamDelegate {
     /// the last one ends (NATS listens to feed announcements only meanwhile).
     var onFirstFeed: (() -> Void)?
     var onLastFeedClosed: (() -> Void)?
+    /// With the NATS carrier, changes committed before a feed opened may not be numbered yet:
+    /// its first read waits for them (calls back when they are, or after a bound), so that
+    /// what was acknowledged before a feed opened is in its initial set, before `synced`.
+    var awaitNumbering: ((@escaping () -> Void) -> Void)?
     /// Finished activities younger than this are part of the initial set.
     static let recentWindowMs: Int64 = 24 * 3_600_000
 
@@ -118,7 +124,7 @@ final class FeedService: HTTPStreamDelegate {
                 metrics.feedResyncs += 1
                 readChanges(after: after, generation: generation, attempt: 0)
             case .readInitial(let s, let filter, let after, let firstHead):
-                paced(s) { [weak self] session in
+                settled(s) { [weak self] session in
                     guard let self else { return }
                     self.repository.initialPage(filter, after: after, firstHead: firstHead, since: session.since,
                                                 limit: Int(self.settings.historyPage), maxBytes: session.connection.pageBudget) { [weak self] result in
@@ -131,7 +137,7 @@ final class FeedService: HTTPStreamDelegate {
                     }
                 }
             case .readReplay(let s, let filter, let after):
-                paced(s) { [weak self] session in
+                settled(s) { [weak self] session in
                     guard let self else { return }
                     self.repository.replayPage(filter, after: after, limit: Int(self.settings.historyPage),
                                                maxBytes: session.connection.pageBudget) { [weak self] result in
@@ -161,6 +167,14 @@ final class FeedService: HTTPStreamDelegate {
                 close(s, reason: why.closeReason)
             }
         }
+    }
+
+    /// `paced`, after the first read's wait for numbering (NATS carrier).
+    private func settled(_ id: Int, _ read: @escaping (FeedSession) -> Void) {
+        guard let session = sessions[id] else { return }
+        guard !session.settled, let awaitNumbering else { return paced(id, read) }
+        session.settled = true
+        awaitNumbering { [weak self] in self?.paced(id, read) }
     }
 
     /// Runs a stream's next page read now if its outbox has room, else once it drains.
