@@ -67,7 +67,8 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         case readReplay(Subscriber, FeedFilter, after: Int64)
         /// Write these changes, in order.
         case send(Subscriber, [Change])
-        /// Write `event: synced` with this position: the initial set is complete.
+        /// Write `event: synced` with this position: the initial set is complete, or a resumed
+        /// feed has caught up; what follows is live. Once per stream.
         case synced(Subscriber, position: Int64)
         /// Write `event: reset`: the Last-Event-ID cannot be resumed; the initial set follows.
         case reset(Subscriber)
@@ -96,6 +97,8 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         var phase: Phase
         /// Changes processed while the subscriber reads (initial set or replay).
         var buffer: [Change] = []
+        /// `synced` was sent (a catch-up after it, for the carrier's chain, says nothing more).
+        var saidSynced = false
     }
 
     enum Pending {
@@ -180,7 +183,7 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
             return actions
         }
         let p = max(through, last)
-        actions.append(.synced(s, position: p))
+        synced(s, at: p, into: &actions)
         goLive(s, after: p, into: &actions)
         return actions
     }
@@ -202,6 +205,7 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
                 actions.append(.readReplay(s, state.filter, after: p))
                 return actions
             }
+            synced(s, at: p, into: &actions)
             goLive(s, after: p, into: &actions)
             return actions
         }
@@ -365,6 +369,12 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         head = nil
         anchor = nil
         return all.map { .drop($0, reason) }
+    }
+
+    private mutating func synced(_ s: Subscriber, at p: Int64, into actions: inout [Action]) {
+        guard subscribers[s]?.saidSynced == false else { return }
+        subscribers[s]?.saidSynced = true
+        actions.append(.synced(s, position: p))
     }
 
     private mutating func goLive(_ s: Subscriber, after p: Int64, into actions: inout [Action]) {
