@@ -209,3 +209,26 @@ final class CarrierHubTests: XCTestCase {
         XCTAssertEqual(seqs, [4, 5])
     }
 }
+
+final class FeedResumeSyncedTests: XCTestCase {
+    func testAResumedFeedSaysSyncedOnceItCaughtUpAndOnlyOnce() {
+        var feed = TestFeed()
+        _ = feed.subscribe(1, filter: FeedFilter(), lastEventID: 3)
+        let cut = feed.replayLoaded(1, .page([FCh(position: 4, activity: "a", machine: nil, isTerminal: false)], through: 9, complete: false))
+        XCTAssertFalse(cut.contains { if case .synced = $0 { return true }; return false }, "not while it still catches up")
+        let done = feed.replayLoaded(1, .page([FCh(position: 6, activity: "a", machine: nil, isTerminal: false)], through: 8, complete: true))
+        let synced = done.compactMap { a -> Int64? in if case .synced(1, let p) = a { return p }; return nil }
+        XCTAssertEqual(synced, [8])
+        XCTAssertTrue(feed.isLive(1))
+    }
+
+    func testACatchUpForTheCarriersChainAfterSyncedSaysNothingMore() {
+        var feed = TestFeed()
+        _ = feed.subscribe(1, filter: FeedFilter(), lastEventID: nil)
+        _ = feed.announced(after: 20, [FCh(position: 21, activity: "a", machine: nil, isTerminal: false)])
+        let first = feed.initialLoaded(1, [], through: 18, complete: true)
+        XCTAssertEqual(first.filter { if case .synced = $0 { return true }; return false }.count, 1)
+        let after = feed.replayLoaded(1, .page([FCh(position: 21, activity: "a", machine: nil, isTerminal: false)], through: 21, complete: true))
+        XCTAssertFalse(after.contains { if case .synced = $0 { return true }; return false })
+    }
+}
