@@ -272,3 +272,47 @@ final class NATSClientTests: XCTestCase {
         sub.close()
     }
 }
+
+extension NATSClientTests {
+    func testServerSettingIsSplitAndChecked() throws {
+        XCTAssertEqual(try NATSClient.servers(fromSetting: "nats://127.0.0.1:4222, nats://10.0.0.2:4223 ,"),
+                       ["nats://127.0.0.1:4222", "nats://10.0.0.2:4223"])
+        XCTAssertThrowsError(try NATSClient.servers(fromSetting: " , "))
+        XCTAssertThrowsError(try NATSClient.servers(fromSetting: "nats://127.0.0.1:4222,redis://x:1"))
+    }
+
+    /// The server a client uses is killed: it fails over to another server of the cluster,
+    /// takes its subscriptions there, and a publisher on a third server reaches it again.
+    func testFailoverToAnotherServerOfTheCluster() throws {
+        let cluster = try NATSCluster(size: 3)
+        let loop = EventLoop()
+        var options = NATSClient.Options()
+        options.reconnectWait = 0.05
+        let sub = NATSClient(loop: loop, servers: cluster.urls, name: "roaming", log: Logger(level: .error), options: options)
+        var statuses: [NATSClient.Status] = []
+        var payloads: [String] = []
+        sub.onStatus = { statuses.append($0) }
+        sub.onMessage = { payloads.append(String(decoding: $1, as: UTF8.self)) }
+        try sub.start()
+        let topic = "test.failover." + NATSSubject.token("job:1")
+        sub.subscribe(topic)
+        XCTAssertTrue(runLoop(loop, timeout: 10) { statuses == [.connected] })
+        let first = try XCTUnwrap(cluster.urls.firstIndex(of: sub.connectedServer ?? ""), "connected to \(sub.connectedServer ?? "nothing")")
+        let other = (first + 1) % 3
+        let pub = NATSClient(loop: loop, servers: [cluster.urls[other]], name: "pub", log: Logger(level: .error))
+        try pub.start()
+        XCTAssertTrue(cluster.waitForInterest(other, topic))
+        pub.publish(topic, Array("one".utf8))
+        XCTAssertTrue(runLoop(loop, timeout: 10) { payloads == ["one"] })
+
+        cluster.stop(first)
+        XCTAssertTrue(runLoop(loop, timeout: 20) { statuses == [.connected, .disconnected, .reconnected] }, "statuses \(statuses)")
+        let second = try XCTUnwrap(cluster.urls.firstIndex(of: sub.connectedServer ?? ""))
+        XCTAssertNotEqual(second, first)
+        XCTAssertTrue(cluster.waitForInterest(other, topic), "interest did not come back after the failover")
+        pub.publish(topic, Array("two".utf8))
+        XCTAssertTrue(runLoop(loop, timeout: 10) { payloads == ["one", "two"] })
+        pub.close()
+        sub.close()
+    }
+}

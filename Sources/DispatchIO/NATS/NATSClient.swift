@@ -206,6 +206,19 @@ public final class NATSClient {
         natsStatus_GetText(s).map { String(cString: $0) } ?? "status \(s.rawValue)"
     }
 
+    /// `DISPATCH_NATS_URL`'s value: comma-separated nats://host:port URLs of one cluster.
+    public static func servers(fromSetting value: String) throws(SystemError) -> [String] {
+        let urls = value.split(separator: ",").map { part -> String in
+            var s = part
+            while s.first?.isWhitespace == true { s = s.dropFirst() }
+            while s.last?.isWhitespace == true { s = s.dropLast() }
+            return String(s)
+        }.filter { !$0.isEmpty }
+        guard !urls.isEmpty else { throw SystemError("no NATS server URL in \"\(value)\"") }
+        for url in urls where !plausible(url) { throw SystemError("NATS server URL \(url) is not nats://host:port") }
+        return urls
+    }
+
     /// nats://host:port (or host:port, the library's shorthand), port in range.
     static func plausible(_ url: String) -> Bool {
         var rest = Substring(url)
@@ -320,7 +333,7 @@ public final class NATSClient {
         switch status {
         case .connected, .reconnected:
             isConnected = true
-            log.info(status == .connected ? "nats.connected" : "nats.reconnected", [("client", name), ("url", connectedURL)])
+            log.info(status == .connected ? "nats.connected" : "nats.reconnected", [("client", name), ("url", connectedServer ?? "")])
         case .disconnected:
             isConnected = false
             log.warning("nats.disconnected", [("client", name)])
@@ -331,10 +344,12 @@ public final class NATSClient {
         onStatus?(status)
     }
 
-    private var connectedURL: String {
-        guard let connection else { return "" }
+    /// The URL of the server the library is connected to now (nil while it is not), as the
+    /// library knows it (it may be one the cluster advertised rather than one of `servers`).
+    public var connectedServer: String? {
+        guard let connection, !closed else { return nil }
         var buf = [CChar](repeating: 0, count: 256)
-        guard natsConnection_GetConnectedUrl(connection, &buf, buf.count) == NATS_OK else { return "" }
+        guard natsConnection_GetConnectedUrl(connection, &buf, buf.count) == NATS_OK, buf[0] != 0 else { return nil }
         return String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
