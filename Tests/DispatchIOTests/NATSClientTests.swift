@@ -316,3 +316,34 @@ extension NATSClientTests {
         sub.close()
     }
 }
+
+extension NATSClientTests {
+    /// The owner lets go of the client inside onMessage (its last reference): the client goes
+    /// away after the batch, closing itself, and the loop goes on.
+    func testReleasedInsideOnMessage() throws {
+        let cluster = try NATSCluster(size: 1)
+        let loop = EventLoop()
+        let log = Logger(level: .error)
+        let pub = NATSClient(loop: loop, servers: cluster.urls, name: "pub", log: log)
+        let witness = NATSClient(loop: loop, servers: cluster.urls, name: "witness", log: log)
+        var owner: NATSClient? = NATSClient(loop: loop, servers: cluster.urls, name: "dropped", log: log)
+        weak let released = owner
+        var received = 0, witnessed = 0
+        owner!.onMessage = { _, _ in received += 1; owner = nil }
+        witness.onMessage = { _, _ in witnessed += 1 }
+        try pub.start()
+        try witness.start()
+        try owner!.start()
+        let topic = subject("release")
+        owner!.subscribe(topic)
+        witness.subscribe(topic)
+        XCTAssertTrue(cluster.waitForInterest(0, topic))
+        for i in 0..<300 { pub.publish(topic, Array("m\(i)".utf8)) }
+        XCTAssertTrue(runLoop(loop, timeout: 20) { witnessed == 300 && released == nil })
+        XCTAssertGreaterThanOrEqual(received, 1)
+        pub.publish(topic, Array("more".utf8))
+        XCTAssertTrue(runLoop(loop, timeout: 10) { witnessed == 301 })
+        pub.close()
+        witness.close()
+    }
+}

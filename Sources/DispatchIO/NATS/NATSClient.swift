@@ -137,7 +137,9 @@ public final class NATSClient {
         var stats: OpaquePointer?
         if natsStatistics_Create(&stats) == NATS_OK { statistics = stats }
         event = event_new(loop.base, mailbox.fd, Int16(EV_READ | EV_PERSIST), { _, _, arg in
-            Unmanaged<NATSClient>.fromOpaque(arg!).takeUnretainedValue().drain()
+            // Held for the batch: a callback may drop the owner's last reference to the client.
+            let client = Unmanaged<NATSClient>.fromOpaque(arg!).takeUnretainedValue()
+            withExtendedLifetime(client) { client.drain() }
         }, Unmanaged.passUnretained(self).toOpaque())
         if let event { event_add(event, nil) }
         if s == NATS_OK {
