@@ -225,7 +225,7 @@ final class NATSClientTests: XCTestCase {
         sub.onStatus = { _ in if closedAt != nil { after += 1 } }
         sub.subscribe(topic)
         witness.subscribe(topic)
-        XCTAssertTrue(cluster.waitForInterest(0, topic))
+        XCTAssertTrue(cluster.waitForInterest(0, topic, count: 2))
         for i in 0..<2000 { pub.publish(topic, Array("m\(i)".utf8)) }
         XCTAssertTrue(runLoop(loop, timeout: 20) { witnessSeen.messages.count == 2000 })
         XCTAssertEqual(closedAt, 0)
@@ -306,6 +306,9 @@ extension NATSClientTests {
         XCTAssertTrue(runLoop(loop, timeout: 10) { payloads == ["one"] })
 
         cluster.stop(first)
+        // The interest `other` had through its route to `first` must be gone before asking for
+        // interest again, or the old route would answer.
+        XCTAssertTrue(waitFor(10) { cluster.routes(other) == 1 })
         XCTAssertTrue(runLoop(loop, timeout: 20) { statuses == [.connected, .disconnected, .reconnected] }, "statuses \(statuses)")
         let second = try XCTUnwrap(cluster.urls.firstIndex(of: sub.connectedServer ?? ""))
         XCTAssertNotEqual(second, first)
@@ -337,7 +340,7 @@ extension NATSClientTests {
         let topic = subject("release")
         owner!.subscribe(topic)
         witness.subscribe(topic)
-        XCTAssertTrue(cluster.waitForInterest(0, topic))
+        XCTAssertTrue(cluster.waitForInterest(0, topic, count: 2))
         for i in 0..<300 { pub.publish(topic, Array("m\(i)".utf8)) }
         XCTAssertTrue(runLoop(loop, timeout: 20) { witnessed == 300 && released == nil })
         XCTAssertGreaterThanOrEqual(received, 1)
