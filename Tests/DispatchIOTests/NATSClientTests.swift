@@ -288,6 +288,7 @@ extension NATSClientTests {
         let loop = EventLoop()
         var options = NATSClient.Options()
         options.reconnectWait = 0.05
+        options.randomize = false
         let sub = NATSClient(loop: loop, servers: cluster.urls, name: "roaming", log: Logger(level: .error), options: options)
         var statuses: [NATSClient.Status] = []
         var payloads: [String] = []
@@ -298,6 +299,7 @@ extension NATSClientTests {
         sub.subscribe(topic)
         XCTAssertTrue(runLoop(loop, timeout: 10) { statuses == [.connected] })
         let first = try XCTUnwrap(cluster.urls.firstIndex(of: sub.connectedServer ?? ""), "connected to \(sub.connectedServer ?? "nothing")")
+        XCTAssertEqual(first, 0, "not randomized: the first server given")
         let other = (first + 1) % 3
         let pub = NATSClient(loop: loop, servers: [cluster.urls[other]], name: "pub", log: Logger(level: .error))
         try pub.start()

@@ -52,6 +52,9 @@ public final class NATSClient {
         public var pingInterval = 5.0
         /// Whether this connection receives what it publishes itself (NATS's default).
         public var echo = true
+        /// Try the servers in a random order (spreads clients over a cluster); false: in the
+        /// order given, e.g. a node's own NATS server first.
+        public var randomize = true
         /// Events handed to the callbacks per turn of the loop.
         public var batch = 256
         public init() {}
@@ -164,7 +167,7 @@ public final class NATSClient {
                     natsOptions_SetServers(opts, $0, Int32(buf.count))
                 } } },
             { natsOptions_SetName(opts, self.name) },
-            { natsOptions_SetNoRandomize(opts, false) },
+            { natsOptions_SetNoRandomize(opts, !self.options.randomize) },
             { natsOptions_SetTimeout(opts, Int64(self.options.connectTimeout * 1000)) },
             { natsOptions_SetAllowReconnect(opts, true) },
             { natsOptions_SetMaxReconnect(opts, -1) },
