@@ -132,7 +132,8 @@ public final class NATSClient {
         var nc: OpaquePointer?
         s = natsConnection_Connect(&nc, opts)
         guard s == NATS_OK || s == NATS_NOT_YET_CONNECTED, let nc else {
-            Unmanaged<NATSMailbox>.fromOpaque(box).release()
+            // The box's retain stays with the library (a few bytes and an eventfd, once): when
+            // it fails to start its reconnect thread it still posts `closed` with the box.
             throw SystemError("NATS connect to \(servers.joined(separator: ",")): " + Self.text(s))
         }
         connection = nc
@@ -237,7 +238,7 @@ public final class NATSClient {
     /// Fire-and-forget; false (and counted) when it could not be buffered.
     @discardableResult
     public func publish(_ subject: String, _ payload: [UInt8]) -> Bool {
-        guard let connection, !closed else { publishFailed += 1; return false }
+        guard let connection, !closed, payload.count <= Int(Int32.max) else { publishFailed += 1; return false }
         let s = payload.withUnsafeBytes { natsConnection_Publish(connection, subject, $0.baseAddress, Int32($0.count)) }
         if s != NATS_OK { publishFailed += 1; return false }
         return true
