@@ -79,24 +79,39 @@ public final class NATSCluster: @unchecked Sendable {
     /// clients (`/subsz`), or another server that told it over their route (`/routez`, where
     /// the remote interest is listed by subject: give the subject exactly as subscribed).
     /// Ask before publishing where interest has to travel, rather than sleeping.
-    public func hasInterest(_ i: Int, _ subject: String) -> Bool {
+    public func hasInterest(_ i: Int, _ subject: String) -> Bool { interest(i, subject) > 0 }
+
+    /// Server i's subscriptions matching `subject`: one per own client's subscription, plus one
+    /// per route that carries interest in it (a route stands for all of its server's clients).
+    public func interest(_ i: Int, _ subject: String) -> Int {
         let monitor = HTTPClient(port: monitorPorts[i])
+        var n = 0
         if let r = try? monitor.get("/subsz?subs=1&test=" + subject), r.status == 200,
-           case .array(let local)? = r.json?["subscriptions_list"], !local.isEmpty {
-            return true
+           case .array(let local)? = r.json?["subscriptions_list"] {
+            n += local.count
         }
-        guard let r = try? monitor.get("/routez?subs=1"), r.status == 200, case .array(let routes)? = r.json?["routes"] else { return false }
-        return routes.contains { route in
-            guard case .array(let subjects)? = route["subscriptions_list"] else { return false }
-            return subjects.contains(.string(subject))
+        if let r = try? monitor.get("/routez?subs=1"), r.status == 200, case .array(let routes)? = r.json?["routes"] {
+            n += routes.filter { route in
+                guard case .array(let subjects)? = route["subscriptions_list"] else { return false }
+                return subjects.contains(.string(subject))
+            }.count
         }
+        return n
     }
 
-    /// Waits up to `timeout` seconds for `hasInterest`.
-    public func waitForInterest(_ i: Int, _ subject: String, timeout: Double = 10) -> Bool {
+    /// Server i's routes to other servers now (a stopped server's route goes when i notices).
+    public func routes(_ i: Int) -> Int {
+        guard let r = try? HTTPClient(port: monitorPorts[i]).get("/routez"), r.status == 200,
+              case .number(let n)? = r.json?["num_routes"] else { return 0 }
+        return Int(n)
+    }
+
+    /// Waits up to `timeout` seconds until `interest` reaches `count` (two clients of server i
+    /// on one subject: 2; the first one's subscription alone says nothing of the second's).
+    public func waitForInterest(_ i: Int, _ subject: String, count: Int = 1, timeout: Double = 10) -> Bool {
         let deadline = Clock.monotonic() + timeout
         while Clock.monotonic() < deadline {
-            if hasInterest(i, subject) { return true }
+            if interest(i, subject) >= count { return true }
             usleep(10_000)
         }
         return false
@@ -167,15 +182,19 @@ final class NATSServerProcess {
         guard pipe(&fds) == 0 else { throw TestError("pipe failed") }
         // Our end must not leak into any other child (it would keep this server alive).
         _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
-        // The server runs in the background; a second background job waits for the pipe's end
-        // (fd 3) and kills it; the shell leaves when the server does, whoever ended it.
-        let script = #"exec 3<&0; "$@" </dev/null >/dev/null 2>&1 3<&- & s=$!; { read -r _ <&3; kill -9 $s; } & w=$!; exec 3<&-; wait $s; kill $w 2>/dev/null; wait $w"#
+        // First the shell drops every descriptor it inherited past stderr (this process's
+        // sockets: a server holding a copy would keep a test's connection open after the test
+        // closed it). Then the server runs in the background; a second background job waits for
+        // the pipe's end (fd 3) and kills it; the shell leaves when the server does, whoever
+        // ended it. bash, not sh: dash cannot name descriptors past 9.
+        let script = #"exec 3<&0; for f in /proc/$$/fd/*; do n=${f##*/}; [ "$n" -gt 3 ] && eval "exec $n<&-"; done 2>/dev/null; "#
+            + #""$@" </dev/null >/dev/null 2>&1 3<&- & s=$!; { read -r _ <&3; kill -9 $s; } & w=$!; exec 3<&-; wait $s; kill $w 2>/dev/null; wait $w"#
         var options = Subprocess.Options()
         options.stdin = .fd(fds[0])
         options.stdout = .null
         options.stderr = .null
         options.closeInChild = [fds[1]]
-        let spawned = Subprocess.spawn(["/bin/sh", "-c", script, "nats-server-watch"] + argv, options)
+        let spawned = Subprocess.spawn(["/bin/bash", "-c", script, "nats-server-watch"] + argv, options)
         close(fds[0])
         guard case .success(let pid) = spawned else {
             close(fds[1])

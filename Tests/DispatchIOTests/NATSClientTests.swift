@@ -225,7 +225,7 @@ final class NATSClientTests: XCTestCase {
         sub.onStatus = { _ in if closedAt != nil { after += 1 } }
         sub.subscribe(topic)
         witness.subscribe(topic)
-        XCTAssertTrue(cluster.waitForInterest(0, topic))
+        XCTAssertTrue(cluster.waitForInterest(0, topic, count: 2))
         for i in 0..<2000 { pub.publish(topic, Array("m\(i)".utf8)) }
         XCTAssertTrue(runLoop(loop, timeout: 20) { witnessSeen.messages.count == 2000 })
         XCTAssertEqual(closedAt, 0)
@@ -270,5 +270,85 @@ final class NATSClientTests: XCTestCase {
         XCTAssertTrue(runLoop(loop, timeout: 10) { seen.messages.last?.payload == "m\(total)" })
         pub.close()
         sub.close()
+    }
+}
+
+extension NATSClientTests {
+    func testServerSettingIsSplitAndChecked() throws {
+        XCTAssertEqual(try NATSClient.servers(fromSetting: "nats://127.0.0.1:4222, nats://10.0.0.2:4223 ,"),
+                       ["nats://127.0.0.1:4222", "nats://10.0.0.2:4223"])
+        XCTAssertThrowsError(try NATSClient.servers(fromSetting: " , "))
+        XCTAssertThrowsError(try NATSClient.servers(fromSetting: "nats://127.0.0.1:4222,redis://x:1"))
+    }
+
+    /// The server a client uses is killed: it fails over to another server of the cluster,
+    /// takes its subscriptions there, and a publisher on a third server reaches it again.
+    func testFailoverToAnotherServerOfTheCluster() throws {
+        let cluster = try NATSCluster(size: 3)
+        let loop = EventLoop()
+        var options = NATSClient.Options()
+        options.reconnectWait = 0.05
+        options.randomize = false
+        let sub = NATSClient(loop: loop, servers: cluster.urls, name: "roaming", log: Logger(level: .error), options: options)
+        var statuses: [NATSClient.Status] = []
+        var payloads: [String] = []
+        sub.onStatus = { statuses.append($0) }
+        sub.onMessage = { payloads.append(String(decoding: $1, as: UTF8.self)) }
+        try sub.start()
+        let topic = "test.failover." + NATSSubject.token("job:1")
+        sub.subscribe(topic)
+        XCTAssertTrue(runLoop(loop, timeout: 10) { statuses == [.connected] })
+        let first = try XCTUnwrap(cluster.urls.firstIndex(of: sub.connectedServer ?? ""), "connected to \(sub.connectedServer ?? "nothing")")
+        XCTAssertEqual(first, 0, "not randomized: the first server given")
+        let other = (first + 1) % 3
+        let pub = NATSClient(loop: loop, servers: [cluster.urls[other]], name: "pub", log: Logger(level: .error))
+        try pub.start()
+        XCTAssertTrue(cluster.waitForInterest(other, topic))
+        pub.publish(topic, Array("one".utf8))
+        XCTAssertTrue(runLoop(loop, timeout: 10) { payloads == ["one"] })
+
+        cluster.stop(first)
+        // The interest `other` had through its route to `first` must be gone before asking for
+        // interest again, or the old route would answer.
+        XCTAssertTrue(waitFor(10) { cluster.routes(other) == 1 })
+        XCTAssertTrue(runLoop(loop, timeout: 20) { statuses == [.connected, .disconnected, .reconnected] }, "statuses \(statuses)")
+        let second = try XCTUnwrap(cluster.urls.firstIndex(of: sub.connectedServer ?? ""))
+        XCTAssertNotEqual(second, first)
+        XCTAssertTrue(cluster.waitForInterest(other, topic), "interest did not come back after the failover")
+        pub.publish(topic, Array("two".utf8))
+        XCTAssertTrue(runLoop(loop, timeout: 10) { payloads == ["one", "two"] })
+        pub.close()
+        sub.close()
+    }
+}
+
+extension NATSClientTests {
+    /// The owner lets go of the client inside onMessage (its last reference): the client goes
+    /// away after the batch, closing itself, and the loop goes on.
+    func testReleasedInsideOnMessage() throws {
+        let cluster = try NATSCluster(size: 1)
+        let loop = EventLoop()
+        let log = Logger(level: .error)
+        let pub = NATSClient(loop: loop, servers: cluster.urls, name: "pub", log: log)
+        let witness = NATSClient(loop: loop, servers: cluster.urls, name: "witness", log: log)
+        var owner: NATSClient? = NATSClient(loop: loop, servers: cluster.urls, name: "dropped", log: log)
+        weak let released = owner
+        var received = 0, witnessed = 0
+        owner!.onMessage = { _, _ in received += 1; owner = nil }
+        witness.onMessage = { _, _ in witnessed += 1 }
+        try pub.start()
+        try witness.start()
+        try owner!.start()
+        let topic = subject("release")
+        owner!.subscribe(topic)
+        witness.subscribe(topic)
+        XCTAssertTrue(cluster.waitForInterest(0, topic, count: 2))
+        for i in 0..<300 { pub.publish(topic, Array("m\(i)".utf8)) }
+        XCTAssertTrue(runLoop(loop, timeout: 20) { witnessed == 300 && released == nil })
+        XCTAssertGreaterThanOrEqual(received, 1)
+        pub.publish(topic, Array("more".utf8))
+        XCTAssertTrue(runLoop(loop, timeout: 10) { witnessed == 301 })
+        pub.close()
+        witness.close()
     }
 }

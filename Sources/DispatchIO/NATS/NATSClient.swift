@@ -52,6 +52,9 @@ public final class NATSClient {
         public var pingInterval = 5.0
         /// Whether this connection receives what it publishes itself (NATS's default).
         public var echo = true
+        /// Try the servers in a random order (spreads clients over a cluster); false: in the
+        /// order given, e.g. a node's own NATS server first.
+        public var randomize = true
         /// Events handed to the callbacks per turn of the loop.
         public var batch = 256
         public init() {}
@@ -129,7 +132,8 @@ public final class NATSClient {
         var nc: OpaquePointer?
         s = natsConnection_Connect(&nc, opts)
         guard s == NATS_OK || s == NATS_NOT_YET_CONNECTED, let nc else {
-            Unmanaged<NATSMailbox>.fromOpaque(box).release()
+            // The box's retain stays with the library (a few bytes and an eventfd, once): when
+            // it fails to start its reconnect thread it still posts `closed` with the box.
             throw SystemError("NATS connect to \(servers.joined(separator: ",")): " + Self.text(s))
         }
         connection = nc
@@ -137,7 +141,9 @@ public final class NATSClient {
         var stats: OpaquePointer?
         if natsStatistics_Create(&stats) == NATS_OK { statistics = stats }
         event = event_new(loop.base, mailbox.fd, Int16(EV_READ | EV_PERSIST), { _, _, arg in
-            Unmanaged<NATSClient>.fromOpaque(arg!).takeUnretainedValue().drain()
+            // Held for the batch: a callback may drop the owner's last reference to the client.
+            let client = Unmanaged<NATSClient>.fromOpaque(arg!).takeUnretainedValue()
+            withExtendedLifetime(client) { client.drain() }
         }, Unmanaged.passUnretained(self).toOpaque())
         if let event { event_add(event, nil) }
         if s == NATS_OK {
@@ -162,7 +168,7 @@ public final class NATSClient {
                     natsOptions_SetServers(opts, $0, Int32(buf.count))
                 } } },
             { natsOptions_SetName(opts, self.name) },
-            { natsOptions_SetNoRandomize(opts, false) },
+            { natsOptions_SetNoRandomize(opts, !self.options.randomize) },
             { natsOptions_SetTimeout(opts, Int64(self.options.connectTimeout * 1000)) },
             { natsOptions_SetAllowReconnect(opts, true) },
             { natsOptions_SetMaxReconnect(opts, -1) },
@@ -206,6 +212,19 @@ public final class NATSClient {
         natsStatus_GetText(s).map { String(cString: $0) } ?? "status \(s.rawValue)"
     }
 
+    /// `DISPATCH_NATS_URL`'s value: comma-separated nats://host:port URLs of one cluster.
+    public static func servers(fromSetting value: String) throws(SystemError) -> [String] {
+        let urls = value.split(separator: ",").map { part -> String in
+            var s = part
+            while s.first?.isWhitespace == true { s = s.dropFirst() }
+            while s.last?.isWhitespace == true { s = s.dropLast() }
+            return String(s)
+        }.filter { !$0.isEmpty }
+        guard !urls.isEmpty else { throw SystemError("no NATS server URL in \"\(value)\"") }
+        for url in urls where !plausible(url) { throw SystemError("NATS server URL \(url) is not nats://host:port") }
+        return urls
+    }
+
     /// nats://host:port (or host:port, the library's shorthand), port in range.
     static func plausible(_ url: String) -> Bool {
         var rest = Substring(url)
@@ -219,7 +238,7 @@ public final class NATSClient {
     /// Fire-and-forget; false (and counted) when it could not be buffered.
     @discardableResult
     public func publish(_ subject: String, _ payload: [UInt8]) -> Bool {
-        guard let connection, !closed else { publishFailed += 1; return false }
+        guard let connection, !closed, payload.count <= Int(Int32.max) else { publishFailed += 1; return false }
         let s = payload.withUnsafeBytes { natsConnection_Publish(connection, subject, $0.baseAddress, Int32($0.count)) }
         if s != NATS_OK { publishFailed += 1; return false }
         return true
@@ -320,7 +339,7 @@ public final class NATSClient {
         switch status {
         case .connected, .reconnected:
             isConnected = true
-            log.info(status == .connected ? "nats.connected" : "nats.reconnected", [("client", name), ("url", connectedURL)])
+            log.info(status == .connected ? "nats.connected" : "nats.reconnected", [("client", name), ("url", connectedServer ?? "")])
         case .disconnected:
             isConnected = false
             log.warning("nats.disconnected", [("client", name)])
@@ -331,10 +350,12 @@ public final class NATSClient {
         onStatus?(status)
     }
 
-    private var connectedURL: String {
-        guard let connection else { return "" }
+    /// The URL of the server the library is connected to now (nil while it is not), as the
+    /// library knows it (it may be one the cluster advertised rather than one of `servers`).
+    public var connectedServer: String? {
+        guard let connection, !closed else { return nil }
         var buf = [CChar](repeating: 0, count: 256)
-        guard natsConnection_GetConnectedUrl(connection, &buf, buf.count) == NATS_OK else { return "" }
+        guard natsConnection_GetConnectedUrl(connection, &buf, buf.count) == NATS_OK, buf[0] != 0 else { return nil }
         return String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
