@@ -46,7 +46,6 @@ final class MetricsMergeTests: XCTestCase {
         dispatch_db_query_seconds_count 14
         # HELP process_resident_memory_bytes Resident memory.
         # TYPE process_resident_memory_bytes gauge
-        process_resident_memory_bytes 2000
         process_resident_memory_bytes{worker="0"} 1000
         process_resident_memory_bytes{worker="1"} 1000
 
