@@ -88,7 +88,8 @@ public struct CLIRetryPolicy: Equatable, Sendable {
     /// The one stderr line of a call that ran out of its deadline.
     public static func deadlineMessage(_ lastError: String, deadline: Double, attempts: Int) -> String {
         let tries = attempts == 1 ? "1 attempt" : "\(attempts) attempts"
-        return "no answer within the \(CLIProgress.duration(deadline)) deadline (\(tries)): \(lastError); the update is dropped"
+        let seconds = deadline == deadline.rounded() ? String(Int(deadline)) : String(deadline)
+        return "no answer within the \(seconds) s deadline (\(tries)): \(lastError); the update is dropped"
     }
 
     /// `Retry-After` in seconds (the HTTP-date form is ignored).
