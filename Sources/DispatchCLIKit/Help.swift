@@ -71,8 +71,8 @@ public enum CLIHelp {
         """),
         CLIOption("json", nil, "print the server's JSON answer (the activity snapshot) instead of text"),
         CLIOption("retry-for", "SECS", """
-        retry transient failures (connection refused, 429, 5xx) for this long
-        [default 30]
+        retry transient failures (connection refused, 5xx, 429 rate_limited)
+        for this long  [default 30; progress uses its --deadline]
         """),
         CLIOption("quiet", nil, """
         no notes on stderr ("retrying…", run's activity id) when stderr is not a
@@ -354,6 +354,7 @@ public enum CLIHelp {
         Read by some commands:
           DISPATCH_MACHINE         start, run: the machine tag (--machine)
           DISPATCH_WEBHOOK_SECRET  verify-webhook: the secret (--secret)
+          HTTPS_PROXY, NO_PROXY    for https://: a proxy to tunnel through, hosts to reach directly
         """
     }
 
