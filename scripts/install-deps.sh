@@ -9,7 +9,7 @@ set -euo pipefail
 
 build=(libevent-dev libpq-dev libssl-dev libcurl4-openssl-dev curl libnats-dev)
 tests=(nats-server prometheus nginx-light libnginx-mod-http-echo python3-h2 python3-cryptography python3-jwt openssl
-       chromium chromium-driver python3-venv)
+       chromium chromium-driver python3-venv nodejs systemd)
 want=("${build[@]}")
 with_tests=0
 [ "${1:-}" = "--tests" ] && { want+=("${tests[@]}"); with_tests=1; }

@@ -79,16 +79,23 @@ public struct CLIStartOptions: Equatable, Sendable {
 }
 
 public struct CLIUpdateOptions: Equatable, Sendable {
+    /// Seconds `progress` spends at most on one update, retries included (`--deadline`): a
+    /// script reporting every second must not stall when the server is away.
+    public static let defaultDeadline = 2.0
+
     public var activityID: String
     public var progress: Double?
     public var status: String?
     public var state: String?
+    public var deadline: Double
 
-    public init(activityID: String, progress: Double? = nil, status: String? = nil, state: String? = nil) {
+    public init(activityID: String, progress: Double? = nil, status: String? = nil, state: String? = nil,
+                deadline: Double = defaultDeadline) {
         self.activityID = activityID
         self.progress = progress
         self.status = status
         self.state = state
+        self.deadline = deadline
     }
 }
 
@@ -137,9 +144,12 @@ public struct CLIRunOptions: Equatable, Sendable {
     public var command: [String]
     /// Seconds between SIGTERM and SIGKILL after a remote cancel.
     public var killAfter: Double
+    /// The status follows the command's last output line (`--status-from-output`).
+    public var statusFromOutput: Bool
 
     public init(start: CLIStartOptions, progressRegex: String? = nil, readProgress: Bool = true, command: [String],
-                killAfter: Double = CLIRunCancel.defaultKillAfter) {
+                killAfter: Double = CLIRunCancel.defaultKillAfter, statusFromOutput: Bool = false) {
+        self.statusFromOutput = statusFromOutput
         self.start = start
         self.progressRegex = progressRegex
         self.readProgress = readProgress
@@ -276,7 +286,7 @@ public enum CLIArguments {
             if commandName == nil {
                 if arg == "help" {
                     guard i < arguments.count else { return .help(nil) }
-                    guard commands.contains(arguments[i]) else { throw unknownCommand(arguments[i]) }
+                    guard commands.contains(arguments[i]) || CLIHelp.topics.contains(arguments[i]) else { throw unknownCommand(arguments[i]) }
                     return .help(arguments[i])
                 }
                 guard commands.contains(arg) else { throw unknownCommand(arg) }
@@ -326,9 +336,16 @@ public enum CLIArguments {
                 }
                 updateState = "idle"
             }
+            var deadline = CLIUpdateOptions.defaultDeadline
+            if let text = values["deadline"] {
+                guard let v = DurationText.seconds(text), v >= 0.1, v <= 3600 else {
+                    throw CLIUsageError("--deadline must be a duration from 0.1 s to 1 h, such as 2, 0.5 or 30s (got '\(text)')", command: command)
+                }
+                deadline = v
+            }
             let opts = CLIUpdateOptions(
                 activityID: try required("id"), progress: try progress(values, command: command),
-                status: values["status"], state: updateState)
+                status: values["status"], state: updateState, deadline: deadline)
             return .command(global, .progress(opts))
         case "end":
             let opts = CLIEndOptions(
@@ -399,9 +416,12 @@ public enum CLIArguments {
                 }
                 killAfter = v
             }
+            if switches.contains("status-from-output"), switches.contains("no-progress") {
+                throw CLIUsageError("--status-from-output reads the command's output, which --no-progress leaves alone; give one", command: command)
+            }
             return .command(global, .run(CLIRunOptions(start: start, progressRegex: values["progress-regex"],
                                                        readProgress: !switches.contains("no-progress"), command: trailing,
-                                                       killAfter: killAfter)))
+                                                       killAfter: killAfter, statusFromOutput: switches.contains("status-from-output"))))
         }
     }
 

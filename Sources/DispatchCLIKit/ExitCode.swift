@@ -14,8 +14,11 @@ public enum CLIExitCode: Int32, Sendable, CaseIterable {
     case conflict = 5
     /// The server could not be reached, or kept failing (5xx, 429) until `--retry-for` ran out.
     case unavailable = 6
-    /// The server refused the input (400, 413, 415, other 4xx).
+    /// The server refused the input (400, 413, 415, a 429 that is a limit, other 4xx).
     case rejected = 7
+    /// `progress`: no answer within its `--deadline` (the server is down or failing); the
+    /// update is dropped so the script it reports on goes on.
+    case deadline = 8
 }
 
 /// What the CLI does with one HTTP answer.
@@ -26,8 +29,10 @@ public enum CLIHTTPDisposition: Equatable, Sendable {
     case retry
     case fail(CLIExitCode)
 
-    /// The one place where HTTP answers map to CLI outcomes. `body` tells a transient 409
-    /// (`concurrent_changes`: others kept changing the activity first) from a real conflict.
+    /// The one place where HTTP answers map to CLI outcomes. A 4xx is an answer, never retried,
+    /// except the two whose code says "again, later": a 409 `concurrent_changes` (others kept
+    /// changing the activity first) and a 429 `rate_limited` (with Retry-After). A 429 that is
+    /// a limit (`too_many_live_activities`, ...) would answer the same however long one waits.
     public static func of(status: Int, body: [UInt8] = []) -> CLIHTTPDisposition {
         switch status {
         case 200...299: return .success
@@ -35,7 +40,9 @@ public enum CLIHTTPDisposition: Equatable, Sendable {
         case 404: return .fail(.notFound)
         case 409 where CLIServerError.code(in: body) == "concurrent_changes": return .retry
         case 409: return .fail(.conflict)
-        case 408, 429: return .retry
+        case 408: return .retry
+        // A 429 without our error body comes from a proxy's rate limit: pacing too.
+        case 429 where [nil, "rate_limited"].contains(CLIServerError.code(in: body)): return .retry
         case 400...499: return .fail(.rejected)
         case 500...599: return .retry
         default: return .fail(.unavailable)  // 1xx/3xx: not something this API answers

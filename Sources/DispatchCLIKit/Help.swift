@@ -71,8 +71,8 @@ public enum CLIHelp {
         """),
         CLIOption("json", nil, "print the server's JSON answer (the activity snapshot) instead of text"),
         CLIOption("retry-for", "SECS", """
-        retry transient failures (connection refused, 429, 5xx) for this long
-        [default 30]
+        retry transient failures (connection refused, 5xx, 429 rate_limited)
+        for this long  [default 30; progress uses its --deadline]
         """),
         CLIOption("quiet", nil, """
         no notes on stderr ("retrying…", run's activity id) when stderr is not a
@@ -116,8 +116,17 @@ public enum CLIHelp {
                            (alive but waiting: paused, throttled, waiting for a resource)
                            """),
                            CLIOption("idle", nil, "the same as --state idle"),
+                           CLIOption("deadline", "DUR", """
+                           give up after this long, retries included, e.g. 2, 0.5, 10s
+                           [default 2]: the update is dropped and progress exits 8
+                           """),
                        ],
-                       details: "Publishes one change of an activity that is still running; prints nothing (--json: the snapshot)."),
+                       details: """
+                       Publishes one change of an activity that is still running; prints nothing (--json: the
+                       snapshot). A script that reports every second never stalls on a server that is away:
+                       after --deadline (not --retry-for) progress says so in one line on stderr and exits 8;
+                       the next update carries the news. start and end retry for --retry-for instead.
+                       """),
         CLICommandSpec("end", synopsis: "dispatch end --id ID [options]",
                        summary: "finish an activity",
                        options: [
@@ -180,9 +189,16 @@ public enum CLIHelp {
                            CLIOption("name", "NAME", "task name (default: the command line)"),
                            CLIOption("id", "ID", "choose the activity id"),
                            CLIOption("symbol", "NAME", "SF Symbol name"),
-                           CLIOption("machine", "TAG", "origin machine tag  [env DISPATCH_MACHINE]"),
+                           CLIOption("machine", "TAG", """
+                           origin machine tag  [env DISPATCH_MACHINE; default: the host name
+                           when it fits (A-Z a-z 0-9 . _ -, up to 64) and the key is not bound]
+                           """),
                            CLIOption("cancel-url", "URL", "cancel callback URL"),
                            CLIOption("status", "TEXT", "status while running (default: \"Running\")"),
+                           CLIOption("status-from-output", nil, """
+                           the status follows CMD's last output line (control characters
+                           removed, cut to 200 characters)
+                           """),
                            CLIOption("live-activity", nil, "start a Live Activity on iPhones registered for push-to-start"),
                            CLIOption("progress-regex", "RE", """
                            read progress with this regular expression instead of the usual
@@ -269,8 +285,13 @@ public enum CLIHelp {
     }
 
     public static func text(for command: String?) -> String {
-        guard let command, let spec = spec(command) else { return overview }
-        return render(spec)
+        switch command {
+        case "exit-codes": return exitCodes
+        case "env": return environment
+        default:
+            guard let command, let spec = spec(command) else { return overview }
+            return render(spec)
+        }
     }
 
     /// Options and their explanations in two columns; continuation lines are indented to the
@@ -288,22 +309,52 @@ public enum CLIHelp {
         return lines.joined(separator: "\n")
     }
 
-    /// A command's help: how to call it, its own options, the global ones, then what it does
-    /// in detail and the exit codes. The options come first: they are what `--help` is read for.
+    /// A command's help: how to call it, its own options, one line naming the global ones, what
+    /// it does in detail, and where the shared tables are (`dispatch help env`, `exit-codes`).
+    /// The options come first: they are what `--help` is read for.
     static func render(_ spec: CLICommandSpec) -> String {
         """
         \(spec.synopsis)
           \(spec.summary)
 
         Options:
-        \(table(spec.options))
+        \(table(spec.options + [helpOption]))
 
-        Global options (before or after the command):
-        \(table(globalOptions))
+        \(globalLine)
 
         \(spec.details)
 
-        \(exitCodes)
+        Exit codes: dispatch help exit-codes
+        """
+    }
+
+    static var helpOption: CLIOption { globalOptions.first { $0.name == "help" }! }
+
+    /// `Global options (...): --url --token ...`, wrapped.
+    static var globalLine: String {
+        var lines = ["Global options (dispatch help env; before or after the command):"]
+        for option in globalOptions where option.name != "help" {
+            let word = " " + option.label
+            if lines[lines.count - 1].count + word.count > 88 { lines.append("   ") }
+            lines[lines.count - 1] += word
+        }
+        return lines.joined(separator: "\n")
+    }
+
+    /// Topics of `dispatch help TOPIC` besides the commands: the tables every command shares.
+    public static let topics = ["exit-codes", "env"]
+
+    static var environment: String {
+        """
+        Global options (every command, before or after its name) and the environment variables
+        they read; a flag wins over its variable:
+
+        \(table(globalOptions.filter { $0.name != "help" }))
+
+        Read by some commands:
+          DISPATCH_MACHINE         start, run: the machine tag (--machine)
+          DISPATCH_WEBHOOK_SECRET  verify-webhook: the secret (--secret)
+          HTTPS_PROXY, NO_PROXY    for https://: a proxy to tunnel through, hosts to reach directly
         """
     }
 
@@ -315,8 +366,9 @@ public enum CLIHelp {
       3  not found (unknown activity; watch: not_found)
       4  authentication or permission refused (401/403)
       5  conflict (409): the activity already ended, or a state change it does not allow
-      6  server unreachable, or 5xx/429 until --retry-for ran out
-      7  input rejected by the server (400/413/415)
+      6  server unreachable, or 5xx (or 429 rate_limited) until --retry-for ran out
+      7  input rejected by the server (400/413/415, a 429 limit such as too_many_live_activities)
+      8  progress: no answer within --deadline (default 2 s); the update was dropped
       run: the command's own exit code (128+N when it died of signal N); after a remote
            cancel 143 (SIGTERM stopped it) or 137 (it needed SIGKILL)
       verify-webhook: 0 the signature is valid, 1 it is not
@@ -339,6 +391,8 @@ public enum CLIHelp {
         Commands:
         \(commandList)
           dispatch help COMMAND  (or dispatch COMMAND --help): one command's options
+          dispatch help env      the global options and their environment variables
+          dispatch help exit-codes
 
         Example:
           id=$(dispatch start --name "Debian 13 Trixie ISO" --symbol arrow.down.circle.fill --machine shodan)

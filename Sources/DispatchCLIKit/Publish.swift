@@ -78,6 +78,20 @@ public struct CLIRetryPolicy: Equatable, Sendable {
         return min(d, budget - elapsed)
     }
 
+    /// Under a whole-call deadline (`progress --deadline`): the time the next attempt may take,
+    /// what is left of the deadline but at most `cap`; nil when nothing useful is left.
+    public static func attemptTimeout(deadline: Double, elapsed: Double, cap: Double) -> Double? {
+        let left = deadline - elapsed
+        return left >= 0.05 ? min(cap, left) : nil
+    }
+
+    /// The one stderr line of a call that ran out of its deadline.
+    public static func deadlineMessage(_ lastError: String, deadline: Double, attempts: Int) -> String {
+        let tries = attempts == 1 ? "1 attempt" : "\(attempts) attempts"
+        let seconds = deadline == deadline.rounded() ? String(Int(deadline)) : String(deadline)
+        return "no answer within the \(seconds) s deadline (\(tries)): \(lastError); the update is dropped"
+    }
+
     /// `Retry-After` in seconds (the HTTP-date form is ignored).
     public static func parseRetryAfter(_ value: String?) -> Double? {
         guard let v = value?.cliTrimmed(), !v.isEmpty, v.utf8.allSatisfy({ (0x30...0x39).contains($0) }), v.count < 8 else { return nil }

@@ -14,6 +14,8 @@ public struct CLIRunPublishQueue: Equatable, Sendable {
     public enum Step: Equatable, Sendable {
         case start
         case progress(Double)
+        /// A new status line (`--status-from-output`), with the progress pending at the time.
+        case status(String, progress: Double?)
         case touch
         case end(CLIEndOptions)
     }
@@ -42,6 +44,8 @@ public struct CLIRunPublishQueue: Equatable, Sendable {
     private var touching: Bool
     private var pending: Double?
     private var lastSentProgress: Double?
+    private var pendingStatus: String?
+    private var lastSentStatus: String?
     private var lastProgressAt = -Double.infinity
     /// When the server last accepted a step (it renews the stale deadline, like a touch).
     private var lastAcceptedAt: Double
@@ -64,6 +68,13 @@ public struct CLIRunPublishQueue: Equatable, Sendable {
         pending = progress
     }
 
+    /// A new status line from the command's output; replaces one not yet sent. It goes out
+    /// with the progress pending then, at the pace of progress updates.
+    public mutating func offer(status: String) {
+        guard !ended, end == nil else { return }
+        pendingStatus = status
+    }
+
     /// The command is over: publish `end` after what is still pending, trying for `budget`
     /// seconds from `now` (at least once).
     public mutating func requestEnd(_ end: CLIEndOptions, now: Double, budget: Double) {
@@ -83,9 +94,13 @@ public struct CLIRunPublishQueue: Equatable, Sendable {
         if failing, now >= giveUpAt { return .gaveUp }
         if let r = retryAt, now < r { return .wait(until: failing ? min(r, giveUpAt) : r) }
         if !started { return .send(.start) }
-        if let p = pending, p != lastSentProgress {
+        let progressDue = pending.map { $0 != lastSentProgress } ?? false
+        let statusDue = pendingStatus.map { $0 != lastSentStatus } ?? false
+        if progressDue || statusDue {
             let due = lastProgressAt + Self.progressInterval
-            return now >= due ? .send(.progress(p)) : .wait(until: due)
+            guard now >= due else { return .wait(until: due) }
+            if statusDue, let line = pendingStatus { return .send(.status(line, progress: progressDue ? pending : nil)) }
+            return .send(.progress(pending!))
         }
         if let end { return .send(.end(end)) }
         if touching, let t = touchInterval {
@@ -103,10 +118,8 @@ public struct CLIRunPublishQueue: Equatable, Sendable {
         switch step {
         case .start:
             started = true
-        case .progress(let p):
-            lastSentProgress = p
-            lastProgressAt = now
-            if pending == p { pending = nil }
+        case .progress, .status:
+            sent(step, now: now)
         case .touch:
             break
         case .end:
@@ -127,14 +140,29 @@ public struct CLIRunPublishQueue: Equatable, Sendable {
         switch step {
         case .start:
             untracked = true
-        case .progress(let p):
-            lastSentProgress = p
-            lastProgressAt = now
-            if pending == p { pending = nil }
+        case .progress, .status:
+            sent(step, now: now)  // refused for good: skipped, not tried again
         case .touch:
             touching = false  // the activity is over (ended elsewhere, or stale) or not ours
         case .end:
             ended = true
+        }
+    }
+
+    private mutating func sent(_ step: Step, now: Double) {
+        lastProgressAt = now
+        var progress: Double?
+        switch step {
+        case .progress(let p): progress = p
+        case .status(let line, let p):
+            progress = p
+            lastSentStatus = line
+            if pendingStatus == line { pendingStatus = nil }
+        case .start, .touch, .end: break
+        }
+        if let p = progress {
+            lastSentProgress = p
+            if pending == p { pending = nil }
         }
     }
 
@@ -153,5 +181,54 @@ public enum CLIActivityID {
         let hex = CLIIdempotencyKey.hex(high) + CLIIdempotencyKey.hex(low)
         let c = Array(hex)
         return String(c[0..<8]) + "-" + String(c[8..<12]) + "-" + String(c[12..<16]) + "-" + String(c[16..<20]) + "-" + String(c[20..<32])
+    }
+}
+
+/// `run`'s machine tag when none is given: the host name, when it fits the field's rules.
+public enum CLIRunMachine {
+    public static func fromHostName(_ name: String) -> String? {
+        Validation.isTag(name) ? name : nil
+    }
+
+    /// A start refused with 403 while its machine was the host name `run` filled in: the key
+    /// is bound to another machine (the server fills that one in when none is named), so the
+    /// start is tried once more without it.
+    public static func retryWithoutMachine(status: Int?, guessed: Bool) -> Bool {
+        guessed && status == 403
+    }
+}
+
+/// `run --status-from-output`: the status shown is the command's last output line.
+public enum CLIRunStatus {
+    public static let maxCharacters = 200
+
+    /// The text of an output line as a status: what a terminal would show last on it (after the
+    /// last carriage return), without escape sequences or control characters, trimmed, cut to
+    /// 200 characters; nil for a line with nothing to show.
+    public static func fromOutput(_ line: String) -> String? {
+        var shown = Substring(line)
+        while let cr = shown.lastIndex(of: "\r") {
+            let after = shown[shown.index(after: cr)...]
+            if after.contains(where: { $0 != " " && $0 != "\t" }) { shown = after; break }
+            shown = shown[..<cr]
+        }
+        var out = String.UnicodeScalarView()
+        var scalars = shown.unicodeScalars.makeIterator()
+        while let u = scalars.next() {
+            if u == "\u{1B}" {
+                // CSI (ESC [ ... final byte 0x40-0x7E) or a two-character escape: dropped whole.
+                guard let next = scalars.next(), next == "[" else { continue }
+                while let c = scalars.next(), !(0x40...0x7E).contains(c.value) {}
+                continue
+            }
+            if u.value < 0x20 || u.value == 0x7F || (0x80...0x9F).contains(u.value) {
+                if u == "\t" { out.append(" ") }
+                continue
+            }
+            out.append(u)
+        }
+        let text = String(out).cliTrimmed()
+        guard !text.isEmpty else { return nil }
+        return text.count <= maxCharacters ? text : String(text.prefix(maxCharacters - 1)) + "…"
     }
 }

@@ -56,18 +56,28 @@ struct Client {
     /// Sends a request, retrying transient failures for `retryFor` seconds. A request with a
     /// body is a publish: it gets one Idempotency-Key, reused by every retry, so the server
     /// applies it at most once even when an earlier attempt's answer was lost.
-    func call(method: String, path: String, body: [UInt8]?, retryFor: Double? = nil) -> Outcome {
+    ///
+    /// With a `deadline` (`progress`), the whole call, retries included, ends by then: each
+    /// attempt gets what is left, nothing says `retrying…`, and running out exits `deadline`.
+    func call(method: String, path: String, body: [UInt8]?, retryFor: Double? = nil, deadline: Double? = nil) -> Outcome {
         let key = body == nil ? nil : System.randomKey()
         let request = CLIHTTP.encodeRequest(method: method, path: path, endpoint: global.endpoint,
                                             headers: headers(idempotencyKey: key), body: body)
-        let policy = CLIRetryPolicy(budget: retryFor ?? global.retryFor)
+        let policy = CLIRetryPolicy(budget: deadline ?? retryFor ?? global.retryFor)
         let started = Clock.monotonic()
         var failures = 0
         while true {
             var lastError: String
             var retryAfter: Double?
+            var timeout = attemptTimeout
+            if let deadline {
+                guard let t = CLIRetryPolicy.attemptTimeout(deadline: deadline, elapsed: Clock.monotonic() - started, cap: attemptTimeout) else {
+                    return .failed(.deadline, CLIRetryPolicy.deadlineMessage("out of time", deadline: deadline, attempts: failures))
+                }
+                timeout = t
+            }
             do {
-                let response = try HTTPConnection.exchange(endpoint: global.endpoint, caFile: global.caFile, request: request, timeout: attemptTimeout)
+                let response = try HTTPConnection.exchange(endpoint: global.endpoint, caFile: global.caFile, request: request, timeout: timeout)
                 switch CLIHTTPDisposition.of(status: response.head.status, body: response.body) {
                 case .success, .fail:
                     return .answered(response)
@@ -82,19 +92,23 @@ struct Client {
             if System.interrupted() { return .failed(.unavailable, "\(lastError) (interrupted)") }
             failures += 1
             let elapsed = Clock.monotonic() - started
-            guard let delay = policy.delay(failures: failures, elapsed: elapsed, retryAfter: retryAfter) else {
+            let delay = policy.delay(failures: failures, elapsed: elapsed, retryAfter: retryAfter)
+            if let deadline, delay.map({ elapsed + $0 + 0.05 >= deadline }) ?? true {
+                return .failed(.deadline, CLIRetryPolicy.deadlineMessage(lastError, deadline: deadline, attempts: failures))
+            }
+            guard let delay else {
                 let tries = failures == 1 ? "1 attempt" : "\(failures) attempts"
                 return .failed(.unavailable, "\(lastError) (gave up after \(tries) in \(CLIProgress.duration(elapsed)))")
             }
-            if failures == 1 && notesRetries { Notes.once("retrying", command, CLIFeedback.retrying(lastError, budget: policy.budget)) }
+            if failures == 1 && notesRetries && deadline == nil { Notes.once("retrying", command, CLIFeedback.retrying(lastError, budget: policy.budget)) }
             Clock.sleep(seconds: delay, interrupted: System.interrupted)
         }
     }
 
     /// Runs one publish command end to end and returns the exit code; prints the id/snapshot
     /// on success and one stderr line on failure.
-    func publish(command: String, path: String, body: [UInt8], onSuccess: (HTTPResponse) -> Void) -> CLIExitCode {
-        switch call(method: "POST", path: path, body: body) {
+    func publish(command: String, path: String, body: [UInt8], deadline: Double? = nil, onSuccess: (HTTPResponse) -> Void) -> CLIExitCode {
+        switch call(method: "POST", path: path, body: body, deadline: deadline) {
         case .failed(let code, let message):
             Output.fail(command, message)
             return code
@@ -138,7 +152,8 @@ enum PublishCommands {
     }
 
     static func progress(_ o: CLIUpdateOptions, client: Client) -> CLIExitCode {
-        client.publish(command: "progress", path: Client.activityPath(o.activityID, "/update"), body: CLIRequestBody.update(o)) { response in
+        client.publish(command: "progress", path: Client.activityPath(o.activityID, "/update"), body: CLIRequestBody.update(o),
+                       deadline: o.deadline) { response in
             if client.global.json { client.printBody(response.body) }
         }
     }

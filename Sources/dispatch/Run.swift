@@ -91,7 +91,14 @@ struct RunCommand {
             var start = options.start
             start.activityID = activityID
             if start.status == nil { start.status = "Running" }
-            publisher = RunPublisher(client: client, start: start)
+            // No tag given: this host's name, if it fits; a key bound to another machine refuses
+            // it (403), and the publisher starts again without it.
+            var guessed = false
+            if start.machine == nil, let host = System.hostName().flatMap(CLIRunMachine.fromHostName) {
+                start.machine = host
+                guessed = true
+            }
+            publisher = RunPublisher(client: client, start: start, machineGuessed: guessed)
             Notes.show("run", "activity \(activityID) (dispatch watch --id \(activityID))")
         }
         if RunSignals.received != 0 {
@@ -107,8 +114,10 @@ struct RunCommand {
             RunWatcher(client: client, activityID: activityID, child: child, killAfter: options.killAfter, ready: { p.started })
         }
         watcher?.start()
+        let statusFromOutput = options.statusFromOutput
         let outcome = ChildProcess.run(options.command, capture: extractor != nil, child: child) { line in
             if let p = extractor?(line) { publisher?.offer(p) }
+            if statusFromOutput, let status = CLIRunStatus.fromOutput(line) { publisher?.offer(status: status) }
         }
         RunSignals.restoreDefaults()  // a second Ctrl-C while the end is published stops us at once
 

@@ -10,7 +10,9 @@ import DispatchCLIKit
 /// for the network. The main thread offers progress and, when the command is over, the end.
 final class RunPublisher: @unchecked Sendable {
     private let client: Client
-    private let start: CLIStartOptions
+    private var start: CLIStartOptions
+    /// The start's machine is the host name run filled in (not the user's): dropped on a 403.
+    private var machineGuessed: Bool
     private let activityID: String
     private var queue: CLIRunPublishQueue
     private var mutex = pthread_mutex_t()
@@ -25,7 +27,8 @@ final class RunPublisher: @unchecked Sendable {
     private var warnedTouch = false
     private var lastFailure = ""
 
-    init(client: Client, start: CLIStartOptions) {
+    init(client: Client, start: CLIStartOptions, machineGuessed: Bool = false) {
+        self.machineGuessed = machineGuessed
         var c = client
         c.attemptTimeout = 5
         self.client = c
@@ -52,6 +55,11 @@ final class RunPublisher: @unchecked Sendable {
 
     func offer(_ progress: Double) {
         locked { queue.offer(progress: progress) }
+        pthread_cond_signal(&cond)
+    }
+
+    func offer(status: String) {
+        locked { queue.offer(status: status) }
         pthread_cond_signal(&cond)
     }
 
@@ -118,10 +126,20 @@ final class RunPublisher: @unchecked Sendable {
         let idempotencyKey = key?.value
         switch step {
         case .start:
-            return client.attempt(method: "POST", path: "/v1/activities/start", body: CLIRequestBody.start(start), idempotencyKey: idempotencyKey)
+            let first = client.attempt(method: "POST", path: "/v1/activities/start", body: CLIRequestBody.start(start), idempotencyKey: idempotencyKey)
+            guard case .refused(_, let response) = first,
+                  CLIRunMachine.retryWithoutMachine(status: response?.head.status, guessed: machineGuessed) else { return first }
+            machineGuessed = false
+            start.machine = nil
+            key = (step, System.randomKey())  // another body: another key
+            return client.attempt(method: "POST", path: "/v1/activities/start", body: CLIRequestBody.start(start), idempotencyKey: key?.value)
         case .progress(let p):
             return client.attempt(method: "POST", path: Client.activityPath(activityID, "/update"),
                                   body: CLIRequestBody.update(CLIUpdateOptions(activityID: activityID, progress: p)), idempotencyKey: idempotencyKey)
+        case .status(let line, let p):
+            return client.attempt(method: "POST", path: Client.activityPath(activityID, "/update"),
+                                  body: CLIRequestBody.update(CLIUpdateOptions(activityID: activityID, progress: p, status: line)),
+                                  idempotencyKey: idempotencyKey)
         case .touch:
             return client.attempt(method: "POST", path: Client.activityPath(activityID, "/touch"), body: [], idempotencyKey: idempotencyKey)
         case .end(let e):
@@ -146,7 +164,7 @@ final class RunPublisher: @unchecked Sendable {
             switch step {
             case .start:
                 Output.fail("run", "could not start activity \(activityID): \(message); the command runs untracked")
-            case .progress:
+            case .progress, .status:
                 if !warnedProgress { Output.fail("run", "progress update failed: \(message) (further failures are not reported)") }
                 warnedProgress = true
             case .touch:

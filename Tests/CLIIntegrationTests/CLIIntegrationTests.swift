@@ -131,9 +131,13 @@ final class CLIPublishIntegrationTests: CLIServerTestCase {
         XCTAssertEqual(try ctx.snapshot(id)?["seq"]?.numberValue, 1, "rejected input changed nothing")
 
         // 6: nobody listening, after a bounded retry.
-        let (down, _, downErr) = try ctx.run(["progress", "--id", id, "--percent", "5", "--url", "http://127.0.0.1:1", "--retry-for", "0.5"])
+        let (down, _, downErr) = try ctx.run(["end", "--id", id, "--url", "http://127.0.0.1:1", "--retry-for", "0.5"])
         XCTAssertEqual(down, 6)
         XCTAssertTrue(downErr.contains("refused"), downErr)
+        // 8: progress, nobody listening, at its deadline.
+        let (late, _, lateErr) = try ctx.run(["progress", "--id", id, "--percent", "5", "--url", "http://127.0.0.1:1", "--deadline", "0.5"])
+        XCTAssertEqual(late, 8)
+        XCTAssertTrue(lateErr.contains("refused"), lateErr)
     }
 }
 
@@ -310,7 +314,7 @@ final class CLIRestartIntegrationTests: XCTestCase {
         let id = "RESTART-PUBLISH"
         XCTAssertEqual(try ctx.run(["start", "--id", id, "--name", "job"]).0, 0)
         try stopServer(server)
-        let progress = try ctx.start(["progress", "--id", id, "--percent", "40", "--retry-for", "120"])
+        let progress = try ctx.start(["progress", "--id", id, "--percent", "40", "--deadline", "120"])
         usleep(1_500_000)  // let it fail a few times against the stopped server
         XCTAssertTrue(progress.process.isRunning, "still retrying: \(progress.stderr)")
         try server.launch()

@@ -35,16 +35,17 @@ final class FeedbackCLIIntegrationTests: CLIServerTestCase {
 
     /// A server that does not answer: one `retrying…` line after the first failure, then the
     /// error when the budget is spent; `--quiet` (stderr not a terminal here) keeps only the error.
+    /// (`end` and `start` retry for --retry-for; `progress` has its own short deadline.)
     func testAnUnreachableServerSaysItIsRetrying() throws {
         let port = try TestServer.freePort()
-        let (code, _, err) = try ctx.run(["progress", "--id", "x", "--percent", "5", "--url", "http://127.0.0.1:\(port)", "--retry-for", "1.5"])
+        let (code, _, err) = try ctx.run(["end", "--id", "x", "--url", "http://127.0.0.1:\(port)", "--retry-for", "1.5"])
         XCTAssertEqual(code, CLIExitCode.unavailable.rawValue)
         let lines = err.split(separator: "\n").map(String.init)
         XCTAssertEqual(lines.count, 2, err)
-        XCTAssertEqual(lines.first, "dispatch progress: cannot connect to http://127.0.0.1:\(port): connection refused; retrying for up to 2s…")
+        XCTAssertEqual(lines.first, "dispatch end: cannot connect to http://127.0.0.1:\(port): connection refused; retrying for up to 2s…")
         XCTAssertTrue(lines.last?.contains("gave up after") == true, err)
 
-        let (quietCode, _, quietErr) = try ctx.run(["progress", "--id", "x", "--url", "http://127.0.0.1:\(port)", "--retry-for", "0.5", "--quiet"])
+        let (quietCode, _, quietErr) = try ctx.run(["end", "--id", "x", "--url", "http://127.0.0.1:\(port)", "--retry-for", "0.5", "--quiet"])
         XCTAssertEqual(quietCode, CLIExitCode.unavailable.rawValue)
         XCTAssertFalse(quietErr.contains("retrying"), quietErr)
         XCTAssertTrue(quietErr.contains("gave up after"), "errors are never quiet: \(quietErr)")

@@ -64,6 +64,8 @@ final class ConfigTests: XCTestCase {
              { $0.cors == CORSPolicy(origins: ["https://ops.example", "http://localhost:3000"], anyOrigin: false) }),
             ("DISPATCH_WEBHOOK_SECRET", "--webhook-secret", key, { $0.webhookSecret == key }),
             ("DISPATCH_WEBHOOK_ALLOW_PRIVATE", "--webhook-allow-private", "1", { $0.webhookAllowPrivate }),
+            ("DISPATCH_METRICS_MACHINE_LABEL", "--metrics-machine-label", "1", { $0.metricsMachineLabel }),
+            ("DISPATCH_METRICS_MACHINES", "--metrics-machines", "7", { $0.metricsMachineLimit == 7 }),
         ]
         XCTAssertEqual(table.count, ServerConfig.settings.count - APNsSettings.settings.count, "push settings: PushConfigTests")
         for (env, flag, value, check) in table {

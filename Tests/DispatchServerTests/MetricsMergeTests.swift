@@ -46,7 +46,6 @@ final class MetricsMergeTests: XCTestCase {
         dispatch_db_query_seconds_count 14
         # HELP process_resident_memory_bytes Resident memory.
         # TYPE process_resident_memory_bytes gauge
-        process_resident_memory_bytes 2000
         process_resident_memory_bytes{worker="0"} 1000
         process_resident_memory_bytes{worker="1"} 1000
 
@@ -67,5 +66,25 @@ final class MetricsMergeTests: XCTestCase {
         let merged = MetricsMerge.merge([text(0, 4), text(1, 5)])
         XCTAssertTrue(merged.contains("dispatch_push_outbox_depth 5\n"), merged)
         XCTAssertTrue(merged.contains("dispatch_webhook_outbox_pending 6\n"), merged)
+    }
+
+    /// Whatever the workers, the build is one series at 1, a carrier down on one worker shows,
+    /// and the live count (one database figure) is not multiplied.
+    func testBuildInfoCarrierAndLiveCountAreNotMultiplied() {
+        let text = { (w: Int, up: Int) in """
+            # HELP dispatch_build_info Build.
+            # TYPE dispatch_build_info gauge
+            dispatch_build_info{worker="\(w)",version="0.2.0",commit="abc"} 1
+            # HELP dispatch_carrier_up Carrier.
+            # TYPE dispatch_carrier_up gauge
+            dispatch_carrier_up{worker="\(w)"} \(up)
+            # HELP dispatch_activities_live Live.
+            # TYPE dispatch_activities_live gauge
+            dispatch_activities_live{worker="\(w)",state="processing"} 3
+            """ }
+        let merged = MetricsMerge.merge([text(0, 1), text(1, 0)])
+        XCTAssertTrue(merged.contains("dispatch_build_info{version=\"0.2.0\",commit=\"abc\"} 1\n"), merged)
+        XCTAssertTrue(merged.contains("dispatch_carrier_up 0\n"), merged)
+        XCTAssertTrue(merged.contains("dispatch_activities_live{state=\"processing\"} 3\n"), merged)
     }
 }

@@ -135,6 +135,9 @@ final class BrowserTests: XCTestCase {
         defer { s.stop() }
         guard let doc = try HTTPClient(port: s.port).get("/openapi.json").json else { return XCTFail("not JSON") }
         XCTAssertEqual(doc["openapi"], .string("3.1.0"))
+        // Relative: clients resolve it against wherever they fetched the document, not a fixed address.
+        guard case .array(let servers)? = doc["servers"], servers.count == 1 else { return XCTFail("one server entry") }
+        XCTAssertEqual(servers[0]["url"], .string("/"))
         guard case .object(let paths)? = doc["paths"] else { return XCTFail("no paths") }
         var routed: [String: Set<String>] = [:]
         for route in everyRoute() {

@@ -44,8 +44,21 @@ public final class Metrics {
     var readerRoundTrips = Histogram()
     let worker: Int
 
-    public init(worker: Int) {
+    // MARK: Jobs, requests, build and carrier (JobMetrics.swift)
+    var jobs: JobMetrics
+    /// Read at render time: whether the carrier (the LISTEN session today) is up.
+    var carrierUp: () -> Bool = { true }
+
+    /// An answer went out: counted by status, timed by route pattern and status class.
+    func answered(route: String?, status: Int, seconds: Double) {
+        httpRequests[status, default: 0] += 1
+        jobs.answered(route: route, status: status, seconds: seconds)
+    }
+    // MARK: -
+
+    init(worker: Int, machines: MachineLabels = MachineLabels(enabled: false, limit: 0)) {
         self.worker = worker
+        jobs = JobMetrics(machines: machines)
     }
 
     struct Histogram {
@@ -111,7 +124,9 @@ public final class Metrics {
         s += writerRoundTrips.render("dispatch_db_query_seconds", labels: "\(w),session=\"writer\"")
         s += readerRoundTrips.render("dispatch_db_query_seconds", labels: "\(w),session=\"reader\"")
         if let push { s += push.render(worker: w) }
+        // The carrier's figures: NATS's own, or the LISTEN session's (in the jobs' block).
         if let carrier { s += carrier.render(worker: w) }
+        s += jobs.render(worker: w, carrierUp: carrier == nil ? carrierUp() : nil, carrierIn: notifyReceived)
         line("process_resident_memory_bytes", "gauge", "Resident memory.", [(w, "\(process.residentBytes)")])
         line("process_open_fds", "gauge", "Open file descriptors.", [(w, "\(process.openFDs)")])
         line("process_cpu_seconds_total", "counter", "CPU time used.", [(w, "\(process.cpuSeconds)")])

@@ -1,15 +1,16 @@
 /// Sums the Prometheus text of several workers into one server's: every sample keyed by its
 /// name and labels without `worker`. Counters, gauges and histogram series add up; a 0/1 state
 /// (`dispatch_db_up`) takes the lowest, so one worker down shows; a figure of the whole
-/// deployment that each worker counts (outbox depths) takes the highest; process figures are summed
-/// and also kept per worker, where a per-worker series means something.
+/// deployment that each worker counts (outbox depths, live activities) takes the highest; process
+/// figures stay per worker, each series labelled `worker` and none unlabelled, so `sum()` over
+/// the family is the server's total and counts nothing twice.
 enum MetricsMerge {
-    /// Families whose per-worker series are kept beside the sum.
+    /// Families kept as one series per worker instead of summed.
     static let perWorker: Set<String> = ["process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total"]
-    /// Families whose samples take the lowest value instead of the sum.
-    static let lowest: Set<String> = ["dispatch_db_up"]
+    /// Families whose samples take the lowest value instead of the sum (0/1 states, build info).
+    static let lowest: Set<String> = ["dispatch_db_up", "dispatch_carrier_up", "dispatch_build_info"]
     /// Deployment-wide figures every worker reads for itself: the highest (the freshest count), not the sum.
-    static let highest: Set<String> = ["dispatch_push_outbox_depth", "dispatch_webhook_outbox_pending"]
+    static let highest: Set<String> = ["dispatch_push_outbox_depth", "dispatch_webhook_outbox_pending", "dispatch_activities_live"]
 
     struct Family {
         var header: [String] = []
@@ -37,6 +38,7 @@ enum MetricsMerge {
                 guard let (name, labels, value) = sample(line) else { continue }
                 let family = name.hasPrefix(current) && !current.isEmpty ? current : name
                 if families[family] == nil { families[family] = Family(); order.append(family) }
+                if perWorker.contains(family) { families[family]!.kept.append(String(line)); continue }
                 let key = labels.isEmpty ? name : "\(name){\(labels)}"
                 if let old = families[family]!.values[key] {
                     families[family]!.values[key] = lowest.contains(family) ? min(old, value) : highest.contains(family) ? max(old, value) : old + value
@@ -44,7 +46,6 @@ enum MetricsMerge {
                     families[family]!.values[key] = value
                     families[family]!.keys.append(key)
                 }
-                if perWorker.contains(family) { families[family]!.kept.append(String(line)) }
             }
         }
         var out = ""

@@ -48,6 +48,9 @@ public struct ServerConfig: Equatable, Sendable {
     public var pushLeaseSeconds = 60
     /// The NATS carrier between server processes (contract §10); nil: LISTEN/NOTIFY.
     public var carrier: CarrierSettings?
+    /// Label activity metrics with the machine (opt-in), for at most this many names per process.
+    public var metricsMachineLabel = false
+    public var metricsMachineLimit = 50
 
     public struct Setting: Sendable {
         public let env: String
@@ -75,7 +78,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait)"),
         Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
-    ] + CarrierSettings.settings + APNsSettings.settings
+    ] + CarrierSettings.settings + APNsSettings.settings + MetricsSettings.settings
 
     public init(workers: Int) { self.workers = workers }
 
@@ -179,6 +182,7 @@ public struct ServerConfig: Equatable, Sendable {
         }
         c.carrier = try CarrierSettings.parse(values)
         try APNsSettings.parsePush(values, into: &c)
+        try MetricsSettings.parse(values, into: &c)
         return c
     }
 

@@ -45,7 +45,7 @@ public final class Worker {
         self.index = index
         self.log = log
         self.conninfo = conninfo
-        metrics = Metrics(worker: index)
+        metrics = Metrics(worker: index, machines: MachineLabels(enabled: config.metricsMachineLabel, limit: config.metricsMachineLimit))
         var limits = HTTPLimits()
         limits.streamWriteTimeoutSeconds = max(60, config.heartbeatSeconds * 4)
         limits.connections = ConnectionPolicy(requestDeadline: config.requestDeadlineSeconds, maxPendingPerClient: config.maxPendingPerClient)
@@ -54,6 +54,7 @@ public final class Worker {
         metrics.connectionsOpen = { [http] in http.connectionsOpen }
         db = Database(loop: loop, conninfo: conninfo, log: log, metrics: metrics)
         listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log)
+        metrics.carrierUp = { [listener] in listener.isReady }
         publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
         streams = StreamService(loop: loop, activities: publisher.activities, publisher: publisher, metrics: metrics, log: log,
                                 settings: .init(heartbeatSeconds: config.heartbeatSeconds, maxBacklog: config.streamBacklogBytes,
@@ -83,6 +84,7 @@ public final class Worker {
         }
         api.onKeyRevoked = { [unowned self] id in self.keyRevoked(id) }
         publisher.onCommitted = { [unowned self] event, json, _ in
+            self.metrics.jobs.committed(event)
             if event.name == ActivityEvent.cancelRequested { self.webhooks?.kick() }
             let text = String(decoding: json, as: UTF8.self)
             self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name, json: text)
@@ -105,6 +107,7 @@ public final class Worker {
             let retention = config.retentionDays * 86_400
             timers.append(loop.timer(after: min(600, retention / 4), repeating: true) { [unowned self] in self.prune() })
             startCancelAndStale()
+            timers.append(loop.timer(after: Worker.liveCountSeconds, repeating: true) { [unowned self] in self.countLive() })
         }
         if let supervisor {
             timers.append(loop.timer(after: 1, repeating: true) { [unowned self] in
@@ -117,6 +120,7 @@ public final class Worker {
         timers.append(loop.timer(after: 5, repeating: true) { [unowned self] in self.probeWritable() })
         db.reader.onReady = { [unowned self] in
             self.probeWritable()
+            if self.index == 0 { self.countLive() }
             self.acceptWhenReady()
         }
         timers.append(loop.onSignal(SIGTERM) { [unowned self] in self.shutdown() })
@@ -282,6 +286,20 @@ public final class Worker {
     }
 
     var isReady: Bool { db.isReady && listener.isReady && listenEstablished }
+
+    /// Seconds between two counts of the live activities for `/metrics` (one grouped query).
+    static let liveCountSeconds = 10.0
+
+    private func countLive() {
+        guard db.reader.isReady else { return }
+        db.read(PGQuery(metrics.jobs.liveQuery, name: "metrics_live")) { [weak self] result in
+            guard let self, case .success(let r) = result else { return }
+            self.metrics.jobs.counted(r.rows.compactMap { row in
+                guard let state = row["state"], let n = row.int("n") else { return nil }
+                return (state, row["machine"], n)
+            })
+        }
+    }
 
     // MARK: - The whole server's figures
 

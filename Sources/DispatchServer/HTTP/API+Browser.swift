@@ -1,5 +1,6 @@
 import DispatchCore
 import DispatchIO
+import DispatchSystem
 import DispatchWeb
 
 /// The feed, CORS, the Activities view and the API description (contract §8, §9).
@@ -23,7 +24,7 @@ extension API {
         if let path = req.path, path.hasPrefix("/v1/") {
             headers += config.cors.preflightHeaders(origin: req.header("Origin"), methods: route.methods)
         }
-        metrics.httpRequests[204, default: 0] += 1
+        metrics.answered(route: route.pattern, status: 204, seconds: Clock.monotonic() - req.received)
         req.respond(status: 204, headers: headers, body: [])
         logRequest(req, status: 204, bytes: 0)
     }
@@ -104,7 +105,7 @@ extension API {
         }
         if name == "openapi.json" { headers.append(("Access-Control-Allow-Origin", "*")) }
         if let inm = req.header("If-None-Match"), inm.split(separator: ",").contains(where: { $0.drop { $0 == " " } == file.etag }) {
-            metrics.httpRequests[304, default: 0] += 1
+            metrics.answered(route: req.route, status: 304, seconds: Clock.monotonic() - req.received)
             return req.respond(status: 304, headers: headers, body: [])
         }
         reply(req, 200, req.method == .head ? [] : file.body, contentType: file.contentType, headers: headers)

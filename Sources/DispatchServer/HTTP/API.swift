@@ -92,7 +92,7 @@ final class API {
     // MARK: - Answers
 
     func reply(_ req: HTTPRequest, _ status: Int, _ body: [UInt8], contentType: String = "application/json", headers: [(String, String)] = []) {
-        metrics.httpRequests[status, default: 0] += 1
+        metrics.answered(route: req.route, status: status, seconds: Clock.monotonic() - req.received)
         var h = headers + corsHeaders(req)
         if status != 204 { h.append(("Content-Type", contentType)) }
         req.respond(status: status, headers: h, body: body)
