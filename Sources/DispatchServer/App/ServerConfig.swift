@@ -46,6 +46,8 @@ public struct ServerConfig: Equatable, Sendable {
     public var tokenKey: [UInt8]?
     public var pushDismissalSeconds = 14_400
     public var pushLeaseSeconds = 60
+    /// Live activities and devices per key, device registration rate and retention.
+    public var limits = KeyLimits()
 
     public struct Setting: Sendable {
         public let env: String
@@ -73,7 +75,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait)"),
         Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
-    ] + APNsSettings.settings
+    ] + APNsSettings.settings + KeyLimits.settings
 
     public init(workers: Int) { self.workers = workers }
 
@@ -176,6 +178,7 @@ public struct ServerConfig: Equatable, Sendable {
             }
         }
         try APNsSettings.parsePush(values, into: &c)
+        c.limits = try KeyLimits.parse(values)
         return c
     }
 

@@ -60,7 +60,7 @@ public final class Worker {
         auth = Auth(db: db, loop: loop, log: log, publishRate: config.publishRatePerSecond)
         api = API(config: config, log: log, metrics: metrics, db: db, publisher: publisher, streams: streams, feeds: feeds, auth: auth)
         vault = config.tokenKey.map { TokenVault(key: $0) }
-        if let vault { api.devices = DevicesContext(vault: vault, pushes: config.apns != nil) }
+        if let vault { api.devices = DevicesContext(vault: vault, pushes: config.apns != nil, limits: config.limits) }
     }
 
     /// Binds, connects, and runs the loop until SIGTERM/SIGINT.
@@ -88,7 +88,7 @@ public final class Worker {
         listener.start()
         if index == 0 {
             // One worker prunes; concurrent servers doing the same is harmless.
-            let retention = config.retentionDays * 86_400
+            let retention = min(config.retentionDays, config.limits.deviceRetentionDays) * 86_400
             timers.append(loop.timer(after: min(600, retention / 4), repeating: true) { [unowned self] in self.prune() })
             startCancelAndStale()
         }
@@ -243,10 +243,13 @@ public final class Worker {
             if n > 0 { log.info("retention.pruned", [("activities", n)]) }
         }
         if vault != nil {
-            db.read(DeviceRepository.retention(nowMs: Clock.nowMilliseconds())) { [log] result in
+            let devicesAfter = Int64(config.limits.deviceRetentionDays * 86_400)
+            db.read(DeviceRepository.retention(nowMs: Clock.nowMilliseconds(), deviceRetentionS: devicesAfter)) { [log] result in
                 guard case .success(let r) = result, let row = r.first else { return }
-                let tokens = row.int("tokens") ?? 0, rows = row.int("rows") ?? 0
-                if tokens + rows > 0 { log.info("retention.push_pruned", [("activity_tokens", tokens), ("outbox_rows", rows)]) }
+                let tokens = row.int("tokens") ?? 0, rows = row.int("rows") ?? 0, devices = row.int("devices") ?? 0
+                if tokens + rows + devices > 0 {
+                    log.info("retention.push_pruned", [("activity_tokens", tokens), ("outbox_rows", rows), ("devices", devices)])
+                }
             }
         }
     }

@@ -324,8 +324,7 @@ struct ActivityRepository {
             , marks AS (
               INSERT INTO push_outbox AS o (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
               SELECT p.activity_id, t.device_id, 'update', p.seq, p.priority, $8::bigint
-              FROM placed p CROSS JOIN LATERAL (
-                SELECT device_id FROM activity_tokens x WHERE x.activity_id = p.activity_id OFFSET 0) t
+              FROM placed p CROSS JOIN LATERAL (\(DeviceRepository.updateTargets(activityColumn: "p.activity_id")) OFFSET 0) t
               ORDER BY p.activity_id, t.device_id
               ON CONFLICT (activity_id, device_id, kind) DO UPDATE SET
                 wanted_seq = GREATEST(o.wanted_seq, EXCLUDED.wanted_seq),
@@ -340,8 +339,8 @@ struct ActivityRepository {
               SELECT p.activity_id, d.id, 'start', 1, 10, $8::bigint
               FROM placed p CROSS JOIN LATERAL (
                 SELECT 1 FROM activities x WHERE x.activity_id = p.activity_id AND x.live_activity LIMIT 1) a
-              CROSS JOIN devices d
-              WHERE p.seq = 1 AND d.push_to_start_sealed IS NOT NULL
+              CROSS JOIN (\(DeviceRepository.pushToStartTargets)) d
+              WHERE p.seq = 1
               ORDER BY p.activity_id, d.id
               ON CONFLICT (activity_id, device_id, kind) DO NOTHING
               RETURNING 1
