@@ -53,6 +53,7 @@ public final class Worker {
         db = Database(loop: loop, conninfo: conninfo, log: log, metrics: metrics)
         listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log)
         publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
+        publisher.maxLivePerKey = config.limits.maxLivePerKey
         streams = StreamService(loop: loop, activities: publisher.activities, publisher: publisher, metrics: metrics, log: log,
                                 settings: .init(heartbeatSeconds: config.heartbeatSeconds, maxBacklog: config.streamBacklogBytes,
                                                 writeTimeout: limits.streamWriteTimeoutSeconds))
