@@ -65,7 +65,8 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_WEBHOOK_SECRET", "--webhook-secret", key, { $0.webhookSecret == key }),
             ("DISPATCH_WEBHOOK_ALLOW_PRIVATE", "--webhook-allow-private", "1", { $0.webhookAllowPrivate }),
         ]
-        XCTAssertEqual(table.count, ServerConfig.settings.count - APNsSettings.settings.count, "push settings: PushConfigTests")
+        XCTAssertEqual(table.count, ServerConfig.settings.count - APNsSettings.settings.count - KeyLimits.settings.count,
+                       "push settings: PushConfigTests; limits per key: KeyLimitsConfigTests")
         for (env, flag, value, check) in table {
             XCTAssertTrue(ServerConfig.settings.contains { $0.env == env && $0.flag == flag }, env)
             for c in [config([env: value]), config([:], [flag, value]), config([:], ["\(flag)=\(value)"])] {

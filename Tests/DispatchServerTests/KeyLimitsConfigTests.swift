@@ -26,6 +26,23 @@ final class KeyLimitsConfigTests: XCTestCase {
         XCTAssertEqual(l.deviceRetentionDays, 0.5)
     }
 
+    /// Each setting by environment, by `--flag value` and by `--flag=value`.
+    func testEverySettingEveryWay() throws {
+        let table: [(String, String, String, (KeyLimits) -> Bool)] = [
+            ("DISPATCH_MAX_LIVE_PER_KEY", "--max-live-per-key", "12", { $0.maxLivePerKey == 12 }),
+            ("DISPATCH_MAX_DEVICES_PER_KEY", "--max-devices-per-key", "34", { $0.maxDevicesPerKey == 34 }),
+            ("DISPATCH_DEVICE_RATE", "--device-rate", "2.5", { $0.deviceRatePerSecond == 2.5 }),
+            ("DISPATCH_DEVICE_RETENTION_DAYS", "--device-retention-days", "30", { $0.deviceRetentionDays == 30 }),
+        ]
+        XCTAssertEqual(table.count, KeyLimits.settings.count)
+        for (env, flag, value, check) in table {
+            XCTAssertTrue(KeyLimits.settings.contains { $0.env == env && $0.flag == flag }, env)
+            for l in [try parse([env: value]), try parse([:], [flag, value]), try parse([:], ["\(flag)=\(value)"])] {
+                XCTAssertTrue(check(l), "\(env)=\(value)")
+            }
+        }
+    }
+
     func testBadValuesAreRefused() {
         for (name, value) in [("DISPATCH_MAX_LIVE_PER_KEY", "0"), ("DISPATCH_MAX_LIVE_PER_KEY", "many"),
                               ("DISPATCH_MAX_DEVICES_PER_KEY", "-1"), ("DISPATCH_DEVICE_RATE", "-1"),

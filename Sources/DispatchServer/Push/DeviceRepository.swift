@@ -9,9 +9,6 @@ enum DeviceRepository {
     /// A Live Activity cannot outlive its activity's end by more than this: its token goes then.
     static let forgetAfterEndMs: Int64 = 12 * 3_600_000
 
-    /// Devices per key when the configuration says nothing (contract §6).
-    static let defaultMaxPerKey = 1_000
-
     /// One registration as one pipeline batch, hence one transaction, in this order: the
     /// key's device lock, the device (if the key may have it), its push-to-start token, a
     /// share lock on every named activity, the forgotten tokens, the new ones with their
@@ -22,7 +19,7 @@ enum DeviceRepository {
     /// sessions and servers, and the upsert, a later statement, counts with a snapshot taken
     /// after the lock was granted. A new device past `maxDevices` (0: no limit) is not
     /// inserted; every later statement then finds no device and writes nothing, and the
-    /// summary comes back empty (`registered` false).
+    /// upsert returns no row (`upsertIndex`: the API answers `429 too_many_devices`).
     ///
     /// The lock closes the race with publishing (see `ActivityRepository.finalizeStatement`):
     /// a change committed before the lock is seen by the marks (`wanted_seq` = the activity's
