@@ -315,4 +315,25 @@ final class KeyOwnedPushTests: XCTestCase {
         _ = try f.wait(token: activityToken) { $0.contains { $0.seq == 4 && $0.status == 200 } }
         XCTAssertEqual(try f.requests(token: activityToken).filter { $0.seq == 4 }.count, 1)
     }
+
+    /// A token APNs calls gone is gone for every key that registered it: one 410, not one per key.
+    func testAGoneTokenIsRetiredFromEveryKeysRegistration() throws {
+        let f = try fake()
+        let s = try TestServer.start(environment: f.serverEnvironment)
+        defer { s.stop() }
+        let a = HTTPClient(port: s.port, token: try AuthKit.createKey(s, "app-a", ["device", "read"]))
+        let b = HTTPClient(port: s.port, token: try AuthKit.createKey(s, "app-b", ["device", "read"]))
+        try s.startActivity("gone-job")
+        let device = token(), gone = token()
+        try f.script(token: gone, respond: [#"{"status":410,"reason":"Unregistered"}"#])
+        for c in [a, b] {
+            XCTAssertEqual(try c.post("/v1/activity-tokens", KeyLimitsTests.body(device: device, tokens: [("gone-job", gone)])).status, 200)
+        }
+        _ = try f.wait(token: gone) { $0.contains { $0.status == 410 } }
+        XCTAssertTrue(try waitUntil(5) { try self.count(s, "SELECT count(*) FROM activity_tokens") == 0 }, "retired from both registrations")
+        XCTAssertEqual(try count(s, "SELECT count(*) FROM push_outbox"), 0)
+        try s.update("gone-job")
+        XCTAssertTrue(try waitUntil(5) { try self.settled(s) })
+        XCTAssertEqual(try f.requests(token: gone).count, 1, "one push, one 410, nothing more")
+    }
 }
