@@ -19,6 +19,10 @@ public struct DispatchError: Error, Equatable, Sendable {
         case methodNotAllowed = "method_not_allowed"
         case rateLimited = "rate_limited"
         case tooManyStreams = "too_many_streams"
+        /// The key holds `DISPATCH_MAX_LIVE_PER_KEY` live activities (contract §6).
+        case tooManyLiveActivities = "too_many_live_activities"
+        /// The key registered `DISPATCH_MAX_DEVICES_PER_KEY` devices (contract §6).
+        case tooManyDevices = "too_many_devices"
         case databaseUnavailable = "database_unavailable"
         case internalError = "internal"
     }
@@ -46,7 +50,7 @@ public struct DispatchError: Error, Equatable, Sendable {
         case .alreadyFinished, .conflict, .invalidTransition, .concurrentChanges: return 409
         case .bodyTooLarge: return 413
         case .unsupportedMediaType: return 415
-        case .rateLimited, .tooManyStreams: return 429
+        case .rateLimited, .tooManyStreams, .tooManyLiveActivities, .tooManyDevices: return 429
         case .internalError: return 500
         case .databaseUnavailable: return 503
         }

@@ -67,7 +67,8 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_METRICS_MACHINE_LABEL", "--metrics-machine-label", "1", { $0.metricsMachineLabel }),
             ("DISPATCH_METRICS_MACHINES", "--metrics-machines", "7", { $0.metricsMachineLimit == 7 }),
         ]
-        XCTAssertEqual(table.count, ServerConfig.settings.count - APNsSettings.settings.count, "push settings: PushConfigTests")
+        XCTAssertEqual(table.count, ServerConfig.settings.count - APNsSettings.settings.count - KeyLimits.settings.count,
+                       "push settings: PushConfigTests; limits per key: KeyLimitsConfigTests")
         for (env, flag, value, check) in table {
             XCTAssertTrue(ServerConfig.settings.contains { $0.env == env && $0.flag == flag }, env)
             for c in [config([env: value]), config([:], [flag, value]), config([:], ["\(flag)=\(value)"])] {

@@ -56,7 +56,9 @@ final class CancelTests: XCTestCase {
         // A repeat (from anyone allowed) is 202 and writes nothing.
         let again = try device.post("/v1/activities/owned/cancel", "")
         XCTAssertEqual(again.status, 202, again.text)
-        XCTAssertEqual(again.json?["seq"], .number(2))
+        XCTAssertEqual(again.json, .object([("activityId", .string("owned")), ("cancelRequested", .bool(true))]),
+                       "a device-only key may not read: no snapshot (§6)")
+        XCTAssertEqual(try pub1.post("/v1/activities/owned/cancel", "").json?["seq"], .number(2))
         XCTAssertEqual(try s.client.post("/v1/activities/owned/cancel", #"{"reason":"again"}"#).status, 202)
         XCTAssertEqual(try Kit.sql(s, "SELECT count(*) FROM activity_events WHERE activity_id = 'owned'"), ["2"])
         XCTAssertEqual(try Kit.sql(s, "SELECT cancel_reason FROM activities WHERE activity_id = 'owned'"), ["disk full"])
@@ -72,7 +74,10 @@ final class CancelTests: XCTestCase {
         XCTAssertEqual(stream.events.map(\.event), ["processing", "cancel_requested", "cancelled"])
         let late = try device.post("/v1/activities/owned/cancel", "{}")
         Kit.assertError(late, 409, "already_finished")
-        XCTAssertEqual(late.json?["activity"]?["state"], .string("cancelled"))
+        XCTAssertNil(late.json?["activity"], "no snapshot to a key that may not read")
+        let lateOwner = try pub1.post("/v1/activities/owned/cancel", "{}")
+        Kit.assertError(lateOwner, 409, "already_finished")
+        XCTAssertEqual(lateOwner.json?["activity"]?["state"], .string("cancelled"))
     }
 
     // MARK: - Touch

@@ -430,7 +430,7 @@ final class PushTests: XCTestCase {
         try s.end("recent-job")
         _ = try sql(s, "UPDATE activities SET ended_ms = ended_ms - 13 * 3600000 WHERE activity_id = 'old-job'")
         let db = try BlockingPG(s.conninfo)
-        let pruned = try db.query(DeviceRepository.retention(nowMs: Clock.nowMilliseconds()))
+        let pruned = try db.query(DeviceRepository.retention(nowMs: Clock.nowMilliseconds(), deviceRetentionS: 90 * 86_400))
         XCTAssertEqual(pruned.first?.int("tokens"), 1)
         XCTAssertEqual(try sql(s, "SELECT activity_id FROM activity_tokens").map { $0[0] }, ["recent-job"])
         XCTAssertEqual(try count(s, "SELECT count(*) FROM push_outbox WHERE activity_id = 'old-job'"), 0)

@@ -51,6 +51,8 @@ public struct ServerConfig: Equatable, Sendable {
     /// Label activity metrics with the machine (opt-in), for at most this many names per process.
     public var metricsMachineLabel = false
     public var metricsMachineLimit = 50
+    /// Live activities and devices per key, device registration rate and retention.
+    public var limits = KeyLimits()
 
     public struct Setting: Sendable {
         public let env: String
@@ -78,7 +80,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait)"),
         Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
-    ] + CarrierSettings.settings + APNsSettings.settings + MetricsSettings.settings
+    ] + CarrierSettings.settings + APNsSettings.settings + MetricsSettings.settings + KeyLimits.settings
 
     public init(workers: Int) { self.workers = workers }
 
@@ -183,6 +185,7 @@ public struct ServerConfig: Equatable, Sendable {
         c.carrier = try CarrierSettings.parse(values)
         try APNsSettings.parsePush(values, into: &c)
         try MetricsSettings.parse(values, into: &c)
+        c.limits = try KeyLimits.parse(values)
         return c
     }
 

@@ -56,6 +56,7 @@ public final class Worker {
         listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log)
         metrics.carrierUp = { [listener] in listener.isReady }
         publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
+        publisher.maxLivePerKey = config.limits.maxLivePerKey
         streams = StreamService(loop: loop, activities: publisher.activities, publisher: publisher, metrics: metrics, log: log,
                                 settings: .init(heartbeatSeconds: config.heartbeatSeconds, maxBacklog: config.streamBacklogBytes,
                                                 writeTimeout: limits.streamWriteTimeoutSeconds))
@@ -63,7 +64,7 @@ public final class Worker {
         auth = Auth(db: db, loop: loop, log: log, publishRate: config.publishRatePerSecond)
         api = API(config: config, log: log, metrics: metrics, db: db, publisher: publisher, streams: streams, feeds: feeds, auth: auth)
         vault = config.tokenKey.map { TokenVault(key: $0) }
-        if let vault { api.devices = DevicesContext(vault: vault, pushes: config.apns != nil) }
+        if let vault { api.devices = DevicesContext(vault: vault, pushes: config.apns != nil, limits: config.limits) }
         if let settings = config.carrier {
             publisher.sequencedPositions = true
             let c = NATSCarrier(loop: loop, settings: settings, db: db, conninfo: conninfo, streams: streams, feeds: feeds,
@@ -104,7 +105,7 @@ public final class Worker {
         listener.start()
         if index == 0 {
             // One worker prunes; concurrent servers doing the same is harmless.
-            let retention = config.retentionDays * 86_400
+            let retention = min(config.retentionDays, config.limits.deviceRetentionDays) * 86_400
             timers.append(loop.timer(after: min(600, retention / 4), repeating: true) { [unowned self] in self.prune() })
             startCancelAndStale()
             timers.append(loop.timer(after: Worker.liveCountSeconds, repeating: true) { [unowned self] in self.countLive() })
@@ -264,10 +265,13 @@ public final class Worker {
             if n > 0 { log.info("retention.pruned", [("activities", n)]) }
         }
         if vault != nil {
-            db.read(DeviceRepository.retention(nowMs: Clock.nowMilliseconds())) { [log] result in
+            let devicesAfter = Int64(config.limits.deviceRetentionDays * 86_400)
+            db.read(DeviceRepository.retention(nowMs: Clock.nowMilliseconds(), deviceRetentionS: devicesAfter)) { [log] result in
                 guard case .success(let r) = result, let row = r.first else { return }
-                let tokens = row.int("tokens") ?? 0, rows = row.int("rows") ?? 0
-                if tokens + rows > 0 { log.info("retention.push_pruned", [("activity_tokens", tokens), ("outbox_rows", rows)]) }
+                let tokens = row.int("tokens") ?? 0, rows = row.int("rows") ?? 0, devices = row.int("devices") ?? 0
+                if tokens + rows + devices > 0 {
+                    log.info("retention.push_pruned", [("activity_tokens", tokens), ("outbox_rows", rows), ("devices", devices)])
+                }
             }
         }
     }

@@ -8,6 +8,7 @@ extension API {
     /// `publish` key only one it started. The request goes through the publish path (one
     /// `cancel_requested` event, its webhook queued in the same transaction); `202` whether it
     /// was new or repeated (a repeat writes nothing), `409` once the activity has finished.
+    /// Both carry the snapshot only to a key that may read.
     func cancel(_ req: HTTPRequest, _ id: String) {
         auth.authenticate(Auth.secret(from: req, allowQuery: false), needsAnyOf: [.device, .admin, .publish]) { [unowned self] result in
             let key: APIKey
@@ -26,6 +27,10 @@ extension API {
                 return self.fail(req, error)
             }
             let anyActivity = key.isAdmin || key.scopes.contains(.device)
+            // A key that may not read (a device-only key) learns that its request was taken,
+            // never the activity: no snapshot in the 202, nor in the 409 of a finished one (§6).
+            let mayRead = key.allows(.read)
+            let accepted = KeyRules.cancelAccepted(activityID: id)
             let op = PublishOp(activityID: id, kind: .cancel(reason: reason), idempotencyKey: nil, ownerKeyID: key.id,
                                authorize: { stored in
                                    if anyActivity || stored.ownerKeyID == key.id { return nil }
@@ -33,10 +38,10 @@ extension API {
                                },
                                completion: { [unowned self] outcome in
                                    switch outcome {
-                                   case .committed(let json, _): self.reply(req, 202, json)
-                                   case .ok(let a): self.reply(req, 202, a.json())
-                                   case .replay(let json): self.reply(req, 202, Array(json.utf8))
-                                   case .failed(let e): self.fail(req, e)
+                                   case .committed(let json, _): self.reply(req, 202, mayRead ? json : accepted)
+                                   case .ok(let a): self.reply(req, 202, mayRead ? a.json() : accepted)
+                                   case .replay(let json): self.reply(req, 202, mayRead ? Array(json.utf8) : accepted)
+                                   case .failed(let e): self.fail(req, KeyRules.visible(e, mayRead: mayRead))
                                    }
                                })
             self.publisher.submit(op)

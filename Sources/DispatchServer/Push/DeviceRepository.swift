@@ -10,40 +10,55 @@ enum DeviceRepository {
     static let forgetAfterEndMs: Int64 = 12 * 3_600_000
 
     /// One registration as one pipeline batch, hence one transaction, in this order: the
-    /// device, its push-to-start token, a share lock on every named activity, the forgotten
-    /// tokens, the new ones with their outbox marks, and the summary.
+    /// key's device lock, the device (if the key may have it), its push-to-start token, a
+    /// share lock on every named activity, the forgotten tokens, the new ones with their
+    /// outbox marks, and the summary. Every statement names the device by (key, token): a
+    /// key reaches its own registrations only (contract §6).
+    ///
+    /// The device limit is exact: the key's advisory lock serialises its registrations across
+    /// sessions and servers, and the upsert, a later statement, counts with a snapshot taken
+    /// after the lock was granted. A new device past `maxDevices` (0: no limit) is not
+    /// inserted; every later statement then finds no device and writes nothing, and the
+    /// upsert returns no row (`upsertIndex`: the API answers `429 too_many_devices`).
     ///
     /// The lock closes the race with publishing (see `ActivityRepository.finalizeStatement`):
     /// a change committed before the lock is seen by the marks (`wanted_seq` = the activity's
     /// seq after it); a change after waits for this commit, and its own finalize then sees
     /// the token and marks it. Either way the newest state reaches the new token, once.
     /// Without APNs (`pushes` false) the tokens are kept and nothing is queued.
-    static func register(_ r: DeviceRegistration, vault: TokenVault, pushes: Bool, nowMs: Int64) throws(CryptoError) -> [PGQuery] {
+    static func register(_ r: DeviceRegistration, keyID: Int64, maxDevices: Int, vault: TokenVault, pushes: Bool,
+                         nowMs: Int64) throws(CryptoError) -> [PGQuery] {
         let device = try vault.seal(r.deviceToken)
         let mac = Bytea.literal(device.mac)
-        var queries: [PGQuery] = []
+        let key = String(keyID)
         var pts: (mode: String, sealed: TokenVault.Sealed?) = ("keep", nil)
         switch r.pushToStart {
         case nil: break
         case .forget?: pts = ("forget", nil)
         case .set(let t)?: pts = ("set", try vault.seal(t))
         }
+        var queries = [PGQuery("SELECT pg_advisory_xact_lock(7345111, ($1::bigint % 2147483647)::integer)", [key], name: "device_key_lock")]
         queries.append(PGQuery("""
-            INSERT INTO devices AS d (token_mac, token_sealed, token_hint, push_to_start_mac, push_to_start_sealed,
+            INSERT INTO devices AS d (key_id, token_mac, token_sealed, token_hint, push_to_start_mac, push_to_start_sealed,
                                       push_to_start_hint, push_to_start_at)
-            VALUES ($1::bytea, $2::bytea, $3, $4::bytea, $5::bytea, $6, CASE WHEN $4::bytea IS NULL THEN NULL ELSE now() END)
-            ON CONFLICT (token_mac) DO UPDATE SET updated_at = now(),
+            SELECT $8::bigint, $1::bytea, $2::bytea, $3, $4::bytea, $5::bytea, $6, CASE WHEN $4::bytea IS NULL THEN NULL ELSE now() END
+            WHERE $9::integer <= 0
+               OR EXISTS (SELECT 1 FROM devices x WHERE x.key_id = $8::bigint AND x.token_mac = $1::bytea)
+               OR (SELECT count(*) FROM devices x WHERE x.key_id = $8::bigint) < $9::integer
+            ON CONFLICT (key_id, token_mac) DO UPDATE SET updated_at = now(),
               push_to_start_mac = CASE WHEN $7::text = 'keep' THEN d.push_to_start_mac ELSE EXCLUDED.push_to_start_mac END,
               push_to_start_sealed = CASE WHEN $7::text = 'keep' THEN d.push_to_start_sealed ELSE EXCLUDED.push_to_start_sealed END,
               push_to_start_hint = CASE WHEN $7::text = 'keep' THEN d.push_to_start_hint ELSE EXCLUDED.push_to_start_hint END,
               push_to_start_at = CASE WHEN $7::text = 'keep' THEN d.push_to_start_at ELSE EXCLUDED.push_to_start_at END
+            RETURNING d.id
             """, [mac, Bytea.literal(device.sealed), device.hint, pts.sealed.map { Bytea.literal($0.mac) },
-                  pts.sealed.map { Bytea.literal($0.sealed) }, pts.sealed?.hint, pts.mode], name: "device_upsert"))
+                  pts.sealed.map { Bytea.literal($0.sealed) }, pts.sealed?.hint, pts.mode, key, String(maxDevices)],
+            name: "device_upsert"))
         if pts.mode == "forget" {
             queries.append(PGQuery("""
                 DELETE FROM push_outbox WHERE kind = 'start' AND wanted_seq > sent_seq
-                  AND device_id = (SELECT id FROM devices WHERE token_mac = $1::bytea)
-                """, [mac], name: "device_forget_push_to_start"))
+                  AND device_id = (SELECT id FROM devices WHERE key_id = $2::bigint AND token_mac = $1::bytea)
+                """, [mac, key], name: "device_forget_push_to_start"))
         }
         let ids = r.activityTokens.map(\.activityID).sorted()
         if !ids.isEmpty {
@@ -53,10 +68,10 @@ enum DeviceRepository {
         let forgotten = r.activityTokens.filter { $0.change == .forget }.map(\.activityID)
         if !forgotten.isEmpty {
             queries.append(PGQuery("""
-                WITH dev AS (SELECT id FROM devices WHERE token_mac = $1::bytea),
+                WITH dev AS (SELECT id FROM devices WHERE key_id = $3::bigint AND token_mac = $1::bytea),
                 gone AS (DELETE FROM activity_tokens t USING dev WHERE t.device_id = dev.id AND t.activity_id = ANY($2::text[]) RETURNING 1)
                 DELETE FROM push_outbox o USING dev WHERE o.device_id = dev.id AND o.kind = 'update' AND o.activity_id = ANY($2::text[])
-                """, [mac, PGArray.text(forgotten)], name: "device_forget_tokens"))
+                """, [mac, PGArray.text(forgotten), key], name: "device_forget_tokens"))
         }
         var set: [(id: String, token: TokenVault.Sealed)] = []
         for t in r.activityTokens {
@@ -64,7 +79,7 @@ enum DeviceRepository {
         }
         if !set.isEmpty && !pushes {
             queries.append(PGQuery("""
-                WITH dev AS (SELECT id FROM devices WHERE token_mac = $1::bytea)
+                WITH dev AS (SELECT id FROM devices WHERE key_id = $6::bigint AND token_mac = $1::bytea)
                 INSERT INTO activity_tokens AS t (device_id, activity_id, token_mac, token_sealed, token_hint, registered_at)
                 SELECT dev.id, i.activity_id, i.mac, i.sealed, i.hint, now()
                 FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[]) AS i(activity_id, mac, sealed, hint) CROSS JOIN dev
@@ -72,18 +87,31 @@ enum DeviceRepository {
                 ON CONFLICT (device_id, activity_id) DO UPDATE SET token_mac = EXCLUDED.token_mac,
                   token_sealed = EXCLUDED.token_sealed, token_hint = EXCLUDED.token_hint, registered_at = now()
                 """, [mac, PGArray.text(set.map(\.id)), Bytea.array(set.map(\.token.mac)),
-                      Bytea.array(set.map(\.token.sealed)), PGArray.text(set.map(\.token.hint))], name: "device_keep_tokens"))
+                      Bytea.array(set.map(\.token.sealed)), PGArray.text(set.map(\.token.hint)), key], name: "device_keep_tokens"))
         } else if !set.isEmpty {
             queries.append(PGQuery("""
-                WITH dev AS (SELECT id FROM devices WHERE token_mac = $1::bytea),
+                WITH dev AS (SELECT id FROM devices WHERE key_id = $8::bigint AND token_mac = $1::bytea),
                 input AS (SELECT * FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[]) AS i(activity_id, mac, sealed, hint)),
                 old AS (SELECT t.activity_id, t.token_mac FROM activity_tokens t JOIN dev ON t.device_id = dev.id
                         WHERE t.activity_id = ANY($2::text[])),
+                -- The same token for the same activity registered by other keys: the phone's
+                -- pushes go through one registration only, the lowest device id (as the
+                -- publish path's marks choose it), so this one pushes only when it is that.
+                twins AS (SELECT t.activity_id, t.device_id FROM activity_tokens t JOIN input i
+                            ON t.activity_id = i.activity_id AND t.token_mac = i.mac CROSS JOIN dev
+                          WHERE t.device_id <> dev.id),
                 saved AS (
                   INSERT INTO activity_tokens AS t (device_id, activity_id, token_mac, token_sealed, token_hint, registered_at)
                   SELECT dev.id, i.activity_id, i.mac, i.sealed, i.hint, now() FROM input i CROSS JOIN dev ORDER BY i.activity_id
                   ON CONFLICT (device_id, activity_id) DO UPDATE SET token_mac = EXCLUDED.token_mac,
                     token_sealed = EXCLUDED.token_sealed, token_hint = EXCLUDED.token_hint, registered_at = now()
+                  RETURNING 1
+                ),
+                -- This registration takes over from twins with a higher id: their pending
+                -- pushes of the activity would reach the same phone a second time.
+                superseded AS (
+                  DELETE FROM push_outbox o USING twins w, dev
+                  WHERE o.kind = 'update' AND o.activity_id = w.activity_id AND o.device_id = w.device_id AND w.device_id > dev.id
                   RETURNING 1
                 )
                 -- A new or changed token gets the activity's newest state. A phone that was
@@ -97,6 +125,7 @@ enum DeviceRepository {
                 LEFT JOIN old ON old.activity_id = i.activity_id
                 LEFT JOIN push_outbox s ON s.activity_id = a.activity_id AND s.device_id = dev.id AND s.kind = 'start'
                 WHERE old.token_mac IS DISTINCT FROM i.mac AND (a.ended_ms IS NULL OR a.ended_ms > $6::bigint - $7::bigint)
+                  AND NOT EXISTS (SELECT 1 FROM twins w WHERE w.activity_id = i.activity_id AND w.device_id < dev.id)
                 ORDER BY a.activity_id
                 ON CONFLICT (activity_id, device_id, kind) DO UPDATE SET
                   wanted_seq = GREATEST(o.wanted_seq, EXCLUDED.wanted_seq), sent_seq = 0, priority = 10,
@@ -105,18 +134,21 @@ enum DeviceRepository {
                 RETURNING 1
                 """, [mac, PGArray.text(set.map(\.id)), Bytea.array(set.map(\.token.mac)),
                       Bytea.array(set.map(\.token.sealed)), PGArray.text(set.map(\.token.hint)),
-                      String(nowMs), String(forgetAfterEndMs)], name: "device_set_tokens"))
+                      String(nowMs), String(forgetAfterEndMs), key], name: "device_set_tokens"))
         }
-        queries.append(summaryQuery(mac: mac))
+        queries.append(summaryQuery(mac: mac, keyID: keyID))
         return queries
     }
 
-    static func summaryQuery(mac: String) -> PGQuery {
+    /// Index of the upsert in `register`'s batch: no row means the device limit refused it.
+    static let upsertIndex = 1
+
+    static func summaryQuery(mac: String, keyID: Int64) -> PGQuery {
         PGQuery("""
             SELECT d.token_hint, d.push_to_start_hint, t.activity_id, t.token_hint AS activity_hint
             FROM devices d LEFT JOIN activity_tokens t ON t.device_id = d.id
-            WHERE d.token_mac = $1::bytea ORDER BY t.activity_id
-            """, [mac], name: "device_summary")
+            WHERE d.key_id = $2::bigint AND d.token_mac = $1::bytea ORDER BY t.activity_id
+            """, [mac, String(keyID)], name: "device_summary")
     }
 
     /// The answer to a registration: hints only, never a token.
@@ -136,15 +168,19 @@ enum DeviceRepository {
         return w.bytes
     }
 
-    /// Forgets a device: its tokens and outbox rows go with it (ON DELETE CASCADE).
-    static func forget(mac: [UInt8]) -> PGQuery {
-        PGQuery("DELETE FROM devices WHERE token_mac = $1::bytea RETURNING id", [Bytea.literal(mac)], name: "device_forget")
+    /// Forgets this key's registration of a device: its tokens and outbox rows go with it (ON
+    /// DELETE CASCADE). Another key's registration of the same device is not touched.
+    static func forget(mac: [UInt8], keyID: Int64) -> PGQuery {
+        PGQuery("DELETE FROM devices WHERE key_id = $2::bigint AND token_mac = $1::bytea RETURNING id",
+                [Bytea.literal(mac), String(keyID)], name: "device_forget")
     }
 
     /// The retention job: activity tokens (and their outbox rows) 12 hours after their activity
-    /// ended or vanished, and outbox rows of finished activities that have nothing left to
-    /// send after an hour. At most 5,000 of each per run.
-    static func retention(nowMs: Int64) -> PGQuery {
+    /// ended or vanished, outbox rows of finished activities that have nothing left to send
+    /// after an hour, and devices nobody refreshed (registered again) for `deviceRetentionS`
+    /// seconds or whose key was revoked, with their tokens and pushes. At most 5,000 of each
+    /// per run.
+    static func retention(nowMs: Int64, deviceRetentionS: Int64) -> PGQuery {
         PGQuery("""
             WITH old_tokens AS (
               DELETE FROM activity_tokens t WHERE (t.device_id, t.activity_id) IN (
@@ -160,9 +196,39 @@ enum DeviceRepository {
                    OR (a.ended_ms < $1::bigint - 3600000 AND (x.sent_seq >= x.wanted_seq OR x.failed))
                 LIMIT 5000)
               RETURNING 1
+            ), old_devices AS (
+              DELETE FROM devices d WHERE d.id IN (
+                SELECT x.id FROM devices x WHERE x.updated_at < now() - $3::bigint * interval '1 second'
+                UNION
+                SELECT x.id FROM devices x JOIN api_keys k ON k.id = x.key_id WHERE k.revoked_at IS NOT NULL
+                LIMIT 5000)
+              RETURNING 1
             )
-            SELECT (SELECT count(*) FROM old_tokens) AS tokens, (SELECT count(*) FROM old_rows) AS rows
-            """, [String(nowMs), String(forgetAfterEndMs)], name: "push_retention")
+            SELECT (SELECT count(*) FROM old_tokens) AS tokens, (SELECT count(*) FROM old_rows) AS rows,
+                   (SELECT count(*) FROM old_devices) AS devices
+            """, [String(nowMs), String(forgetAfterEndMs), String(deviceRetentionS)], name: "push_retention")
+    }
+
+    /// The devices a push-to-start of a new activity goes to (contract §5.2): those registered
+    /// by a key that may read it (`read`, `publish` or `admin`, not revoked), once per
+    /// push-to-start token however many keys registered it (the lowest device id carries it).
+    /// Devices from before registrations had keys get none. A subquery for the publish path's
+    /// finalize statement, yielding `id`.
+    static let pushToStartTargets = """
+        SELECT DISTINCT ON (d.push_to_start_mac) d.id FROM devices d JOIN api_keys k ON k.id = d.key_id
+        WHERE d.push_to_start_sealed IS NOT NULL AND k.revoked_at IS NULL AND k.scopes && ARRAY['read', 'publish', 'admin']
+        ORDER BY d.push_to_start_mac, d.id
+        """
+
+    /// The registrations an update of activity `activityColumn` is pushed to: one per activity
+    /// token, the lowest device id when several keys registered the same token, so a phone
+    /// gets each push once. A subquery for the publish path's finalize statement, yielding
+    /// `device_id`.
+    static func updateTargets(activityColumn: String) -> String {
+        """
+        SELECT DISTINCT ON (x.token_mac) x.device_id FROM activity_tokens x WHERE x.activity_id = \(activityColumn)
+        ORDER BY x.token_mac, x.device_id
+        """
     }
 
     /// Outbox totals for `dispatchd push status` and the depth metric.

@@ -170,6 +170,7 @@ enum PushOutboxRepository {
     /// registered again after `sinceMs` (APNs' "invalid since"); then the row is due again at
     /// once and the push goes to the new registration. The token is identified by its MAC
     /// as claimed, so a token replaced meanwhile is never retired in its successor's place.
+    /// Every key's registration of the token goes (the token is dead for APNs whoever holds it).
     static func retire(_ job: PushJob, sinceMs: Int64, status: String) -> PGQuery {
         PGQuery("""
             WITH r AS (
@@ -177,13 +178,13 @@ enum PushOutboxRepository {
               WHERE o.activity_id = $1 AND o.device_id = $2::bigint AND o.kind = $3 AND o.lease_id = $4::bigint
             ), gone_token AS (
               DELETE FROM activity_tokens t USING r
-              WHERE r.kind = 'update' AND t.device_id = r.device_id AND t.activity_id = r.activity_id AND t.token_mac = $5::bytea
+              WHERE r.kind = 'update' AND t.activity_id = r.activity_id AND t.token_mac = $5::bytea
                 AND t.registered_at <= to_timestamp($6::bigint / 1000.0)
               RETURNING t.device_id, t.activity_id
             ), gone_start AS (
               UPDATE devices d SET push_to_start_mac = NULL, push_to_start_sealed = NULL, push_to_start_hint = NULL, push_to_start_at = NULL
               FROM r
-              WHERE r.kind = 'start' AND d.id = r.device_id AND d.push_to_start_mac = $5::bytea
+              WHERE r.kind = 'start' AND d.push_to_start_mac = $5::bytea
                 AND d.push_to_start_at <= to_timestamp($6::bigint / 1000.0)
               RETURNING d.id
             ), cancelled AS (

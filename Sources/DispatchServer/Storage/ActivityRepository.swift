@@ -207,29 +207,53 @@ struct ActivityRepository {
 
     /// Creates a batch's new activities in one statement; an id that exists already comes back
     /// in no row. Their first history rows are written by the batch's finalize step.
-    static func startsStatement(_ starts: [Start]) -> PGQuery {
+    ///
+    /// Each key may hold at most `maxLivePerKey` live activities (contract §6): the starts a
+    /// key may not make are not inserted and come back as `over_limit_id` rows (when their id
+    /// does not exist already: a start of an existing id is planned again as usual). The quota
+    /// comes from `dispatch_live_quota` (Migrations/0010_key_limits.sql), which serialises a
+    /// key's starts across sessions and servers with an advisory lock held to the commit and
+    /// counts after the lock with a fresh snapshot: a key never exceeds its limit, however many
+    /// starts race. Within a batch, a key's starts are taken in the batch's order.
+    static func startsStatement(_ starts: [Start], maxLivePerKey: Int) -> PGQuery {
         let a = starts.map(\.event.snapshot)
         let staleAt: [Int64?] = starts.map {
             $0.staleAfter > 0 && !$0.event.snapshot.state.isTerminal ? $0.event.snapshot.updatedAt + Int64($0.staleAfter) * 1000 : nil
         }
         return PGQuery("""
-            INSERT INTO activities (activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
-                                    attempt, seq, last_event, created_ms, updated_ms, owner_key_id, start_fingerprint,
-                                    live_activity, stale_after_s, stale_at_ms)
-            SELECT n.activity_id, n.task_name, n.system_image, n.machine, n.cancel_url, n.state, n.progress, n.status,
-                   1, 1, n.state, n.created_ms, n.created_ms, n.owner_key_id, n.start_fingerprint,
-                   n.live_activity, n.stale_after_s, n.stale_at_ms
-            FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::float8[], $8::text[],
-                        $9::bigint[], $10::bigint[], $11::text[], $12::boolean[], $13::integer[], $14::bigint[])
-              AS n(activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
-                   created_ms, owner_key_id, start_fingerprint, live_activity, stale_after_s, stale_at_ms)
-            ON CONFLICT (activity_id) DO NOTHING RETURNING activity_id
+            WITH n AS (
+              SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::float8[], $8::text[],
+                                   $9::bigint[], $10::bigint[], $11::text[], $12::boolean[], $13::integer[], $14::bigint[])
+                WITH ORDINALITY AS n(activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
+                                     created_ms, owner_key_id, start_fingerprint, live_activity, stale_after_s, stale_at_ms, ord)
+            ), wanted AS (
+              SELECT owner_key_id, count(*)::integer AS starts FROM n WHERE owner_key_id IS NOT NULL GROUP BY owner_key_id
+            ), quota AS (
+              SELECT * FROM dispatch_live_quota(ARRAY(SELECT owner_key_id FROM wanted ORDER BY owner_key_id),
+                                                ARRAY(SELECT starts FROM wanted ORDER BY owner_key_id), $15::integer)
+            ), refused AS (
+              SELECT r.activity_id FROM (
+                SELECT n.activity_id, n.owner_key_id, row_number() OVER (PARTITION BY n.owner_key_id ORDER BY n.ord) AS rank FROM n
+              ) r JOIN quota q ON q.key_id = r.owner_key_id WHERE r.rank > q.allowed
+            ), created AS (
+              INSERT INTO activities (activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
+                                      attempt, seq, last_event, created_ms, updated_ms, owner_key_id, start_fingerprint,
+                                      live_activity, stale_after_s, stale_at_ms)
+              SELECT n.activity_id, n.task_name, n.system_image, n.machine, n.cancel_url, n.state, n.progress, n.status,
+                     1, 1, n.state, n.created_ms, n.created_ms, n.owner_key_id, n.start_fingerprint,
+                     n.live_activity, n.stale_after_s, n.stale_at_ms
+              FROM n WHERE n.activity_id NOT IN (SELECT activity_id FROM refused)
+              ON CONFLICT (activity_id) DO NOTHING RETURNING activity_id
+            )
+            SELECT activity_id, NULL::text AS over_limit_id FROM created
+            UNION ALL
+            SELECT NULL, f.activity_id FROM refused f WHERE NOT EXISTS (SELECT 1 FROM activities x WHERE x.activity_id = f.activity_id)
             """, [PGArray.text(a.map(\.activityId)), PGArray.text(a.map(\.taskName)), PGArray.text(a.map(\.systemImage)),
                   PGArray.text(a.map(\.machine)), PGArray.text(a.map(\.cancelURL)), PGArray.text(a.map(\.state.rawValue)),
                   PGArray.text(a.map { $0.progress.map { "\($0)" } }), PGArray.text(a.map(\.status)),
                   PGArray.numbers(a.map(\.createdAt)), PGArray.numbers(starts.map(\.ownerKeyID)),
                   PGArray.text(starts.map(\.fingerprint)), PGArray.text(a.map { $0.liveActivity ? "true" : "false" }),
-                  PGArray.numbers(starts.map { Int64($0.staleAfter) }), PGArray.numbers(staleAt)],
+                  PGArray.numbers(starts.map { Int64($0.staleAfter) }), PGArray.numbers(staleAt), String(maxLivePerKey)],
             name: "publish_starts")
     }
 
@@ -328,8 +352,7 @@ struct ActivityRepository {
             , marks AS (
               INSERT INTO push_outbox AS o (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
               SELECT p.activity_id, t.device_id, 'update', p.seq, p.priority, $8::bigint
-              FROM placed p CROSS JOIN LATERAL (
-                SELECT device_id FROM activity_tokens x WHERE x.activity_id = p.activity_id OFFSET 0) t
+              FROM placed p CROSS JOIN LATERAL (\(DeviceRepository.updateTargets(activityColumn: "p.activity_id")) OFFSET 0) t
               ORDER BY p.activity_id, t.device_id
               ON CONFLICT (activity_id, device_id, kind) DO UPDATE SET
                 wanted_seq = GREATEST(o.wanted_seq, EXCLUDED.wanted_seq),
@@ -344,8 +367,8 @@ struct ActivityRepository {
               SELECT p.activity_id, d.id, 'start', 1, 10, $8::bigint
               FROM placed p CROSS JOIN LATERAL (
                 SELECT 1 FROM activities x WHERE x.activity_id = p.activity_id AND x.live_activity LIMIT 1) a
-              CROSS JOIN devices d
-              WHERE p.seq = 1 AND d.push_to_start_sealed IS NOT NULL
+              CROSS JOIN (\(DeviceRepository.pushToStartTargets)) d
+              WHERE p.seq = 1
               ORDER BY p.activity_id, d.id
               ON CONFLICT (activity_id, device_id, kind) DO NOTHING
               RETURNING 1

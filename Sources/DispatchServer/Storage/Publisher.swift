@@ -89,6 +89,8 @@ final class Publisher {
     var writesRefused = false
     /// Mark the push outbox in each batch (APNs is configured).
     var pushes = false
+    /// Live activities one key may hold (DISPATCH_MAX_LIVE_PER_KEY); the starts statement enforces it.
+    var maxLivePerKey = KeyRules.defaultMaxLive
     /// Called after a batch that marked the push outbox was committed (wakes the push sender).
     var onPushesMarked: (() -> Void)?
     /// Called after each commit with the event and its feed position (nil with the NATS
@@ -263,7 +265,7 @@ final class Publisher {
                                      staleTouch: op.staleTouch))
             }
         }
-        return (starts.isEmpty ? [] : [ActivityRepository.startsStatement(starts)])
+        return (starts.isEmpty ? [] : [ActivityRepository.startsStatement(starts, maxLivePerKey: maxLivePerKey)])
             + (updates.isEmpty ? [] : [ActivityRepository.updatesStatement(updates)])
     }
 
@@ -303,13 +305,22 @@ final class Publisher {
                 for op in ops { self.cache.remove(op.activityID); self.finish(op, .failed(Database.unavailable)) }
             case .success(let rs) where rs.allSatisfy(\.ok):
                 self.writesRefused = false
-                var applied: Set<String> = []
-                for r in rs.prefix(writes.count) { for row in r.rows { if let id = row["activity_id"] { applied.insert(id) } } }
+                var applied: Set<String> = [], overLimit: Set<String> = []
+                for r in rs.prefix(writes.count) {
+                    for row in r.rows {
+                        if let id = row["activity_id"] { applied.insert(id) }
+                        if row.has("over_limit_id"), let id = row["over_limit_id"] { overLimit.insert(id) }
+                    }
+                }
                 var positions: [String: Int64] = [:]
                 for row in rs[rs.count - 1].rows {
                     if let id = row["activity_id"], let position = row.int64("position") { positions[id] = position }
                 }
                 for (i, op) in ops.enumerated() {
+                    if overLimit.contains(op.activityID) {
+                        self.finish(op, .failed(KeyRules.tooManyLive(max: self.maxLivePerKey)))
+                        continue
+                    }
                     self.settle(op, applied: applied.contains(op.activityID), json: jsons[i], position: positions[op.activityID])
                 }
                 if self.pushes, let marked = rs[rs.count - 1].first?.int64("pushes"), marked > 0 { self.onPushesMarked?() }

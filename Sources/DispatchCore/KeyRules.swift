@@ -1,0 +1,49 @@
+/// What a key may see and do beyond its scope's name (contract §6): a key that may not read
+/// never gets a snapshot, registering an activity token needs `read` as well as `device`,
+/// and the per-key limits' defaults and answers.
+public enum KeyRules {
+    /// `read`, `publish` and `admin` may read every activity.
+    public static func mayRead(_ scopes: Set<Scope>) -> Bool {
+        !scopes.isDisjoint(with: [.read, .publish, .admin])
+    }
+
+    /// A registration this key may not make: an activity token from a key that may not read
+    /// (it would follow, through its pushes, an activity it may not see). Forgetting a token
+    /// (`null`) and the device and push-to-start tokens need `device` only.
+    public static func registrationRefusal(_ r: DeviceRegistration, mayRead: Bool) -> DispatchError? {
+        guard !mayRead else { return nil }
+        let follows = r.activityTokens.contains { if case .set = $0.change { return true } else { return false } }
+        guard follows else { return nil }
+        return DispatchError(.forbidden, "registering an activity token needs the read scope as well as device (a key cannot follow what it may not read)")
+    }
+
+    /// `error` as a key that may not read may see it: without the stored snapshot.
+    public static func visible(_ error: DispatchError, mayRead: Bool) -> DispatchError {
+        guard !mayRead, error.snapshot != nil else { return error }
+        var e = error
+        e.snapshot = nil
+        return e
+    }
+
+    /// The `202` of a cancel request to a key that may not read: what it asked for, not the
+    /// activity (`{"activityId": ..., "cancelRequested": true}`).
+    public static func cancelAccepted(activityID: String) -> [UInt8] {
+        var w = JSONWriter()
+        w.beginObject()
+        w.field("activityId", activityID)
+        w.field("cancelRequested", true)
+        w.endObject()
+        return w.bytes
+    }
+
+    public static let defaultMaxLive = 10_000
+    public static let defaultMaxDevices = 1_000
+
+    public static func tooManyLive(max: Int) -> DispatchError {
+        DispatchError(.tooManyLiveActivities, "this key already has \(max) live activities (DISPATCH_MAX_LIVE_PER_KEY): end some first")
+    }
+
+    public static func tooManyDevices(max: Int) -> DispatchError {
+        DispatchError(.tooManyDevices, "this key already registered \(max) devices (DISPATCH_MAX_DEVICES_PER_KEY): forget some first")
+    }
+}
