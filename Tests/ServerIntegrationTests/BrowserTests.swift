@@ -167,11 +167,11 @@ final class BrowserTests: XCTestCase {
     private func everyRoute() -> [Route] {
         let all: [Route] = [.healthz, .readyz, .metrics, .startActivity, .listActivities, .activity("x"), .update("x"), .end("x"),
                             .events("x"), .status("x"), .cancel("x"), .touch("x"), .keys, .key("k"), .feed, .registerTokens,
-                            .forgetDevice("ab"), .openAPI, .page("index.html")] + Route.pageFiles.sorted().map { .page($0) }
+                            .forgetDevice("ab"), .session, .liveActivity("x"), .openAPI, .page("index.html")] + Route.pageFiles.sorted().map { .page($0) }
         for r in all {
             switch r {
             case .healthz, .readyz, .metrics, .startActivity, .listActivities, .activity, .update, .end, .events, .status, .cancel,
-                 .touch, .keys, .key, .feed, .registerTokens, .forgetDevice, .page, .openAPI: break
+                 .touch, .keys, .key, .feed, .registerTokens, .forgetDevice, .session, .liveActivity, .page, .openAPI: break
             }
         }
         return all
