@@ -121,7 +121,7 @@ final class BrowserTests: XCTestCase {
             XCTAssertFalse(r.body.isEmpty, path)
         }
         // Byte for byte what is in web/: the build embeds the files as they are.
-        for name in ["index.html", "app.js", "style.css", "favicon.svg", "openapi.json"] {
+        for name in ["index.html", "app.js", "detail.js", "symbols.js", "style.css", "favicon.svg", "openapi.json"] {
             let onDisk = Files.read(TestPaths.repositoryRoot + "/web/" + name).map { Array($0.utf8) }
             XCTAssertEqual(try anon.get("/" + name).body, onDisk, name)
         }
