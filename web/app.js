@@ -340,6 +340,7 @@ function take(kind) {
 
 function recycle(el) {
   el.hidden = true;
+  delete el.dataset.id;
   pool[el.dataset.kind].push(el);
 }
 

@@ -21,6 +21,7 @@ window.showDetail = function (id) {
   D.newest = 0;
   D.complete = false;
   panel.hidden = false;
+  panel.scrollTop = 0;
   $d('action-msg').textContent = '';
   $d('history').textContent = '';
   $d('chart').textContent = '';
@@ -345,7 +346,8 @@ function drawChart() {
   if (d) el('path', { d, class: 'line' }, svg);
   box.dataset.points = String(points);
   box.setAttribute('aria-label', 'Progress over time: ' + points + ' points, ' + svg.querySelectorAll('.mark').length + ' state changes');
-  if (!points) { const p = document.createElement('p'); p.className = 'muted'; p.textContent = 'This job reports no progress.'; box.appendChild(p); }
+  const note = !points ? 'This job reports no progress.' : D.complete ? '' : 'From the ' + evs.length.toLocaleString() + ' newest events: load older ones below for the whole run.';
+  if (note) { const p = document.createElement('p'); p.className = 'muted chart-note'; p.textContent = note; box.appendChild(p); }
 }
 
 // ---------------------------------------------------------------- the phone

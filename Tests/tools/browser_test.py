@@ -29,6 +29,12 @@ def check(name, ok, detail=""):
     global passed
     if not ok:
         print(f"FAIL {name} {detail}", flush=True)
+        try:
+            print("page:", driver.current_url, driver.execute_script(
+                "return JSON.stringify([window.dispatchView.view, [...document.querySelectorAll('.row:not([hidden])')]"
+                ".map(r => r.dataset.id + ':' + r.dataset.section), document.getElementById('conn').textContent])"))
+        except Exception as e:
+            print("page: (unreadable)", e)
         print(f"browser: {passed} passed, 1 failed")
         sys.exit(1)
     passed += 1
@@ -82,11 +88,11 @@ def network():
 
 
 def row(aid):
-    return driver.find_element(By.CSS_SELECTOR, f'.row[data-id="{aid}"]')
+    return driver.find_element(By.CSS_SELECTOR, f'.row[data-id="{aid}"]:not([hidden])')
 
 
 def in_section(aid, section):
-    r = driver.find_elements(By.CSS_SELECTOR, f'.row[data-id="{aid}"][data-section="{section}"]')
+    r = driver.find_elements(By.CSS_SELECTOR, f'.row[data-id="{aid}"][data-section="{section}"]:not([hidden])')
     return r[0] if r and r[0].is_displayed() else None
 
 
@@ -259,6 +265,10 @@ def main():
     marks = len(driver.find_elements(By.CSS_SELECTOR, "#chart .mark"))
     check(f"the chart is drawn ({points} points, {marks} state changes marked)",
           points > 1000 and marks >= 3 and driver.find_element(By.CSS_SELECTOR, "#chart path.line").get_attribute("d").count("L") > 1000)
+    # The whole panel, not only the part its scroll box shows.
+    js("const d = document.getElementById('detail'); d.style.maxHeight = 'none'; d.style.position = 'static'; d.scrollTop = 0;")
+    shot(os.path.join(docs, "activities-detail.png"), driver.find_element(By.ID, "detail"))
+    js("const d = document.getElementById('detail'); d.style.maxHeight = ''; d.style.position = '';")
 
     open_job("iso")
     wait("the phone's view", lambda: driver.find_elements(By.CSS_SELECTOR, "#phone .lock-card") and
@@ -269,11 +279,10 @@ def main():
     driver.find_element(By.CSS_SELECTOR, "#raw-box summary").click()
     check("raw payload one click away", driver.find_element(By.ID, "raw").is_displayed())
     driver.find_element(By.CSS_SELECTOR, "#raw-box summary").click()
-    shot(os.path.join(docs, "activities-list.png"))
     shot(os.path.join(docs, "activities-phone.png"), driver.find_element(By.ID, "phone"))
-    open_job("long")
-    wait("chart again", lambda: driver.find_elements(By.CSS_SELECTOR, "#chart path.line"), 5)
-    shot(os.path.join(docs, "activities-detail.png"), driver.find_element(By.ID, "detail"))
+    driver.get(BASE + "/#/")
+    wait("the list alone", lambda: not driver.find_element(By.ID, "detail").is_displayed(), 5)
+    shot(os.path.join(docs, "activities-list.png"))
 
     # Cancel and end, each behind a confirmation.
     open_job("train")
@@ -316,7 +325,7 @@ def main():
 
     # Dark and mobile.
     driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
-    bg = js("return getComputedStyle(document.body).backgroundColor")
+    bg = js("return getComputedStyle(document.documentElement).backgroundColor")
     check("dark mode follows prefers-color-scheme", bg in ("rgb(15, 18, 23)",), bg)
     open_job("iso")
     wait("phone in dark", lambda: driver.find_elements(By.CSS_SELECTOR, "#phone .lock-card"), 5)
