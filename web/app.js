@@ -274,12 +274,13 @@ function rebuild(now) {
     if (!fin.length) items.push({ kind: 'empty', key: 'empty:finished', text: 'Nothing finished matches.' });
     items.push({ kind: 'more', key: 'more' });
   }
-  const rowH = parseFloat(getComputedStyle($('list')).getPropertyValue('--row-h')) || 72;
+  const style = getComputedStyle($('list'));
+  const rowH = parseFloat(style.getPropertyValue('--row-h')) || 78, headH = parseFloat(style.getPropertyValue('--head-h')) || 52;
   offsets = new Array(items.length + 1);
   offsets[0] = 0;
   for (let i = 0; i < items.length; i++) {
     const k = items[i].kind;
-    offsets[i + 1] = offsets[i] + (k === 'row' ? rowH : k === 'head' ? 52 : k === 'more' ? 64 : 44);
+    offsets[i + 1] = offsets[i] + (k === 'row' ? rowH : k === 'head' ? headH : k === 'more' ? 64 : 44);
   }
   $('list').style.height = offsets[items.length] + 'px';
   refreshMachines(machines);

@@ -330,12 +330,15 @@ function drawChart() {
   }
   el('text', { x: L, y: H - 6, class: 'axis' }, svg).textContent = new Date(t0).toLocaleTimeString();
   el('text', { x: W - R, y: H - 6, class: 'axis', 'text-anchor': 'end' }, svg).textContent = new Date(t1).toLocaleTimeString();
-  let d = '', prevState = null, points = 0;
+  let d = '', prevState = null, points = 0, lastLabel = -1e9, row = 0;
   for (const e of evs) {
     if (e.data.state !== prevState) {
       const mx = x(e._t);
       el('line', { x1: mx, x2: mx, y1: T, y2: H - B, class: 'mark', 'data-state': e.data.state }, svg);
-      el('text', { x: mx + 3, y: T + 10, class: 'mark-label', 'data-state': e.data.state }, svg).textContent = e.data.state;
+      // Labels of changes close together stack instead of overprinting.
+      row = mx - lastLabel < 70 ? (row + 1) % 4 : 0;
+      lastLabel = mx;
+      el('text', { x: mx + 3, y: T + 10 + row * 11, class: 'mark-label', 'data-state': e.data.state }, svg).textContent = e.data.state;
       prevState = e.data.state;
     }
     if (typeof e.data.progress === 'number') {

@@ -147,7 +147,7 @@ def scale():
     height = js("return document.getElementById('list').offsetHeight")
     check("the list is as tall as all its rows", height > count * 50, str(height))
     # Scroll through the whole list: rows are there wherever we look, and frames stay short.
-    frames = js("""
+    frames = driver.execute_async_script("""
         const done = arguments[arguments.length - 1];
         const times = []; let last = performance.now(); let step = 0;
         const max = document.documentElement.scrollHeight;
