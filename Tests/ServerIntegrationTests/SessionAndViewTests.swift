@@ -64,6 +64,7 @@ final class SessionAndViewTests: XCTestCase {
         let pre = try browser.request("OPTIONS", "/v1/session", headers: ["Origin": "https://any.example", "Access-Control-Request-Method": "POST"])
         XCTAssertNil(pre.headers["access-control-allow-credentials"])
         XCTAssertTrue(s.log().contains("key=bootstrap"), "the request log names the session's key")
+        XCTAssertTrue(s.log().contains("msg=web.open url=http://127.0.0.1:\(s.port)/"), "the start-up log says where the page is")
 
         // The feed and a status stream open with the cookie alone (an EventSource without access_token).
         let feed = try TestSocket.connect(port: s.port)

@@ -164,7 +164,7 @@ def scale():
         const b = r.getBoundingClientRect(); return b.bottom > 0 && b.top < innerHeight; }).length""")
     check("rows on screen at the bottom", visible > 0, str(visible))
     js("window.scrollTo(0, 0)")
-    first = wait("a row at the top", lambda: js("return document.querySelector('.row:not([hidden])')?.dataset.id"), 5)[0]
+    first = wait("a live row at the top", lambda: js("return document.querySelector('.row:not([hidden])[data-section=active]')?.dataset.id"), 5)[0]
     api("POST", f"/v1/activities/{first}/update", {"progress": 0.77, "status": "still live at scale"})
     _, t = wait("an update reaches a row among 50,000", lambda: "still live" in part(first, "status") and part(first, "pct") == "77%", 10)
     check(f"update shown in {t:.2f}s with {total:,} rows", True)
@@ -176,6 +176,13 @@ def scale():
 def main():
     docs, control = sys.argv[4], sys.argv[5]
     long_name = "Transcode the 4K director's cut of the trailer into every format the store wants"
+    driver.get(BASE + "/")
+    sign_in(KEY)
+    wait("an empty server shows how to start", lambda: driver.find_element(By.ID, "empty").is_displayed(), 10)
+    check("the empty state offers a first dispatch run to copy",
+          driver.find_element(By.ID, "first-run").text.startswith("dispatch run ")
+          and driver.find_element(By.CSS_SELECTOR, "[data-copy=first-run]").is_displayed())
+    sign_out()
     api("POST", "/v1/activities/start", {"activityId": "iso", "taskName": "Debian 13 Trixie ISO", "machine": "shodan",
                                          "systemImage": "arrow.down.circle.fill", "state": "processing", "initialProgress": 0.42,
                                          "status": "Downloading at 18.4 MB/s", "liveActivity": True})
