@@ -20,6 +20,7 @@ window.showDetail = function (id) {
   D.oldest = null;
   D.newest = 0;
   D.complete = false;
+  D.loading = false;  // a page still on its way for the previous job is dropped by its token
   panel.hidden = false;
   panel.scrollTop = 0;
   $d('action-msg').textContent = '';
@@ -51,7 +52,9 @@ async function fetchOne(id) {
 window.onDetailChange = function (a, type) {
   if (a.activityId !== D.id) return;
   facts(a);
-  if (a.seq === D.newest + 1) {
+  if (D.newest === 0) {
+    // The first page is on its way; loadHistory reads what it missed once it is in.
+  } else if (a.seq === D.newest + 1) {
     addEvents([{ seq: a.seq, event: type, data: a, createdAt: a.updatedAt }]);
   } else if (a.seq > D.newest) {
     catchUp();  // a gap (a reconnect): read what we missed instead of guessing
@@ -194,6 +197,8 @@ async function loadHistory(first) {
     const body = await r.json();
     if (body.events.length < PAGE) D.complete = true;
     addEvents(body.events);
+    const now = window.dispatchView.activities.get(id);
+    if (first && now && now.seq > D.newest) catchUp();
   } finally {
     if (token === D.token) D.loading = false;
     $d('older').textContent = 'Load older events';
@@ -201,11 +206,17 @@ async function loadHistory(first) {
   }
 }
 
+/// Reads every event after the newest we have (a gap after a reconnect, or changes made
+/// while the first page was on its way).
 async function catchUp() {
   const id = D.id, token = D.token;
-  const r = await window.dispatchView.api('/v1/activities/' + encodeURIComponent(id) + '/events?after=' + D.newest + '&limit=1000');
-  if (token !== D.token || !r.ok) return;
-  addEvents((await r.json()).events);
+  for (;;) {
+    const r = await window.dispatchView.api('/v1/activities/' + encodeURIComponent(id) + '/events?after=' + D.newest + '&limit=1000');
+    if (token !== D.token || !r.ok) return;
+    const events = (await r.json()).events;
+    addEvents(events);
+    if (events.length < 1000) return;
+  }
 }
 
 function addEvents(events) {
