@@ -287,9 +287,11 @@ def main():
     check("raw payload one click away", driver.find_element(By.ID, "raw").is_displayed())
     driver.find_element(By.CSS_SELECTOR, "#raw-box summary").click()
     shot(os.path.join(docs, "activities-phone.png"), driver.find_element(By.ID, "phone"))
-    driver.get(BASE + "/#/")
-    wait("the list alone", lambda: not driver.find_element(By.ID, "detail").is_displayed(), 5)
+    driver.get(BASE + "/#/?stall=10")  # so that the picture shows a stalled row
+    wait("the list alone", lambda: not driver.find_element(By.ID, "detail").is_displayed()
+         and "stalled" in row("train").get_attribute("class"), 10)
     shot(os.path.join(docs, "activities-list.png"))
+    driver.get(BASE + "/#/")
 
     # Cancel and end, each behind a confirmation.
     open_job("train")
