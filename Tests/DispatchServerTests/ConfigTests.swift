@@ -64,6 +64,7 @@ final class ConfigTests: XCTestCase {
              { $0.cors == CORSPolicy(origins: ["https://ops.example", "http://localhost:3000"], anyOrigin: false) }),
             ("DISPATCH_WEBHOOK_SECRET", "--webhook-secret", key, { $0.webhookSecret == key }),
             ("DISPATCH_WEBHOOK_ALLOW_PRIVATE", "--webhook-allow-private", "1", { $0.webhookAllowPrivate }),
+            ("DISPATCH_TRUSTED_PROXIES", "--trusted-proxies", "10.0.0.0/8, ::1", { $0.trustedProxies.contains("10.2.3.4") && $0.trustedProxies.contains("::1") }),
         ]
         XCTAssertEqual(table.count, ServerConfig.settings.count - APNsSettings.settings.count, "push settings: PushConfigTests")
         for (env, flag, value, check) in table {
@@ -121,6 +122,7 @@ final class ConfigTests: XCTestCase {
             (["DISPATCH_CORS_ORIGINS": "*,https://ops.example"], []), (["DISPATCH_CORS_ORIGINS": "ftp://ops.example"], []),
             (["DISPATCH_WEBHOOK_SECRET": "too-short"], []), (["DISPATCH_WEBHOOK_SECRET": "has a space in it, ok?"], []),
             (["DISPATCH_WEBHOOK_ALLOW_PRIVATE": "maybe"], []),
+            (["DISPATCH_TRUSTED_PROXIES": "10.0.0.0/33"], []), (["DISPATCH_TRUSTED_PROXIES": "proxy.example"], []),
             ([:], ["--bogus"]), ([:], ["--workers"]), ([:], ["serve"]), ([:], ["--workers", "0"]),
             ([:], ["-workers", "2"]), ([:], ["--heartbeat=abc"]),
         ]
