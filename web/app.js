@@ -1,70 +1,132 @@
-// The Activities view: one EventSource on the feed (GET /v1/stream), a map of activity
-// snapshots, and DOM updates batched per animation frame. No framework, no build step.
+// The Activities view: a session cookie instead of a key (POST /v1/session once), one
+// EventSource on the feed (GET /v1/stream), a map of snapshots, and a virtualised list that
+// draws only the rows on screen. Filters and the open job live in the URL
+// (#/activities/<id>?q=&machine=&show=&stall=). No framework, no build step, no CDN.
 'use strict';
 
-const KEY = 'dispatch.key';
 const STATES = ['queued', 'processing', 'retrying', 'idle', 'completed', 'error', 'cancelled', 'rejected'];
 const TERMINAL = new Set(['completed', 'error', 'cancelled', 'rejected']);
 const EVENTS = STATES.concat(['cancel_requested']);
-// A few SF Symbols by their meaning, as symbols every system font has; anything else gets
-// the name's first letter, and no symbol at all a diamond.
-const GLYPHS = {
-  'arrow.down': '⬇', 'arrow.up': '⬆', 'icloud': '☁', 'film': '▶', 'play': '▶', 'gear': '⚙', 'cpu': '⚙', 'brain': '⚙',
-  'hammer': '⚒', 'wrench': '⚒', 'externaldrive': '⛁', 'archivebox': '▤', 'doc': '▤', 'shippingbox': '▣', 'clock': '◷',
-  'bolt': '⚡', 'server': '▦', 'desktopcomputer': '▦', 'checkmark': '✓', 'trash': '✕', 'envelope': '✉',
-};
+const DEFAULT_STALL_SECONDS = 120;
 
 const $ = (id) => document.getElementById(id);
-const activities = new Map();   // activityId -> snapshot
-const rows = new Map();         // activityId -> <li>
-const dirty = new Set();
-let frame = 0;
+const activities = new Map();   // activityId -> snapshot (with _created, _updated, _ended in ms)
+const samples = new Map();      // activityId -> [[ms, progress], ...] seen live, for the ETA
+let session = null;             // {keyName, scopes}
 let source = null;
-let lastId = null;              // the last feed position seen (for a manual reconnect)
 let synced = false;
-let canCancel = true;
-let selected = null;
 let retryTimer = 0;
-// Connection history, newest last (read by the browser test and handy in the console).
+let structureDirty = true;
+let lastRebuild = 0;
+let frame = 0;
+const dirtyRows = new Set();
+const view = { id: null, q: '', machine: '', show: '', stall: DEFAULT_STALL_SECONDS };
+let items = [];                 // what the list shows, in order: heads, rows, empties, "more"
+let offsets = [0];              // offsets[i]: top of items[i]; offsets[items.length]: total height
+const shown = new Map();        // item key -> element on screen
+const pool = { row: [], head: [], empty: [], more: [] };
+const archive = { cursor: null, done: false, loading: false, added: 0 };
 const connectionLog = [];
 window.dispatchConnectionLog = connectionLog;
 function logConn(what) { connectionLog.push([what, Date.now()]); if (connectionLog.length > 200) connectionLog.shift(); }
 
-// ---------------------------------------------------------------- connection
+// ---------------------------------------------------------------- session
 
-function key() { return sessionStorage.getItem(KEY); }
+async function api(path, options) {
+  const o = Object.assign({ credentials: 'same-origin' }, options || {});
+  if (o.body) o.headers = Object.assign({ 'Content-Type': 'application/json' }, o.headers || {});
+  return fetch(path, o);
+}
+
+function may(action) {
+  const s = new Set(session ? session.scopes : []);
+  if (s.has('admin')) return true;
+  switch (action) {
+    case 'cancel': return s.has('device') || s.has('publish');
+    case 'end': return s.has('publish');
+    default: return s.size > 0;
+  }
+}
+
+async function boot(message) {
+  // Earlier versions kept the key in this tab's storage: never again.
+  try { sessionStorage.removeItem('dispatch.key'); localStorage.removeItem('dispatch.key'); } catch (e) { /* storage off */ }
+  let r;
+  try { r = await api('/v1/session'); } catch (e) { return showLogin('The server is unreachable.'); }
+  if (r.status !== 200) return showLogin(message || '');
+  session = await r.json();
+  start();
+}
+
+function showLogin(message) {
+  session = null;
+  if (source) source.close();
+  source = null;
+  $('board').hidden = true;
+  $('detail').hidden = true;
+  $('forget').hidden = true;
+  $('who').hidden = true;
+  $('login').hidden = false;
+  $('login-error').textContent = message || '';
+  setConn('Not signed in', 'bad');
+  banner(null);
+  $('key').focus();
+}
+
+async function signIn(key) {
+  let r;
+  try { r = await api('/v1/session', { method: 'POST', headers: { Authorization: 'Bearer ' + key } }); } catch (e) {
+    return showLogin('The server is unreachable.');
+  }
+  if (r.status === 204) return boot();
+  showLogin(r.status === 401 ? 'The server does not know this key.' : 'Sign-in failed (' + r.status + ').');
+}
+
+async function signOut() {
+  if (source) source.close();
+  source = null;
+  try { await api('/v1/session', { method: 'DELETE' }); } catch (e) { /* the cookie dies with the session anyway */ }
+  activities.clear();
+  structureDirty = true;
+  showLogin('Signed out.');
+}
+
+// ---------------------------------------------------------------- the feed
+
+function start() {
+  $('login').hidden = true;
+  $('board').hidden = false;
+  $('forget').hidden = false;
+  $('who').hidden = false;
+  $('who').textContent = session.keyName + ' · ' + session.scopes.join(', ');
+  readRoute();
+  connect();
+}
 
 function connect() {
   clearTimeout(retryTimer);
   if (source) source.close();
-  let url = '/v1/stream?access_token=' + encodeURIComponent(key());
-  // EventSource resends Last-Event-ID by itself; a source we build anew passes it here.
-  if (lastId !== null) url += '&lastEventId=' + encodeURIComponent(lastId);
-  source = new EventSource(url);
+  synced = false;
+  // The cookie authenticates the stream: no key in the URL (proxies log URLs).
+  source = new EventSource('/v1/stream');
   setConn('Connecting…', 'wait');
-  // Open again after a drop: the browser resumed with Last-Event-ID (no new initial set).
-  source.onopen = () => {
-    logConn('open');
-    banner(null);
-    setConn(synced ? 'Live' : 'Loading…', synced ? 'ok' : 'wait');
-  };
+  source.onopen = () => { logConn('open'); banner(null); setConn(synced ? 'Live' : 'Loading…', synced ? 'ok' : 'wait'); };
   for (const name of EVENTS) source.addEventListener(name, onChange);
-  source.addEventListener('synced', (e) => {
-    lastId = e.lastEventId;
+  source.addEventListener('synced', () => {
     synced = true;
+    structureDirty = true;
     setConn('Live', 'ok');
     banner(null);
+    schedule();
   });
   source.addEventListener('reset', () => {
-    // Our position is too old for the server: start over from its initial set.
-    activities.clear();
-    for (const li of rows.values()) li.remove();
-    rows.clear();
+    for (const [id, a] of activities) if (!a._archived) activities.delete(id);
     synced = false;
-    render();
+    structureDirty = true;
+    schedule();
   });
-  // The event named `error` (a failed job) and connection errors share this name: a
-  // MessageEvent with data is a job; a plain Event is the connection.
+  // The event named `error` (a failed job) shares its name with connection errors: a
+  // MessageEvent with data is a job.
   source.addEventListener('error', (e) => {
     if (e instanceof MessageEvent && e.data) return onChange(e);
     onConnectionError();
@@ -72,23 +134,21 @@ function connect() {
 }
 
 function onConnectionError() {
-  logConn(source.readyState === EventSource.CLOSED ? 'closed' : 'error');
+  logConn(source && source.readyState === EventSource.CLOSED ? 'closed' : 'error');
   setConn('Disconnected', 'bad');
   banner('Disconnected from the server — reconnecting. The list resumes where it left off.');
-  if (source.readyState === EventSource.CLOSED) {
-    // The browser gave up (an answer that is not a stream: bad key, server error). Find out why.
-    fetch('/v1/activities?limit=1', { headers: auth() }).then((r) => {
-      if (r.status === 401 || r.status === 403) return logout('The server refused this key (' + r.status + ').');
+  if (source && source.readyState === EventSource.CLOSED) {
+    // The browser gave up (an answer that is not a stream): is the session over?
+    api('/v1/session').then((r) => {
+      if (r.status === 401) return showLogin('Your session has ended (signed out elsewhere, unused for 12 hours, or its key revoked).');
       retryTimer = setTimeout(connect, 3000);
     }, () => { retryTimer = setTimeout(connect, 3000); });
   }
 }
 
-function auth() { return { Authorization: 'Bearer ' + key() }; }
-
 function setConn(text, kind) {
   const el = $('conn');
-  el.textContent = text;
+  if (el.textContent !== text) el.textContent = text;
   el.dataset.kind = kind;
 }
 
@@ -98,264 +158,422 @@ function banner(text) {
   b.textContent = text || '';
 }
 
-// ---------------------------------------------------------------- changes
+function prepare(a) {
+  a._created = Date.parse(a.createdAt);
+  a._updated = Date.parse(a.updatedAt);
+  a._ended = a.endedAt ? Date.parse(a.endedAt) : 0;
+  a._search = (a.activityId + '\n' + a.taskName).toLowerCase();
+  return a;
+}
 
 function onChange(e) {
   let a;
-  try { a = JSON.parse(e.data); } catch { return; }
+  try { a = JSON.parse(e.data); } catch (err) { return; }
   if (!a || typeof a.activityId !== 'string') return;
-  if (e.lastEventId) lastId = e.lastEventId;
   const old = activities.get(a.activityId);
-  // Positions only grow, but a snapshot never goes back in seq either: keep the newest.
-  if (old && old.seq > a.seq) return;
-  activities.set(a.activityId, a);
-  dirty.add(a.activityId);
-  if (selected === a.activityId) appendHistory({ seq: a.seq, event: e.type, data: a, createdAt: a.updatedAt });
+  if (old && old.seq > a.seq) return;  // never go back in seq
+  activities.set(a.activityId, prepare(a));
+  if (!old || old.state !== a.state) structureDirty = true;
+  if (typeof a.progress === 'number' && (!old || old.progress !== a.progress)) {
+    const s = samples.get(a.activityId) || [];
+    s.push([a._updated, a.progress]);
+    if (s.length > 12) s.shift();
+    samples.set(a.activityId, s);
+  }
+  dirtyRows.add(a.activityId);
+  if (window.onDetailChange) window.onDetailChange(a, e.type);
   schedule();
 }
 
-function schedule() {
-  if (!frame) frame = requestAnimationFrame(render);
-}
+function schedule() { if (!frame) frame = requestAnimationFrame(render); }
 
-// ---------------------------------------------------------------- rendering
-
-function render() {
-  frame = 0;
-  for (const id of dirty) {
-    const a = activities.get(id);
-    let li = rows.get(id);
-    if (!li) {
-      li = makeRow(id);
-      rows.set(id, li);
-    }
-    fillRow(li, a);
-    place(li, a);
-  }
-  dirty.clear();
-  applyFilters();
-  refreshMachines();
-  if (selected && activities.has(selected)) showFacts(activities.get(selected));
-}
-
-function makeRow(id) {
-  const li = document.createElement('li');
-  li.className = 'row';
-  li.dataset.id = id;
-  li.innerHTML =
-    '<button type="button" class="open">' +
-    '<span class="glyph" aria-hidden="true"></span>' +
-    '<span class="main"><span class="name"></span><span class="meta"><span class="machine"></span>' +
-    '<span class="badge"></span><span class="attempt"></span></span>' +
-    '<span class="status"></span></span>' +
-    '<span class="side"><span class="bar" role="progressbar" aria-valuemin="0" aria-valuemax="100"><span class="fill"></span></span>' +
-    '<span class="pct"></span><span class="time"></span></span>' +
-    '</button>';
-  li.querySelector('button').addEventListener('click', () => openDetail(id));
-  return li;
-}
-
-function text(el, value) { if (el.textContent !== value) el.textContent = value; }
-
-function fillRow(li, a) {
-  const q = (c) => li.querySelector(c);
-  const terminal = TERMINAL.has(a.state);
-  li.dataset.state = a.state;
-  li.dataset.machine = a.machine || '';
-  text(q('.glyph'), glyph(a.systemImage));
-  q('.glyph').title = a.systemImage || '';
-  text(q('.name'), a.taskName);
-  text(q('.machine'), a.machine || '');
-  q('.machine').hidden = !a.machine;
-  const badge = q('.badge');
-  const label = a.cancelRequested && !terminal ? a.state + ' · cancel requested' : a.state;
-  text(badge, label);
-  badge.dataset.state = a.state;
-  badge.classList.toggle('cancelreq', !!a.cancelRequested && !terminal);
-  text(q('.attempt'), a.attempt > 1 ? 'attempt ' + a.attempt : '');
-  text(q('.status'), a.error && terminal ? a.error : (a.status || ''));
-  const bar = q('.bar');
-  const known = typeof a.progress === 'number';
-  const pct = known ? Math.round(a.progress * 100) : null;
-  bar.classList.toggle('unknown', !known);
-  q('.fill').style.width = known ? pct + '%' : '';
-  if (known) bar.setAttribute('aria-valuenow', String(pct)); else bar.removeAttribute('aria-valuenow');
-  bar.setAttribute('aria-label', a.taskName + ' progress');
-  text(q('.pct'), known ? pct + '%' : '—');
-  q('.time').dataset.created = a.createdAt;
-  q('.time').dataset.ended = a.endedAt || '';
-  tickOne(q('.time'));
-}
-
-/// Active rows: newest start first. Finished rows: newest end first.
-function place(li, a) {
-  const list = TERMINAL.has(a.state) ? $('finished') : $('active');
-  const keyOf = (x) => TERMINAL.has(x.state) ? Date.parse(x.endedAt || x.updatedAt) : Date.parse(x.createdAt);
-  const mine = keyOf(a);
-  if (li.parentNode === list) return;
-  let before = null;
-  for (const other of list.children) {
-    const o = activities.get(other.dataset.id);
-    if (o && keyOf(o) < mine) { before = other; break; }
-  }
-  list.insertBefore(li, before);
-}
-
-function glyph(name) {
-  if (!name) return '◆';
-  for (const [prefix, g] of Object.entries(GLYPHS)) if (name.startsWith(prefix)) return g;
-  return name[0].toUpperCase();
-}
+// ---------------------------------------------------------------- what a row says
 
 function duration(ms) {
   if (!(ms >= 0)) return '';
   const s = Math.floor(ms / 1000);
-  if (s < 60) return s + 's';
+  if (s < 60) return s + ' s';
   const m = Math.floor(s / 60);
-  if (m < 60) return m + 'm ' + String(s % 60).padStart(2, '0') + 's';
+  if (m < 60) return m + ' min ' + (s % 60) + ' s';
   const h = Math.floor(m / 60);
-  return h + 'h ' + String(m % 60).padStart(2, '0') + 'm';
+  if (h < 48) return h + ' h ' + (m % 60) + ' min';
+  return Math.floor(h / 24) + ' d ' + (h % 24) + ' h';
 }
 
-function tickOne(el) {
-  const created = Date.parse(el.dataset.created);
-  const ended = el.dataset.ended ? Date.parse(el.dataset.ended) : null;
-  text(el, ended ? 'took ' + duration(ended - created) : duration(Date.now() - created));
+function ago(ms) { return ms < 1500 ? 'just now' : duration(ms) + ' ago'; }
+
+function isStalled(a, now) {
+  return !TERMINAL.has(a.state) && a.state !== 'idle' && now - a._updated > view.stall * 1000;
 }
 
-function tick() {
-  for (const el of $('active').querySelectorAll('.time')) tickOne(el);
-}
-
-function applyFilters() {
-  const m = $('f-machine').value;
-  const s = $('f-state').value;
-  let shownActive = 0, shownFinished = 0;
-  for (const li of rows.values()) {
-    const visible = !m || li.dataset.machine === m;
-    li.hidden = !visible;
-    if (visible) { if (TERMINAL.has(li.dataset.state)) shownFinished++; else shownActive++; }
+/// Milliseconds left when progress moved steadily over the last few updates, else null:
+/// each step's rate within a factor of 3 of the others, all within the last 10 minutes.
+function eta(a, now) {
+  const s = samples.get(a.activityId);
+  if (!s || typeof a.progress !== 'number' || a.progress >= 1) return null;
+  const recent = s.slice(-4).filter((x) => now - x[0] < 10 * 60 * 1000);
+  if (recent.length < 3) return null;
+  const rates = [];
+  for (let i = 1; i < recent.length; i++) {
+    const dt = recent[i][0] - recent[i - 1][0], dp = recent[i][1] - recent[i - 1][1];
+    if (dt <= 0 || dp <= 0) return null;
+    rates.push(dp / dt);
   }
-  $('active-section').hidden = s === 'finished';
-  $('finished-section').hidden = s === 'active';
-  text($('active-n'), String(shownActive));
-  text($('finished-n'), String(shownFinished));
-  $('active-empty').hidden = shownActive > 0;
-  $('finished-empty').hidden = shownFinished > 0;
+  if (Math.max(...rates) / Math.min(...rates) > 3) return null;
+  const first = recent[0], last = recent[recent.length - 1];
+  const rate = (last[1] - first[1]) / (last[0] - first[0]);
+  const left = (1 - a.progress) / rate - (now - last[0]);
+  return left > 0 && left < 48 * 3600 * 1000 ? left : null;
 }
 
-function refreshMachines() {
+function timeLine(a, now) {
+  if (TERMINAL.has(a.state)) return 'took ' + duration(a._ended - a._created) + ' · finished ' + ago(now - a._ended);
+  let t = duration(now - a._created) + ' · updated ' + ago(now - a._updated);
+  const left = eta(a, now);
+  if (left !== null) t += ' · ETA ' + duration(left);
+  return t;
+}
+
+// ---------------------------------------------------------------- the list
+
+function matches(a) {
+  if (view.machine && a.machine !== view.machine) return false;
+  if (view.q && !a._search.includes(view.q.toLowerCase())) return false;
+  return true;
+}
+
+/// Filters and sorts every snapshot into `items`: only when the structure changed (a new
+/// job, a state change, a filter), never per frame for progress.
+function rebuild(now) {
+  const act = [], fin = [];
+  const counts = {};
+  let stalled = 0;
+  const machines = new Set();
+  for (const a of activities.values()) {
+    if (a.machine) machines.add(a.machine);
+    if (!matches(a)) continue;
+    const terminal = TERMINAL.has(a.state);
+    const st = !terminal && isStalled(a, now);
+    if (view.show === 'stalled' && !st) continue;
+    counts[a.state] = (counts[a.state] || 0) + 1;
+    if (st) stalled++;
+    (terminal ? fin : act).push(a);
+  }
+  act.sort((x, y) => y._created - x._created || (x.activityId < y.activityId ? 1 : -1));
+  fin.sort((x, y) => y._ended - x._ended || (x.activityId < y.activityId ? 1 : -1));
+  items = [];
+  const showActive = view.show !== 'finished', showFinished = view.show !== 'active' && view.show !== 'stalled';
+  if (showActive) {
+    items.push({ kind: 'head', key: 'head:active', section: 'active', n: act.length, counts, stalled });
+    for (const a of act) items.push({ kind: 'row', key: a.activityId, id: a.activityId });
+    if (!act.length) items.push({ kind: 'empty', key: 'empty:active', text: view.show === 'stalled' ? 'Nothing stalled.' : 'Nothing running.' });
+  }
+  if (showFinished) {
+    items.push({ kind: 'head', key: 'head:finished', section: 'finished', n: fin.length, counts });
+    for (const a of fin) items.push({ kind: 'row', key: a.activityId, id: a.activityId });
+    if (!fin.length) items.push({ kind: 'empty', key: 'empty:finished', text: 'Nothing finished matches.' });
+    items.push({ kind: 'more', key: 'more' });
+  }
+  const style = getComputedStyle($('list'));
+  const rowH = parseFloat(style.getPropertyValue('--row-h')) || 78, headH = parseFloat(style.getPropertyValue('--head-h')) || 52;
+  offsets = new Array(items.length + 1);
+  offsets[0] = 0;
+  for (let i = 0; i < items.length; i++) {
+    const k = items[i].kind;
+    offsets[i + 1] = offsets[i] + (k === 'row' ? rowH : k === 'head' ? headH : k === 'more' ? 64 : 44);
+  }
+  $('list').style.height = offsets[items.length] + 'px';
+  refreshMachines(machines);
+  $('empty').hidden = !(synced && activities.size === 0);
+  $('list').hidden = synced && activities.size === 0;
+  const total = act.length + fin.length;
+  $('counts').textContent = total === activities.size ? activities.size.toLocaleString() + ' jobs' : total.toLocaleString() + ' of ' + activities.size.toLocaleString() + ' jobs';
+  structureDirty = false;
+  lastRebuild = performance.now();
+  for (const [key, el] of shown) { recycle(el); shown.delete(key); }
+}
+
+function render() {
+  frame = 0;
+  const now = Date.now();
+  if (!synced) {
+    setConn('Loading… ' + activities.size.toLocaleString(), 'wait');
+  } else if (structureDirty) {
+    // Under a storm of state changes, rebuild at most four times a second.
+    const wait = activities.size > 2000 ? 250 - (performance.now() - lastRebuild) : 0;
+    if (wait > 0) { setTimeout(schedule, wait); } else { rebuild(now); }
+  }
+  draw(now, false);
+  dirtyRows.clear();
+}
+
+function firstIndexBelow(y) {
+  let lo = 0, hi = items.length;
+  while (lo < hi) { const mid = (lo + hi) >> 1; if (offsets[mid + 1] <= y) lo = mid + 1; else hi = mid; }
+  return lo;
+}
+
+/// Puts on screen the items that are (nearly) visible and nothing else.
+function draw(now, all) {
+  const list = $('list');
+  if (list.hidden || $('board').hidden) return;
+  const top = list.getBoundingClientRect().top;
+  const from = Math.max(0, -top - 400), to = -top + window.innerHeight + 400;
+  const first = firstIndexBelow(from);
+  const want = new Set();
+  for (let i = first; i < items.length && offsets[i] < to; i++) {
+    const it = items[i];
+    want.add(it.key);
+    let el = shown.get(it.key);
+    const fresh = !el;
+    if (fresh) { el = take(it.kind); shown.set(it.key, el); list.appendChild(el); }
+    el.style.transform = 'translateY(' + offsets[i] + 'px)';
+    if (fresh || all || it.kind !== 'row' || dirtyRows.has(it.id)) fill(el, it, now);
+  }
+  for (const [key, el] of shown) if (!want.has(key)) { recycle(el); shown.delete(key); }
+}
+
+function take(kind) {
+  const el = pool[kind].pop() || make(kind);
+  el.hidden = false;
+  return el;
+}
+
+function recycle(el) {
+  el.hidden = true;
+  delete el.dataset.id;
+  pool[el.dataset.kind].push(el);
+}
+
+function make(kind) {
+  const el = document.createElement('div');
+  el.dataset.kind = kind;
+  el.className = 'item ' + kind;
+  if (kind === 'row') {
+    el.setAttribute('role', 'listitem');
+    el.innerHTML =
+      '<button type="button" class="open"><span class="glyph"></span>' +
+      '<span class="main"><span class="name"></span><span class="meta"><span class="badge"></span>' +
+      '<span class="machine"></span><span class="attempt"></span><span class="stall"></span></span>' +
+      '<span class="status"></span></span>' +
+      '<span class="side"><span class="bar" role="progressbar" aria-valuemin="0" aria-valuemax="100"><span class="fill"></span></span>' +
+      '<span class="pct"></span><span class="time"></span></span></button>';
+    el.querySelector('.glyph').appendChild(symbolSVG(null, 26));
+    el.querySelector('button').addEventListener('click', () => openDetail(el.dataset.id));
+  } else if (kind === 'head') {
+    el.innerHTML = '<h2><span class="title"></span> <span class="n"></span><span class="sub"></span></h2><span class="chips"></span>';
+  } else if (kind === 'more') {
+    el.innerHTML = '<button type="button" class="secondary more-btn"></button>';
+    el.querySelector('button').addEventListener('click', loadOlderFinished);
+  } else {
+    el.innerHTML = '<p class="muted"></p>';
+  }
+  return el;
+}
+
+function text(el, value) { if (el.textContent !== value) el.textContent = value; }
+
+function fill(el, it, now) {
+  if (it.kind === 'row') return fillRow(el, activities.get(it.id), now);
+  if (it.kind === 'empty') return text(el.firstChild, it.text);
+  if (it.kind === 'more') {
+    const b = el.firstChild;
+    b.disabled = archive.done || archive.loading;
+    text(b, archive.loading ? 'Loading…' : archive.done ? 'No older finished jobs' : 'Show older finished jobs');
+    return;
+  }
+  el.dataset.section = it.section;
+  text(el.querySelector('.title'), it.section === 'active' ? 'Active' : 'Finished');
+  text(el.querySelector('.n'), it.n.toLocaleString());
+  text(el.querySelector('.sub'), it.section === 'finished' ? (archive.added ? ' last 24 hours + ' + archive.added.toLocaleString() + ' older' : ' last 24 hours') : '');
+  const chips = el.querySelector('.chips');
+  chips.textContent = '';
+  const states = it.section === 'active' ? ['processing', 'queued', 'retrying', 'idle'] : ['completed', 'error', 'cancelled', 'rejected'];
+  for (const s of states) {
+    if (!it.counts[s]) continue;
+    const c = document.createElement('span');
+    c.className = 'chip';
+    c.dataset.state = s;
+    c.textContent = it.counts[s].toLocaleString() + ' ' + s;
+    chips.appendChild(c);
+  }
+  if (it.stalled) {
+    const c = document.createElement('span');
+    c.className = 'chip';
+    c.dataset.state = 'stalled';
+    c.textContent = it.stalled.toLocaleString() + ' stalled';
+    chips.appendChild(c);
+  }
+}
+
+function fillRow(el, a, now) {
+  if (!a) return;
+  const q = (c) => el.querySelector(c);
+  const terminal = TERMINAL.has(a.state);
+  el.dataset.id = a.activityId;
+  el.dataset.state = a.state;
+  el.dataset.machine = a.machine || '';
+  el.dataset.section = terminal ? 'finished' : 'active';
+  const stalled = isStalled(a, now);
+  el.classList.toggle('stalled', stalled);
+  el.classList.toggle('selected', view.id === a.activityId);
+  drawSymbol(q('.glyph svg'), a.systemImage);
+  q('.glyph').title = a.systemImage || '';
+  text(q('.name'), a.taskName);
+  q('.name').title = a.taskName;
+  text(q('.machine'), a.machine || '');
+  q('.machine').hidden = !a.machine;
+  const badge = q('.badge');
+  text(badge, a.cancelRequested && !terminal ? a.state + ' · cancel requested' : a.state);
+  badge.dataset.state = a.state;
+  text(q('.attempt'), a.attempt > 1 ? 'attempt ' + a.attempt : '');
+  text(q('.stall'), stalled ? 'stalled: no update for ' + duration(now - a._updated) : '');
+  q('.stall').hidden = !stalled;
+  text(q('.status'), a.error && terminal ? a.error : (a.status || ''));
+  const bar = q('.bar');
+  const known = typeof a.progress === 'number';
+  const pct = known ? Math.round(a.progress * 100) : null;
+  bar.hidden = !known && terminal;           // a finished job without progress has no bar
+  bar.classList.toggle('indeterminate', !known && !terminal);
+  q('.fill').style.width = known ? pct + '%' : '';
+  if (known) bar.setAttribute('aria-valuenow', String(pct)); else bar.removeAttribute('aria-valuenow');
+  bar.setAttribute('aria-label', a.taskName + (known ? ' progress' : ' progress unknown'));
+  text(q('.pct'), known ? pct + '%' : '');
+  text(q('.time'), timeLine(a, now));
+}
+
+function refreshMachines(machines) {
   const select = $('f-machine');
   const have = new Set([...select.options].map((o) => o.value));
-  for (const a of activities.values()) {
-    if (a.machine && !have.has(a.machine)) {
-      const o = document.createElement('option');
-      o.value = o.textContent = a.machine;
-      select.appendChild(o);
-      have.add(a.machine);
+  for (const m of [...machines].sort()) {
+    if (have.has(m)) continue;
+    const o = document.createElement('option');
+    o.value = o.textContent = m;
+    select.appendChild(o);
+  }
+  if (view.machine && !have.has(view.machine) && !machines.has(view.machine)) {
+    const o = document.createElement('option');
+    o.value = o.textContent = view.machine;
+    select.appendChild(o);
+  }
+  select.value = view.machine;
+}
+
+async function loadOlderFinished() {
+  if (archive.loading || archive.done) return;
+  archive.loading = true;
+  draw(Date.now(), true);
+  const p = new URLSearchParams({ state: 'finished', limit: '200' });
+  if (view.machine) p.set('machine', view.machine);
+  if (view.q) p.set('q', view.q);
+  if (archive.cursor) p.set('cursor', archive.cursor);
+  try {
+    const r = await api('/v1/activities?' + p);
+    if (r.status === 401) return showLogin('Your session has ended.');
+    if (!r.ok) throw new Error(String(r.status));
+    const body = await r.json();
+    for (const a of body.activities) {
+      if (!activities.has(a.activityId)) { a._archived = true; activities.set(a.activityId, prepare(a)); archive.added++; }
     }
+    archive.cursor = body.nextCursor;
+    archive.done = !body.nextCursor;
+    structureDirty = true;
+  } catch (e) {
+    banner('Could not load older jobs (' + e.message + ').');
+  } finally {
+    archive.loading = false;
+    schedule();
   }
 }
 
-// ---------------------------------------------------------------- details and cancel
+// ---------------------------------------------------------------- the URL
+
+function readRoute() {
+  const hash = location.hash.replace(/^#\/?/, '');
+  const [path, query] = hash.split('?');
+  const p = new URLSearchParams(query || '');
+  const m = /^activities\/(.+)$/.exec(path || '');
+  const before = JSON.stringify([view.q, view.machine, view.show]);
+  view.id = m ? decodeURIComponent(m[1]) : null;
+  view.q = p.get('q') || '';
+  view.machine = p.get('machine') || '';
+  view.show = ['active', 'finished', 'stalled'].includes(p.get('show')) ? p.get('show') : '';
+  const stall = parseInt(p.get('stall'), 10);
+  view.stall = stall > 0 ? stall : DEFAULT_STALL_SECONDS;
+  $('f-q').value = view.q;
+  $('f-show').value = view.show;
+  if (before !== JSON.stringify([view.q, view.machine, view.show])) { archive.cursor = null; archive.done = false; }
+  structureDirty = true;
+  schedule();
+  if (window.showDetail) window.showDetail(view.id);
+}
+
+function routeHash() {
+  const p = new URLSearchParams();
+  if (view.q) p.set('q', view.q);
+  if (view.machine) p.set('machine', view.machine);
+  if (view.show) p.set('show', view.show);
+  if (view.stall !== DEFAULT_STALL_SECONDS) p.set('stall', String(view.stall));
+  const qs = p.toString();
+  return '#/' + (view.id ? 'activities/' + encodeURIComponent(view.id) : '') + (qs ? '?' + qs : '');
+}
+
+/// Filters replace the URL (no history entry per keystroke); opening a job pushes one.
+function writeRoute(push) {
+  const h = routeHash();
+  if (location.hash === h) return;
+  if (push) location.hash = h; else { history.replaceState(null, '', h); readRoute(); }
+}
 
 function openDetail(id) {
-  selected = id;
-  const a = activities.get(id);
-  $('detail').hidden = false;
-  text($('detail-title'), a.taskName);
-  showFacts(a);
-  $('cancel-msg').textContent = '';
-  $('history').textContent = '';
-  fetch('/v1/activities/' + encodeURIComponent(id) + '/events?limit=1000', { headers: auth() })
-    .then((r) => r.ok ? r.json() : Promise.reject(r.status))
-    .then((body) => { if (selected === id) { $('history').textContent = ''; body.events.forEach(appendHistory); } })
-    .catch((status) => { $('cancel-msg').textContent = 'History unavailable (' + status + ').'; });
-  $('detail').focus();
+  view.id = id;
+  writeRoute(true);
 }
 
-function showFacts(a) {
-  const dl = $('detail-facts');
-  const facts = [['Id', a.activityId], ['Machine', a.machine || '—'], ['State', a.state + (a.cancelRequested ? ' (cancel requested)' : '')],
-    ['Attempt', String(a.attempt)], ['Started', new Date(a.createdAt).toLocaleString()],
-    ['Ended', a.endedAt ? new Date(a.endedAt).toLocaleString() : '—']];
-  if (a.error) facts.push(['Error', a.error]);
-  dl.textContent = '';
-  for (const [k, v] of facts) {
-    const dt = document.createElement('dt'); dt.textContent = k;
-    const dd = document.createElement('dd'); dd.textContent = v;
-    dl.append(dt, dd);
-  }
-  $('cancel').hidden = !canCancel || TERMINAL.has(a.state) || a.cancelRequested;
-}
+window.closeDetail = function () { view.id = null; writeRoute(true); };
 
-function appendHistory(e) {
-  const body = $('history');
-  if ([...body.children].some((tr) => tr.dataset.seq === String(e.seq))) return;
-  const tr = document.createElement('tr');
-  tr.dataset.seq = String(e.seq);
-  const d = e.data || {};
-  for (const v of [String(e.seq), e.event, new Date(e.createdAt).toLocaleTimeString(),
-    typeof d.progress === 'number' ? Math.round(d.progress * 100) + '%' : '—', d.status || '']) {
-    const td = document.createElement('td'); td.textContent = v; tr.appendChild(td);
-  }
-  body.appendChild(tr);
-}
-
-function cancelSelected() {
-  const id = selected;
-  const msg = $('cancel-msg');
-  msg.textContent = 'Asking the job to stop…';
-  fetch('/v1/activities/' + encodeURIComponent(id) + '/cancel', {
-    method: 'POST', headers: Object.assign({ 'Content-Type': 'application/json' }, auth()),
-    body: JSON.stringify({ reason: 'cancelled from the Activities view' }),
-  }).then((r) => {
-    if (r.status === 202) msg.textContent = 'Cancel requested: the job\'s publisher decides when it stops.';
-    else if (r.status === 403) { canCancel = false; $('cancel').hidden = true; msg.textContent = 'This key may not cancel jobs.'; }
-    else if (r.status === 409) msg.textContent = 'The job has already finished.';
-    else if (r.status === 404) msg.textContent = 'This server cannot cancel jobs (or the job is gone).';
-    else msg.textContent = 'Cancel failed (' + r.status + ').';
-  }, () => { msg.textContent = 'Cancel failed: the server is unreachable.'; });
-}
-
-// ---------------------------------------------------------------- key
-
-function logout(message) {
-  sessionStorage.removeItem(KEY);
-  if (source) source.close();
-  source = null;
-  $('board').hidden = true;
-  $('forget').hidden = true;
-  $('login').hidden = false;
-  $('login-error').textContent = message || '';
-  setConn('Not connected', 'bad');
-  banner(null);
-  $('key').focus();
-}
-
-function start() {
-  $('login').hidden = true;
-  $('board').hidden = false;
-  $('forget').hidden = false;
-  render();
-  connect();
+function copyButton(button, textOf) {
+  button.addEventListener('click', async () => {
+    const t = textOf();
+    try { await navigator.clipboard.writeText(t); button.textContent = 'Copied'; } catch (e) {
+      const range = document.createRange();
+      range.selectNodeContents(button.previousElementSibling || button);
+      getSelection().removeAllRanges();
+      getSelection().addRange(range);
+      button.textContent = 'Selected: press Ctrl+C';
+    }
+    setTimeout(() => { button.textContent = 'Copy'; }, 2000);
+  });
 }
 
 document.addEventListener('DOMContentLoaded', () => {
   $('login').addEventListener('submit', (e) => {
     e.preventDefault();
     const k = $('key').value.trim();
-    if (!k) return;
-    sessionStorage.setItem(KEY, k);
     $('key').value = '';
-    start();
+    if (k) signIn(k);
   });
-  $('forget').addEventListener('click', () => logout());
-  $('f-machine').addEventListener('change', applyFilters);
-  $('f-state').addEventListener('change', applyFilters);
-  $('detail-close').addEventListener('click', () => { selected = null; $('detail').hidden = true; });
-  document.addEventListener('keydown', (e) => { if (e.key === 'Escape' && selected) $('detail-close').click(); });
-  $('cancel').addEventListener('click', cancelSelected);
-  setInterval(tick, 1000);
-  if (key()) start(); else logout();
+  $('forget').addEventListener('click', signOut);
+  let typing = 0;
+  $('f-q').addEventListener('input', () => {
+    clearTimeout(typing);
+    typing = setTimeout(() => { view.q = $('f-q').value.trim(); writeRoute(false); }, 150);
+  });
+  $('f-machine').addEventListener('change', () => { view.machine = $('f-machine').value; writeRoute(false); });
+  $('f-show').addEventListener('change', () => { view.show = $('f-show').value; writeRoute(false); });
+  window.addEventListener('hashchange', readRoute);
+  window.addEventListener('scroll', () => draw(Date.now(), false), { passive: true });
+  window.addEventListener('resize', () => { structureDirty = true; schedule(); });
+  copyButton(document.querySelector('[data-copy="first-run"]'), () => $('first-run').textContent);
+  setInterval(() => {
+    if (!session) return;
+    // Times tick on the rows on screen; the stalled filter and counts follow every 5 s.
+    if (Date.now() % 5000 < 1000) structureDirty = true;
+    draw(Date.now(), true);
+    schedule();
+  }, 1000);
+  boot();
 });
+
+window.dispatchView = { activities, view, may, api, duration, ago, timeLine, isStalled, TERMINAL, copyButton, showLogin,
+  get session() { return session; } };

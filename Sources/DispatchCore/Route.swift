@@ -23,6 +23,10 @@ public enum Route: Equatable, Sendable {
     case feed
     case registerTokens
     case forgetDevice(String)
+    /// A browser session: trade a key for a cookie, ask what it may do, sign out (§7).
+    case session
+    /// The Live Activity push for an activity's latest change (§5.2).
+    case liveActivity(String)
     /// The Activities view and its files (`/`, `/app.js`, ...).
     case page(String)
     case openAPI
@@ -30,10 +34,11 @@ public enum Route: Equatable, Sendable {
     /// The methods an endpoint answers (HEAD goes with GET).
     public var methods: [HTTPMethod] {
         switch self {
-        case .healthz, .readyz, .metrics, .listActivities, .activity, .events, .status, .feed, .page, .openAPI: return [.get]
+        case .healthz, .readyz, .metrics, .listActivities, .activity, .events, .status, .feed, .page, .openAPI, .liveActivity: return [.get]
         case .startActivity, .update, .end, .cancel, .touch, .registerTokens: return [.post]
         case .keys: return [.get, .post]
         case .key, .forgetDevice: return [.delete]
+        case .session: return [.get, .post, .delete]
         }
     }
 
@@ -57,6 +62,8 @@ public enum Route: Equatable, Sendable {
         case .feed: return "/v1/stream"
         case .registerTokens: return "/v1/activity-tokens"
         case .forgetDevice: return "/v1/activity-tokens/{deviceToken}"
+        case .session: return "/v1/session"
+        case .liveActivity: return "/v1/activities/{id}/live-activity"
         case .page: return "/"
         case .openAPI: return "/openapi.json"
         }
@@ -90,16 +97,17 @@ public enum Route: Equatable, Sendable {
     /// The activity id a route names, if any.
     public var activityID: String? {
         switch self {
-        case .activity(let id), .update(let id), .end(let id), .events(let id), .status(let id), .cancel(let id), .touch(let id):
+        case .activity(let id), .update(let id), .end(let id), .events(let id), .status(let id), .cancel(let id), .touch(let id),
+             .liveActivity(let id):
             return id
         case .healthz, .readyz, .metrics, .startActivity, .listActivities, .keys, .key, .feed, .registerTokens, .forgetDevice,
-             .page, .openAPI:
+             .page, .openAPI, .session:
             return nil
         }
     }
 
     /// The files of the Activities view served at the top level (besides `/`).
-    public static let pageFiles: Set<String> = ["app.js", "style.css", "favicon.svg"]
+    public static let pageFiles: Set<String> = ["app.js", "detail.js", "symbols.js", "style.css", "favicon.svg"]
 
     private static func route(_ parts: [String]) -> Route? {
         switch parts.count {
@@ -119,6 +127,7 @@ public enum Route: Equatable, Sendable {
             case "keys": return .keys
             case "stream": return .feed
             case "activity-tokens": return .registerTokens
+            case "session": return .session
             default: return nil
             }
         case 3 where parts[0] == "v1" && parts[1] == "activity-tokens":
@@ -136,6 +145,7 @@ public enum Route: Equatable, Sendable {
             case "status": return .status(id)
             case "cancel": return .cancel(id)
             case "touch": return .touch(id)
+            case "live-activity": return .liveActivity(id)
             default: return nil
             }
         default:

@@ -63,6 +63,15 @@ public final class HTTPRequest {
         return out
     }()
 
+    /// The address of the connection's other end (a proxy, when there is one), as text.
+    public var peerAddress: String? {
+        guard let evcon = evhttp_request_get_connection(raw) else { return nil }
+        var address: UnsafeMutablePointer<CChar>?
+        var port: UInt16 = 0
+        evhttp_connection_get_peer(evcon, &address, &port)
+        return address.map { String(cString: $0) }
+    }
+
     public func header(_ name: String) -> String? {
         guard let h = evhttp_find_header(evhttp_request_get_input_headers(raw), name) else { return nil }
         return String(cString: h)

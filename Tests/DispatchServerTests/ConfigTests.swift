@@ -66,9 +66,11 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_WEBHOOK_ALLOW_PRIVATE", "--webhook-allow-private", "1", { $0.webhookAllowPrivate }),
             ("DISPATCH_METRICS_MACHINE_LABEL", "--metrics-machine-label", "1", { $0.metricsMachineLabel }),
             ("DISPATCH_METRICS_MACHINES", "--metrics-machines", "7", { $0.metricsMachineLimit == 7 }),
+            ("DISPATCH_TRUSTED_PROXIES", "--trusted-proxies", "10.0.0.0/8, ::1", { $0.trustedProxies.contains("10.2.3.4") && $0.trustedProxies.contains("::1") }),
         ]
-        XCTAssertEqual(table.count, ServerConfig.settings.count - APNsSettings.settings.count - KeyLimits.settings.count,
-                       "push settings: PushConfigTests; limits per key: KeyLimitsConfigTests")
+        XCTAssertEqual(table.count, ServerConfig.settings.count - APNsSettings.settings.count - KeyLimits.settings.count
+                       - CarrierSettings.settings.count,
+                       "push settings: PushConfigTests; limits per key: KeyLimitsConfigTests; the carrier: CarrierConfigTests")
         for (env, flag, value, check) in table {
             XCTAssertTrue(ServerConfig.settings.contains { $0.env == env && $0.flag == flag }, env)
             for c in [config([env: value]), config([:], [flag, value]), config([:], ["\(flag)=\(value)"])] {
@@ -124,6 +126,7 @@ final class ConfigTests: XCTestCase {
             (["DISPATCH_CORS_ORIGINS": "*,https://ops.example"], []), (["DISPATCH_CORS_ORIGINS": "ftp://ops.example"], []),
             (["DISPATCH_WEBHOOK_SECRET": "too-short"], []), (["DISPATCH_WEBHOOK_SECRET": "has a space in it, ok?"], []),
             (["DISPATCH_WEBHOOK_ALLOW_PRIVATE": "maybe"], []),
+            (["DISPATCH_TRUSTED_PROXIES": "10.0.0.0/33"], []), (["DISPATCH_TRUSTED_PROXIES": "proxy.example"], []),
             ([:], ["--bogus"]), ([:], ["--workers"]), ([:], ["serve"]), ([:], ["--workers", "0"]),
             ([:], ["-workers", "2"]), ([:], ["--heartbeat=abc"]),
         ]
@@ -142,6 +145,47 @@ final class ConfigTests: XCTestCase {
         let usage = ServerConfig.usage()
         for s in ServerConfig.settings {
             XCTAssertTrue(usage.contains(s.flag) && usage.contains(s.env), s.env)
+        }
+    }
+}
+
+/// `DISPATCH_NATS_URL` and the settings that go with it (contract §10).
+final class CarrierConfigTests: XCTestCase {
+    func parse(_ env: [String: String]) throws(ConfigError) -> ServerConfig {
+        try ServerConfig.parse(environment: env, arguments: [], cores: 1)
+    }
+
+    func testWithoutNATSTheCarrierIsListenNotify() throws {
+        XCTAssertNil(try parse([:]).carrier)
+        XCTAssertNil(try parse(["DISPATCH_NATS_URL": ""]).carrier, "empty, as docker compose passes it")
+    }
+
+    func testURLsPrefixAndCheck() throws {
+        let c = try parse(["DISPATCH_NATS_URL": "nats://10.0.0.5:4222, nats://nats-2:4222",
+                           "DISPATCH_NATS_SUBJECT_PREFIX": "prod.dispatch_1", "DISPATCH_CARRIER_CHECK": "0.5"]).carrier
+        XCTAssertEqual(c?.servers, ["nats://10.0.0.5:4222", "nats://nats-2:4222"])
+        XCTAssertEqual(c?.subjectPrefix, "prod.dispatch_1")
+        XCTAssertEqual(c?.checkSeconds, 0.5)
+        XCTAssertEqual(try parse(["DISPATCH_NATS_URL": "nats://127.0.0.1:4222"]).carrier?.subjectPrefix, "dispatch")
+    }
+
+    func testBadValuesAreRefusedWithTheSettingsName() {
+        let bad: [[String: String]] = [
+            ["DISPATCH_NATS_URL": "http://127.0.0.1:4222"], ["DISPATCH_NATS_URL": "nats://:4222"],
+            ["DISPATCH_NATS_URL": "nats://host"], ["DISPATCH_NATS_URL": "nats://host:99999"], ["DISPATCH_NATS_URL": ","],
+            ["DISPATCH_NATS_URL": "nats://h:1", "DISPATCH_NATS_SUBJECT_PREFIX": "a..b"],
+            ["DISPATCH_NATS_URL": "nats://h:1", "DISPATCH_NATS_SUBJECT_PREFIX": "a.*"],
+            ["DISPATCH_NATS_URL": "nats://h:1", "DISPATCH_CARRIER_CHECK": "0"],
+            ["DISPATCH_CARRIER_CHECK": "1"], ["DISPATCH_NATS_SUBJECT_PREFIX": "x"],
+        ]
+        for env in bad {
+            do {
+                _ = try parse(env)
+                XCTFail("accepted \(env)")
+            } catch {
+                let named = env.keys.contains { error.message.contains($0) } || error.message.contains("DISPATCH_NATS_URL")
+                XCTAssertTrue(named, error.message)
+            }
         }
     }
 }

@@ -121,7 +121,7 @@ final class BrowserTests: XCTestCase {
             XCTAssertFalse(r.body.isEmpty, path)
         }
         // Byte for byte what is in web/: the build embeds the files as they are.
-        for name in ["index.html", "app.js", "style.css", "favicon.svg", "openapi.json"] {
+        for name in ["index.html", "app.js", "detail.js", "symbols.js", "style.css", "favicon.svg", "openapi.json"] {
             let onDisk = Files.read(TestPaths.repositoryRoot + "/web/" + name).map { Array($0.utf8) }
             XCTAssertEqual(try anon.get("/" + name).body, onDisk, name)
         }
@@ -170,11 +170,11 @@ final class BrowserTests: XCTestCase {
     private func everyRoute() -> [Route] {
         let all: [Route] = [.healthz, .readyz, .metrics, .startActivity, .listActivities, .activity("x"), .update("x"), .end("x"),
                             .events("x"), .status("x"), .cancel("x"), .touch("x"), .keys, .key("k"), .feed, .registerTokens,
-                            .forgetDevice("ab"), .openAPI, .page("index.html")] + Route.pageFiles.sorted().map { .page($0) }
+                            .forgetDevice("ab"), .session, .liveActivity("x"), .openAPI, .page("index.html")] + Route.pageFiles.sorted().map { .page($0) }
         for r in all {
             switch r {
             case .healthz, .readyz, .metrics, .startActivity, .listActivities, .activity, .update, .end, .events, .status, .cancel,
-                 .touch, .keys, .key, .feed, .registerTokens, .forgetDevice, .page, .openAPI: break
+                 .touch, .keys, .key, .feed, .registerTokens, .forgetDevice, .session, .liveActivity, .page, .openAPI: break
             }
         }
         return all

@@ -142,6 +142,13 @@ public enum Dispatchd {
         }
         var serving = config
         serving.listen = reservations.map { ServerConfig.Address(host: $0.host, port: $0.port) }
+        if let first = serving.listen.first {
+            // Tell a newcomer where the Activities view is and how to sign in to it.
+            let host = ["0.0.0.0", "::", ""].contains(first.host) ? "localhost" : (first.host.contains(":") ? "[\(first.host)]" : first.host)
+            let key = config.bootstrapKey != nil ? "the bootstrap key" : (config.databaseURL == nil ? "the key in \(config.dataDir)/dev-key"
+                : "a key from: dispatchd keys create --name browser --scope read")
+            log.info("web.open", [("url", "http://\(host):\(first.port)/"), ("sign_in_with", key)])
+        }
         let files = PortReservation.raiseOpenFileLimit()
         log.info("server.limits", [("open_files", files)])
         let code: Int32

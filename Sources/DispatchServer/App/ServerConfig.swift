@@ -35,6 +35,8 @@ public struct ServerConfig: Equatable, Sendable {
     public var staleAfterSeconds = 86_400
     /// Browsers on these origins may read `/v1` answers (contract §9); default none.
     public var cors = CORSPolicy.none
+    /// Proxies whose `X-Forwarded-Proto` is believed (the session cookie's `Secure`); default none.
+    public var trustedProxies = TrustedProxies.none
     /// Signs cancel webhooks; nil: generated under the data dir for the embedded database,
     /// none with DATABASE_URL (webhooks then wait in the outbox). See docs/webhooks.md.
     public var webhookSecret: String?
@@ -77,6 +79,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_SHUTDOWN_TIMEOUT", flag: "--shutdown-timeout", help: "seconds a graceful stop may take before what is left is cut (default 10)"),
         Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
         Setting(env: "DISPATCH_CORS_ORIGINS", flag: "--cors-origins", help: "origins whose browser pages may call /v1, comma-separated (https://ops.example), or * for any (default none)"),
+        Setting(env: "DISPATCH_TRUSTED_PROXIES", flag: "--trusted-proxies", help: "CIDRs of reverse proxies whose X-Forwarded-Proto is believed, comma-separated (127.0.0.1/32,10.0.0.0/8) (default none)"),
         Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait)"),
         Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
@@ -183,6 +186,12 @@ public struct ServerConfig: Equatable, Sendable {
             }
         }
         c.carrier = try CarrierSettings.parse(values)
+        if let v = values["DISPATCH_TRUSTED_PROXIES"] {
+            switch TrustedProxies.parse(v) {
+            case .success(let p): c.trustedProxies = p
+            case .failure(let e): throw ConfigError("DISPATCH_TRUSTED_PROXIES: \(e.message)")
+            }
+        }
         try APNsSettings.parsePush(values, into: &c)
         try MetricsSettings.parse(values, into: &c)
         c.limits = try KeyLimits.parse(values)

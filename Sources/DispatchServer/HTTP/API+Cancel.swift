@@ -10,12 +10,7 @@ extension API {
     /// was new or repeated (a repeat writes nothing), `409` once the activity has finished.
     /// Both carry the snapshot only to a key that may read.
     func cancel(_ req: HTTPRequest, _ id: String) {
-        auth.authenticate(Auth.secret(from: req, allowQuery: false), needsAnyOf: [.device, .admin, .publish]) { [unowned self] result in
-            let key: APIKey
-            switch result {
-            case .success(let k): key = k
-            case .failure(let e): return self.fail(req, e)
-            }
+        authenticated(req, anyOf: [.device, .admin, .publish]) { [unowned self] key in
             if let e = self.auth.checkRate(key) { return self.fail(req, e) }
             let body = req.body()
             // The body is optional: a bare `curl -X POST .../cancel` asks without a reason.

@@ -19,7 +19,7 @@ extension API {
             let q = req.query
             var lq = ActivityRepository.ListQuery(limit: 50)
             do throws(DispatchError) {
-                for k in q.keys where !["state", "machine", "limit", "cursor"].contains(k) {
+                for k in q.keys where !["state", "machine", "q", "limit", "cursor"].contains(k) {
                     throw DispatchError(.invalidQuery, "unknown query parameter \(k)")
                 }
                 switch q["state"] {
@@ -31,6 +31,12 @@ extension API {
                 if let m = q["machine"] {
                     guard (1...64).contains(m.utf8.count) else { throw DispatchError(.invalidQuery, "machine must be 1-64 characters") }
                     lq.machine = m
+                }
+                if let t = q["q"] {
+                    guard (1...200).contains(t.count), !t.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
+                        throw DispatchError(.invalidQuery, "q must be 1-200 characters without control characters")
+                    }
+                    lq.text = t
                 }
                 lq.limit = try Validation.integer(q["limit"], name: "limit", range: 1...500, default: 50)
                 if let c = q["cursor"] {
@@ -61,14 +67,23 @@ extension API {
 
     func history(_ req: HTTPRequest, _ id: String) {
         authenticated(req, .read) { [unowned self] _ in
-            let after: Int64, limit: Int64
+            let after: Int64, limit: Int64, before: Int64?, descending: Bool
             do throws(DispatchError) {
-                after = try Validation.integer(req.query["after"], name: "after", range: 0...Int64.max, default: 0)
-                limit = try Validation.integer(req.query["limit"], name: "limit", range: 1...1000, default: 100)
+                let q = req.query
+                limit = try Validation.integer(q["limit"], name: "limit", range: 1...1000, default: 100)
+                switch q["order"] {
+                case nil, "asc": descending = q["before"] != nil
+                case "desc": descending = true
+                default: throw DispatchError(.invalidQuery, "order must be asc or desc")
+                }
+                if q["order"] == "asc" && q["before"] != nil { throw DispatchError(.invalidQuery, "before pages newest first: leave out order=asc") }
+                if descending && q["after"] != nil { throw DispatchError(.invalidQuery, "after pages oldest first; use before with order=desc") }
+                after = try Validation.integer(q["after"], name: "after", range: 0...Int64.max, default: 0)
+                before = q["before"] == nil ? nil : try Validation.integer(q["before"], name: "before", range: 1...Int64.max, default: 1)
             } catch {
                 return self.fail(req, error)
             }
-            self.activities.history(id, after: after, limit: limit) { result in
+            let answer: (Result<[StoredEvent], DispatchError>) -> Void = { result in
                 switch result {
                 case .failure(let e): self.fail(req, e)
                 case .success(let events) where !events.isEmpty: self.reply(req, 200, API.historyJSON(events))
@@ -82,6 +97,11 @@ extension API {
                         }
                     }
                 }
+            }
+            if descending {
+                self.activities.historyBackwards(id, before: before, limit: limit, answer)
+            } else {
+                self.activities.history(id, after: after, limit: limit, answer)
             }
         }
     }

@@ -84,6 +84,8 @@ final class API {
         case .feed: feed(req)
         case .registerTokens: registerTokens(req)
         case .forgetDevice(let token): forgetDevice(req, token)
+        case .session: session(req)
+        case .liveActivity(let id): liveActivity(req, id)
         case .page(let name): page(req, name)
         case .openAPI: openAPI(req)
         }
@@ -117,12 +119,41 @@ final class API {
 
     /// Runs `body` with the request's key when it has `scope`; answers 401/403/503 otherwise.
     func authenticated(_ req: HTTPRequest, _ scope: Scope, allowQuery: Bool = false, _ body: @escaping (APIKey) -> Void) {
-        auth.authenticate(Auth.secret(from: req, allowQuery: allowQuery), needs: scope) { [weak self] result in
+        authenticated(req, anyOf: [scope], allowQuery: allowQuery, body)
+    }
+
+    /// The same for a key with any of `scopes`. A bearer key (header, or `access_token` where
+    /// allowed) wins; without one, the browser session cookie stands for its key (§7), and a
+    /// change made through it needs this server's own `Origin`.
+    func authenticated(_ req: HTTPRequest, anyOf scopes: [Scope], allowQuery: Bool = false, _ body: @escaping (APIKey) -> Void) {
+        let finish: (Result<APIKey, DispatchError>) -> Void = { [weak self] result in
             switch result {
             case .success(let key):
                 req.keyName = key.name
                 body(key)
             case .failure(let e): self?.fail(req, e)
+            }
+        }
+        let bearer = Auth.secret(from: req, allowQuery: allowQuery)
+        guard bearer == nil, req.header("Authorization") == nil,
+              let cookie = BrowserSession.secret(cookieHeader: req.header("Cookie")) else {
+            return auth.authenticate(bearer, needsAnyOf: scopes, completion: finish)
+        }
+        guard BrowserSession.mayUseCookie(method: req.method, origin: req.header("Origin"), host: req.header("Host"), https: cameOverHTTPS(req)) else {
+            return fail(req, API.foreignOrigin)
+        }
+        sessionKey(cookie) { result in
+            switch result {
+            case .failure(let e): finish(.failure(e))
+            case .success(nil):
+                finish(.failure(DispatchError(.unauthorized, "the session has ended (signed out, unused for 12 hours, or its key revoked): sign in again")))
+            case .success(let key?):
+                guard scopes.contains(where: key.allows) else {
+                    let names = scopes.map(\.rawValue)
+                    let wanted = names.count == 1 ? names[0] : names.dropLast().joined(separator: ", ") + " or " + names.last!
+                    return finish(.failure(DispatchError(.forbidden, "this key lacks the \(wanted) scope")))
+                }
+                finish(.success(key))
             }
         }
     }

@@ -99,9 +99,23 @@ struct ActivityRepository {
         }
     }
 
+    /// Stored events newest first: the `limit` newest, or the `limit` before `before` (a
+    /// history view paging backwards, contract §3).
+    func historyBackwards(_ id: String, before: Int64?, limit: Int64,
+                          _ completion: @escaping (Result<[StoredEvent], DispatchError>) -> Void) {
+        db.read(PGQuery("""
+            SELECT seq, event, data, created_ms FROM activity_events
+            WHERE activity_id = $1 AND seq < $2::bigint ORDER BY seq DESC LIMIT $3::bigint
+            """, [id, String(before ?? Int64.max), String(limit)], name: "read_history_desc")) { result in
+            completion(result.map { $0.rows.compactMap(StoredEvent.init(row:)) })
+        }
+    }
+
     struct ListQuery {
         var finished: Bool?
         var machine: String?
+        /// Case-insensitive substring of the activity id or the task name.
+        var text: String?
         var limit: Int64
         var cursor: ListCursor?
     }
@@ -111,6 +125,10 @@ struct ActivityRepository {
         var params: [String?] = []
         if let f = q.finished { conditions.append(f ? "ended_ms IS NOT NULL" : "ended_ms IS NULL") }
         if let m = q.machine { params.append(m); conditions.append("machine = $\(params.count)") }
+        if let t = q.text {
+            params.append(t.lowercased())
+            conditions.append("(strpos(lower(a.activity_id), $\(params.count)) > 0 OR strpos(lower(a.task_name), $\(params.count)) > 0)")
+        }
         if let c = q.cursor {
             params.append(String(c.createdAt)); params.append(c.activityId)
             conditions.append("(created_ms, activity_id) < ($\(params.count - 1)::bigint, $\(params.count))")
