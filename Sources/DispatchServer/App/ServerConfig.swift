@@ -45,6 +45,8 @@ public struct ServerConfig: Equatable, Sendable {
     /// Seals device tokens at rest; nil: the embedded default generates one, else no devices API.
     public var tokenKey: [UInt8]?
     public var pushDismissalSeconds = 14_400
+    /// Seconds a call waits for its database round trip before it gets 503 (contract §6).
+    public var dbTimeoutSeconds: Double = 5
     public var pushLeaseSeconds = 60
 
     public struct Setting: Sendable {
@@ -72,6 +74,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_CORS_ORIGINS", flag: "--cors-origins", help: "origins whose browser pages may call /v1, comma-separated (https://ops.example), or * for any (default none)"),
         Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait)"),
         Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
+        Setting(env: "DISPATCH_DB_TIMEOUT", flag: "--db-timeout", help: "seconds a call waits for the database before it gets 503 and the session reconnects (default 5)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
     ] + APNsSettings.settings
 
@@ -168,6 +171,10 @@ public struct ServerConfig: Equatable, Sendable {
         if let v = values["DISPATCH_MAX_STREAMS_PER_KEY"] {
             guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_STREAMS_PER_KEY must be a positive integer") }
             c.maxStreamsPerKey = n
+        }
+        if let v = values["DISPATCH_DB_TIMEOUT"] {
+            guard let d = Double(v), d.isFinite, d >= 0.5, d <= 300 else { throw ConfigError("DISPATCH_DB_TIMEOUT must be seconds from 0.5 to 300, not \(v)") }
+            c.dbTimeoutSeconds = d
         }
         if let v = values["DISPATCH_CORS_ORIGINS"] {
             switch CORSPolicy.parse(v) {

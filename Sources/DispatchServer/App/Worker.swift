@@ -50,8 +50,8 @@ public final class Worker {
         http = HTTPServer(loop: loop, limits: limits)
         metrics.connectionsCut = { [http] in http.connectionsCut }
         metrics.connectionsOpen = { [http] in http.connectionsOpen }
-        db = Database(loop: loop, conninfo: conninfo, log: log, metrics: metrics)
-        listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log)
+        db = Database(loop: loop, conninfo: conninfo, log: log, metrics: metrics, timeout: config.dbTimeoutSeconds)
+        listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log, timeout: config.dbTimeoutSeconds)
         publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
         streams = StreamService(loop: loop, activities: publisher.activities, publisher: publisher, metrics: metrics, log: log,
                                 settings: .init(heartbeatSeconds: config.heartbeatSeconds, maxBacklog: config.streamBacklogBytes,
@@ -243,7 +243,7 @@ public final class Worker {
             if n > 0 { log.info("retention.pruned", [("activities", n)]) }
         }
         if vault != nil {
-            db.read(DeviceRepository.retention(nowMs: Clock.nowMilliseconds())) { [log] result in
+            db.read(DeviceRepository.retention(nowMs: Clock.nowMilliseconds()), timeout: db.backgroundTimeout) { [log] result in
                 guard case .success(let r) = result, let row = r.first else { return }
                 let tokens = row.int("tokens") ?? 0, rows = row.int("rows") ?? 0
                 if tokens + rows > 0 { log.info("retention.push_pruned", [("activity_tokens", tokens), ("outbox_rows", rows)]) }
