@@ -122,10 +122,28 @@ final class WebhookSenderTests: XCTestCase {
         let parsed = CancelWebhook.parseSignature(header)
         XCTAssertEqual(parsed?.timestamp, 1_796_070_000)
         XCTAssertEqual(parsed?.signatures, [String(repeating: "ab", count: 32)])
-        XCTAssertEqual(CancelWebhook.parseSignature("v1=aa, t=5 ,v1=BB,v0=zz")?.signatures, ["aa", "bb"])
+        let (a, b) = (String(repeating: "a", count: 64), String(repeating: "b", count: 64))
+        XCTAssertEqual(CancelWebhook.parseSignature("v1=\(a), t=5 ,v1=\(b.uppercased()),v0=zz")?.signatures, [a, b])
         XCTAssertNil(CancelWebhook.parseSignature("t=5"))
         XCTAssertNil(CancelWebhook.parseSignature("v1=aa"))
         XCTAssertNil(CancelWebhook.parseSignature("t=now,v1=aa"))
         XCTAssertNil(CancelWebhook.parseSignature("garbage"))
+    }
+
+    /// Issue 24 item 7: every header a signer would not write is refused (the CLI exits 1),
+    /// the time that overflowed the age check first of all.
+    func testMalformedSignatureHeadersAreRefused() {
+        let mac = String(repeating: "ab", count: 32)
+        for header in [
+            "t=-9223372036854775808,v1=\(mac)", "t=9223372036854775807,v1=\(mac)", "t=-5,v1=\(mac)", "t=+5,v1=\(mac)",
+            "t=1796070000,t=1796070001,v1=\(mac)", "t=1796070000,t=1796070000,v1=\(mac)",
+            "t=1796070000", "t=1796070000,v1=", "t=1796070000,v1=\(mac),v1=\(mac)", "t=1796070000,v1=\(mac),v1=\(mac.uppercased())",
+            "t=1796070000,v1=zz" + mac.dropFirst(2), "t=1796070000,v1=\(mac)00", "t=1796070000,v1=00", "t=,v1=\(mac)",
+            "t=1796070000,v1", "t=1e9,v1=\(mac)", "t=0x10,v1=\(mac)", "t=1 796070000,v1=\(mac)",
+        ] {
+            XCTAssertNil(CancelWebhook.parseSignature(header), header)
+        }
+        XCTAssertEqual(CancelWebhook.parseSignature("t=1796070000,v1=\(mac)")?.timestamp, 1_796_070_000)
+        XCTAssertEqual(CancelWebhook.parseSignature("t=0,v1=\(mac)")?.timestamp, 0)
     }
 }
