@@ -42,6 +42,9 @@ public enum Dispatchd {
                 }
             }
         }
+        // A hangup (a closed terminal, a reflexive `kill -HUP`) must not end a server: ignored
+        // from the start (migrations included), then logged by the loops (Worker, Supervisor).
+        if command == "serve" { signal(SIGHUP, SIG_IGN) }
         let env = Subprocess.currentEnvironment()
         var config: ServerConfig
         do {

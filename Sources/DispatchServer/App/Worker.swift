@@ -107,6 +107,7 @@ public final class Worker {
         }
         timers.append(loop.onSignal(SIGTERM) { [unowned self] in self.shutdown() })
         timers.append(loop.onSignal(SIGINT) { [unowned self] in self.shutdown() })
+        timers.append(loop.onSignal(SIGHUP) { [log] in log.info("signal.hangup_ignored", [("why", "no reload: restart to apply new settings")]) })
         log.info("worker.started", [("heartbeat_s", config.heartbeatSeconds)])
         loop.run()
         if let failure = listenFailure { throw failure }
