@@ -55,6 +55,12 @@ public enum Dispatchd {
             return 2
         }
         let log = Logger(level: Logger.Level(name: config.logLevel) ?? .info, format: config.logFormat)
+        if env["DISPATCH_WORKER_INDEX"] == nil {
+            for flag in config.secretsOnCommandLine {
+                log.warning("config.secret_on_command_line", [("flag", flag), ("why", "every local user sees it in ps"),
+                                                               ("instead", flag + "-file, or the environment")])
+            }
+        }
         if let index = env["DISPATCH_WORKER_INDEX"].flatMap({ Int($0) }), let conninfo = env["DISPATCH_WORKER_CONNINFO"] {
             log.staticFields = [("worker", String(index))]
             var workerConfig = config
