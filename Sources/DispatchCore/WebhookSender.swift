@@ -136,6 +136,17 @@ public struct WebhookSender {
         return unanswered.isEmpty ? [] : [.release(unanswered)]
     }
 
+    /// A mark's status as logs may carry it: its class (`HTTP 503`, `timeout`, `connect`), never
+    /// the detail after it, which names hosts and addresses (docs/webhooks.md: URLs are not
+    /// logged; `dispatchd webhooks status` shows the whole status to an operator).
+    public static func loggable(_ status: String) -> String {
+        let bytes = Array(status.utf8)
+        for i in bytes.indices.dropLast() where bytes[i] == UInt8(ascii: ":") && bytes[i + 1] == UInt8(ascii: " ") {
+            return String(decoding: bytes[..<i], as: UTF8.self)
+        }
+        return status
+    }
+
     /// What one attempt's answer means for its row.
     public static func decide(_ d: WebhookDelivery, _ answer: WebhookAnswer, now: Double, giveUpAt: Double,
                               policy: RetryPolicy, random: Double) -> Action {

@@ -130,6 +130,14 @@ final class WebhookSenderTests: XCTestCase {
         XCTAssertNil(CancelWebhook.parseSignature("garbage"))
     }
 
+    /// Issue 24 item 10: a retry's log line says what kind of failure, never the host.
+    func testLoggableStatusesCarryNoHost() {
+        XCTAssertEqual(WebhookSender.loggable("HTTP 503"), "HTTP 503")
+        XCTAssertEqual(WebhookSender.loggable("connect: Failed to connect to hooks.example.com port 443 after 3 ms: Connection refused"), "connect")
+        XCTAssertEqual(WebhookSender.loggable("timeout: Operation timed out after 10001 milliseconds with 0 bytes received"), "timeout")
+        XCTAssertEqual(WebhookSender.loggable("refused: refused address 10.0.0.5 (private)"), "refused")
+    }
+
     /// Issue 24 item 7: every header a signer would not write is refused (the CLI exits 1),
     /// the time that overflowed the age check first of all.
     func testMalformedSignatureHeadersAreRefused() {

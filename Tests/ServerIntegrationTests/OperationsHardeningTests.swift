@@ -57,3 +57,48 @@ final class SecretFileTests: XCTestCase {
         XCTAssertFalse(text.contains("whsec-on-the-command-line-0123"), "the secret itself is never logged")
     }
 }
+
+/// Issue 24 item 10: a second instance on a taken port fails before it touches any database.
+final class TakenPortTests: XCTestCase {
+    func run(_ env: [String: String], timeout: Double = 20) -> (status: Int32?, output: String) {
+        var e = Subprocess.currentEnvironment()
+        for (k, v) in env { e[k] = v }
+        let log = "/tmp/dispatchd-taken-\(getpid())-\(Int.random(in: 0..<1_000_000)).log"
+        defer { unlink(log) }
+        guard let pid = Subprocess.start(["/bin/sh", "-c", "exec \(TestPaths.binary("dispatchd")) > \(log) 2>&1"], environment: e) else {
+            return (nil, "cannot start")
+        }
+        let status = Subprocess.wait(pid, seconds: timeout)
+        if status == nil { kill(pid, SIGKILL); _ = Subprocess.wait(pid) }
+        return (status, Files.read(log) ?? "")
+    }
+
+    func testASecondServerOnATakenPortRunsNoMigrationAndNoInitdb() throws {
+        let first = try TestServer.start()
+        defer { first.stop() }
+        let cluster = try TestPostgres.shared()
+        let untouched = try cluster.freshDatabase()
+        let r = run(["DATABASE_URL": untouched, "DISPATCH_LISTEN": "127.0.0.1:\(first.port)", "DISPATCH_WORKERS": "1"])
+        XCTAssertEqual(r.status, 1, r.output)
+        XCTAssertTrue(r.output.contains("address in use: 127.0.0.1:\(first.port)"), r.output)
+        XCTAssertFalse(r.output.contains("migration"), r.output)
+        let tables = try cluster.sql(untouched, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+        XCTAssertEqual(tables.first?.first ?? nil, "0", "the second server migrated the database before it noticed the port")
+
+        // The same with the first server's own database: nothing logged about migrations either.
+        let shared = run(["DATABASE_URL": first.conninfo, "DISPATCH_LISTEN": "127.0.0.1:\(first.port)", "DISPATCH_WORKERS": "1"])
+        XCTAssertEqual(shared.status, 1, shared.output)
+        XCTAssertFalse(shared.output.contains("migration"), shared.output)
+
+        // Without DATABASE_URL: no embedded cluster is made either.
+        let dataDir = "/tmp/dispatch-taken-\(getpid())-\(Int.random(in: 0..<1_000_000))"
+        defer { _ = Subprocess.run(["rm", "-rf", dataDir]) }
+        var env = ["DISPATCH_DATA_DIR": dataDir, "DISPATCH_LISTEN": "127.0.0.1:\(first.port)", "DISPATCH_WORKERS": "1"]
+        env["DATABASE_URL"] = ""
+        let embedded = run(env)
+        XCTAssertEqual(embedded.status, 1, embedded.output)
+        XCTAssertFalse(embedded.output.contains("initdb"), embedded.output)
+        XCTAssertFalse(Files.exists(dataDir), "initdb ran for a server that could not listen")
+        XCTAssertEqual(try first.client.get("/v1/activities").status, 200)
+    }
+}

@@ -77,6 +77,20 @@ public enum Dispatchd {
             printError("dispatchd: unknown command \(command) (see --help)")
             return 2
         }
+        // Only this server's workers may share its addresses: reserve them before any worker
+        // binds, and fail once, clearly, when something else holds one. First of all: a second
+        // server on a taken port must not run initdb or a migration (on a shared DATABASE_URL:
+        // against the shared database) before it notices.
+        var reservations: [PortReservation] = []
+        if command == "serve" {
+            do {
+                reservations = try config.listen.map { a throws(SystemError) in try PortReservation(host: a.host, port: a.port) }
+            } catch {
+                log.error("listen.failed", [("error", "\(error)")])
+                printError("dispatchd: \(error)")
+                return 1
+            }
+        }
         var embedded: EmbeddedPostgres?
         let conninfo: String
         if let url = config.databaseURL {
@@ -137,16 +151,6 @@ public enum Dispatchd {
             }
         } catch {
             log.error("webhooks.secret_failed", [("error", "\(error)")])
-            return 1
-        }
-        // Only this server's workers may share its addresses: reserve them before any worker
-        // binds, and fail once, clearly, when something else holds one.
-        let reservations: [PortReservation]
-        do {
-            reservations = try config.listen.map { a throws(SystemError) in try PortReservation(host: a.host, port: a.port) }
-        } catch {
-            log.error("listen.failed", [("error", "\(error)")])
-            printError("dispatchd: \(error)")
             return 1
         }
         var serving = config

@@ -89,7 +89,7 @@ final class WebhookService {
             case .markRetry(let d, let after, let status):
                 count("retried")
                 log.info("webhook.retry", [("delivery", d.deliveryID), ("activity", d.activityID), ("attempt", d.attempt),
-                                           ("status", status), ("after_s", Int(after.rounded(.up)))])
+                                           ("status", WebhookSender.loggable(status)), ("after_s", Int(after.rounded(.up)))])
                 mark(d, WebhookSQL.retry(d, after: after, status: status))
             case .markFailed(let d, let status, let reason):
                 count(reason == .refused ? "refused" : "failed")
