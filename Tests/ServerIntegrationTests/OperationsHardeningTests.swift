@@ -102,3 +102,33 @@ final class TakenPortTests: XCTestCase {
         XCTAssertEqual(try first.client.get("/v1/activities").status, 200)
     }
 }
+
+/// Issue 24 item 8 (contract §4 item 3): a status stream whose Last-Event-ID is above the
+/// activity's seq (an id from before a restore, or used again after retention) gets the
+/// current snapshot, then every later change. It used to receive nothing, ever.
+final class LastEventIDAboveSeqTests: XCTestCase {
+    func testAnIDAboveTheSeqGetsTheSnapshotThenLive() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        try s.startActivity("AHEAD-1")
+        XCTAssertEqual(try s.update("AHEAD-1", #"{"progress":0.3}"#).status, 200)
+        XCTAssertEqual(try s.update("AHEAD-1", #"{"progress":0.6}"#).status, 200)
+        // First on a new topic (the snapshot read decides), then on a topic already in memory.
+        var holder: SSEClient?
+        defer { holder?.close() }
+        for (attempt, progress) in [(0, "0.6"), (1, "0.8")] {
+            let stream = try s.stream("AHEAD-1", lastEventID: 50)
+            defer { stream.close() }
+            let seq = 3 + attempt
+            let first = try stream.waitForEvents(1, timeout: 10)
+            XCTAssertEqual(first.compactMap(\.id), ["\(seq)"], "the current snapshot (attempt \(attempt))")
+            XCTAssertTrue(first.first?.data.contains(progress) ?? false, first.first?.data ?? "")
+            XCTAssertEqual(try s.update("AHEAD-1", #"{"progress":0.\#(8 + attempt)}"#).status, 200)
+            XCTAssertEqual(try stream.waitForEvents(2, timeout: 10).compactMap(\.id), ["\(seq)", "\(seq + 1)"], "then live")
+            if holder == nil {
+                holder = try s.stream("AHEAD-1")
+                XCTAssertEqual(try holder?.waitForEvents(1).count, 1)
+            }
+        }
+    }
+}
