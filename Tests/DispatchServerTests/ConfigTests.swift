@@ -68,6 +68,7 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_WEBHOOK_SECRET", "--webhook-secret", key, { $0.webhookSecret == key }),
             ("DISPATCH_WEBHOOK_ALLOW_PRIVATE", "--webhook-allow-private", "1", { $0.webhookAllowPrivate }),
             ("DISPATCH_DB_TIMEOUT", "--db-timeout", "1.5", { $0.dbTimeoutSeconds == 1.5 }),
+            ("DISPATCH_WEBHOOK_TIMEOUT", "--webhook-timeout", "3", { $0.webhookTimeoutSeconds == 3 }),
             ("DISPATCH_WEBHOOK_SECRET_FILE", "--webhook-secret-file", keyFile, { $0.webhookSecret == key }),
             ("DISPATCH_BOOTSTRAP_KEY_FILE", "--bootstrap-key-file", keyFile, { $0.bootstrapKey == key }),
         ]
@@ -128,7 +129,7 @@ final class ConfigTests: XCTestCase {
             (["DISPATCH_WEBHOOK_SECRET": "too-short"], []), (["DISPATCH_WEBHOOK_SECRET": "has a space in it, ok?"], []),
             (["DISPATCH_WEBHOOK_ALLOW_PRIVATE": "maybe"], []),
             (["DISPATCH_DB_TIMEOUT": "0"], []), (["DISPATCH_DB_TIMEOUT": "0.4"], []), (["DISPATCH_DB_TIMEOUT": "301"], []),
-            (["DISPATCH_DB_TIMEOUT": "nan"], []),
+            (["DISPATCH_DB_TIMEOUT": "nan"], []), (["DISPATCH_WEBHOOK_TIMEOUT": "0.5"], []), (["DISPATCH_WEBHOOK_TIMEOUT": "61"], []),
             ([:], ["--bogus"]), ([:], ["--workers"]), ([:], ["serve"]), ([:], ["--workers", "0"]),
             ([:], ["-workers", "2"]), ([:], ["--heartbeat=abc"]),
         ]

@@ -48,6 +48,8 @@ public struct ServerConfig: Equatable, Sendable {
     public var pushDismissalSeconds = 14_400
     /// Seconds a call waits for its database round trip before it gets 503 (contract §6).
     public var dbTimeoutSeconds: Double = 5
+    /// Seconds one cancel webhook attempt may take, connecting included (default 10).
+    public var webhookTimeoutSeconds: Double = 10
     /// Secret-bearing flags given on the command line, where every local user sees them in
     /// `ps` (a warning at start names them; the `-file` flags and the environment do not show).
     public var secretsOnCommandLine: [String] = []
@@ -80,6 +82,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait; on the command line it shows in ps)"),
         Setting(env: "DISPATCH_WEBHOOK_SECRET_FILE", flag: "--webhook-secret-file", help: "the same, read from this file (one line)"),
         Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
+        Setting(env: "DISPATCH_WEBHOOK_TIMEOUT", flag: "--webhook-timeout", help: "seconds one cancel webhook attempt may take; connecting and waiting for the answer each get less (default 10)"),
         Setting(env: "DISPATCH_DB_TIMEOUT", flag: "--db-timeout", help: "seconds a call waits for the database before it gets 503 and the session reconnects (default 5)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
     ] + APNsSettings.settings
@@ -194,6 +197,10 @@ public struct ServerConfig: Equatable, Sendable {
         if let v = values["DISPATCH_MAX_STREAMS_PER_KEY"] {
             guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_STREAMS_PER_KEY must be a positive integer") }
             c.maxStreamsPerKey = n
+        }
+        if let v = values["DISPATCH_WEBHOOK_TIMEOUT"] {
+            guard let d = Double(v), d.isFinite, d >= 1, d <= 60 else { throw ConfigError("DISPATCH_WEBHOOK_TIMEOUT must be seconds from 1 to 60, not \(v)") }
+            c.webhookTimeoutSeconds = d
         }
         if let v = values["DISPATCH_DB_TIMEOUT"] {
             guard let d = Double(v), d.isFinite, d >= 0.5, d <= 300 else { throw ConfigError("DISPATCH_DB_TIMEOUT must be seconds from 0.5 to 300, not \(v)") }

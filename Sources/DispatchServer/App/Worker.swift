@@ -232,7 +232,7 @@ public final class Worker {
             return log.warning("webhooks.disabled", [("why", "no DISPATCH_WEBHOOK_SECRET"), ("effect", "cancel webhooks wait in the outbox")])
         }
         let sender = WebhookService(loop: loop, db: db, secret: secret, allowPrivateAddresses: config.webhookAllowPrivate,
-                                    retentionDays: config.retentionDays, log: log, metrics: metrics)
+                                    retentionDays: config.retentionDays, log: log, metrics: metrics, attemptTimeout: config.webhookTimeoutSeconds)
         sender.start()
         webhooks = sender
     }
