@@ -76,4 +76,22 @@ final class WebhookFairnessTests: XCTestCase {
         // The whole status, host included, stays for the operator (dispatchd webhooks status).
         XCTAssertTrue(try Kit.sql(s, "SELECT last_status FROM webhook_outbox WHERE last_status IS NOT NULL LIMIT 1").first??.hasPrefix("timeout") ?? false)
     }
+
+    /// Issue 24 item 10: a refused connection's retry line names the kind of failure, not the
+    /// host (curl's own message, "Failed to connect to 127.0.0.1 port N", used to be logged).
+    func testRetryLinesCarryNoHost() throws {
+        let closedPort = try TestServer.freePort()
+        let s = try TestServer.start(environment: CancelTests.webhookEnvironment)
+        defer { s.stop() }
+        try s.startActivity("nohost", extra: #","cancelURL":"http://localhost:\#(closedPort)/hook""#)
+        XCTAssertEqual(try s.client.post("/v1/activities/nohost/cancel", "{}").status, 202)
+        XCTAssertTrue(waitUntil(20) { s.log().contains("msg=webhook.retry") }, s.log())
+        let lines = s.log().split(separator: "\n").filter { $0.contains("msg=webhook.") }
+        for line in lines {
+            XCTAssertFalse(line.contains("localhost") || line.contains("127.0.0.1") || line.contains(String(closedPort)), String(line))
+        }
+        XCTAssertTrue(lines.contains { $0.contains("msg=webhook.retry") && $0.contains("status=connect") }, lines.joined(separator: "\n"))
+        let stored = try Kit.sql(s, "SELECT last_status FROM webhook_outbox").first ?? nil
+        XCTAssertTrue(stored?.contains(String(closedPort)) ?? false, "the operator's view keeps the detail: \(stored ?? "nil")")
+    }
 }
