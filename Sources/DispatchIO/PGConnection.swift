@@ -32,6 +32,8 @@ public final class PGConnection {
     public var onNotify: ((String, String) -> Void)?
     /// Observes each batch's round-trip time in seconds (metrics).
     public var onRoundTrip: ((Double) -> Void)?
+    /// A round trip or a connection attempt went past its deadline (metrics).
+    public var onDeadlineMissed: (() -> Void)?
 
     public var isReady: Bool { machine.isReady }
     public var pendingBatches: Int { machine.queue.inFlightBatches }
@@ -57,7 +59,9 @@ public final class PGConnection {
         if deadlineTimer == nil {
             deadlineTimer = loop.timer(after: min(0.5, max(0.05, machine.timeout / 10)), repeating: true) { [weak self] in
                 guard let self else { return }
-                self.perform(self.machine.tick(now: Clock.monotonic()))
+                let actions = self.machine.tick(now: Clock.monotonic())
+                if !actions.isEmpty { self.onDeadlineMissed?() }
+                self.perform(actions)
             }
         }
         perform(machine.start(now: Clock.monotonic()))

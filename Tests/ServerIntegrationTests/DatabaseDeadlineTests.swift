@@ -94,5 +94,6 @@ final class DatabaseDeadlineTests: XCTestCase {
         XCTAssertEqual(seqs, [1, 2, 3, 4], "acknowledged changes kept, the retried one applied once: \(events.text)")
         XCTAssertEqual(progresses.filter { $0 == 0.75 }.count, 1, events.text)
         XCTAssertTrue(server.log().contains("no answer from the database within 1 s"), server.log())
+        XCTAssertGreaterThanOrEqual(try server.metric("dispatch_db_timeouts_total"), 2, "the writer's and the reader's, at least")
     }
 }

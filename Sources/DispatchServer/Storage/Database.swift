@@ -16,6 +16,8 @@ final class Database {
         reader = PGConnection(loop: loop, conninfo: conninfo, name: "reader", log: log, timeout: timeout)
         writer.onRoundTrip = { [metrics] in metrics.writerRoundTrips.observe($0) }
         reader.onRoundTrip = { [metrics] in metrics.readerRoundTrips.observe($0) }
+        writer.onDeadlineMissed = { [metrics] in metrics.dbTimeouts += 1 }
+        reader.onDeadlineMissed = { [metrics] in metrics.dbTimeouts += 1 }
     }
 
     /// Both sessions up, and no round trip past its deadline.
