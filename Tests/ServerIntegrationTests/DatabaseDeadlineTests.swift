@@ -96,4 +96,21 @@ final class DatabaseDeadlineTests: XCTestCase {
         XCTAssertTrue(server.log().contains("no answer from the database within 1 s"), server.log())
         XCTAssertGreaterThanOrEqual(try server.metric("dispatch_db_timeouts_total"), 2, "the writer's and the reader's, at least")
     }
+
+    /// The blocking client of start-up, migrations and admin commands has deadlines too: an
+    /// open session's statement and a new connection both give up instead of hanging.
+    func testStartUpAndAdminStatementsGiveUpOnAStuckDatabase() throws {
+        let pg = try XCTUnwrap(cluster)
+        let open = try BlockingPG(pg.conninfo, timeout: 1)
+        XCTAssertEqual(try open.query("SELECT 1 AS one").first?["one"], "1")
+        try freeze()
+        var started = Clock.monotonic()
+        XCTAssertThrowsError(try open.query("SELECT 1")) { XCTAssertTrue("\($0)".contains("no answer from the database within 1 s"), "\($0)") }
+        XCTAssertLessThan(Clock.monotonic() - started, 3)
+        started = Clock.monotonic()
+        XCTAssertThrowsError(try BlockingPG(pg.conninfo, timeout: 1))
+        XCTAssertLessThan(Clock.monotonic() - started, 5, "connect_timeout (at least 2 s) bounds a new connection")
+        resume()
+        XCTAssertEqual(try BlockingPG(pg.conninfo, timeout: 5).query("SELECT 2 AS two").first?["two"], "2")
+    }
 }
