@@ -69,7 +69,9 @@ public enum CLIWebhookVerifier {
                               equal: (_ a: [UInt8], _ b: [UInt8]) -> Bool) -> Result<Void, Failure> {
         guard let parsed = CancelWebhook.parseSignature(header) else { return .failure(.malformedHeader) }
         if maxAge > 0 {
-            let age = now - parsed.timestamp
+            // The parser bounds t to 12 digits; saturate anyway rather than trap on a clock.
+            let (difference, overflow) = now.subtractingReportingOverflow(parsed.timestamp)
+            let age = overflow ? (now < 0 ? Int64.min + 1 : Int64.max) : difference
             if Double(age) > maxAge { return .failure(.tooOld(seconds: age)) }
             if Double(-age) > maxAge { return .failure(.inTheFuture(seconds: -age)) }
         }

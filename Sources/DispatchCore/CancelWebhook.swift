@@ -19,7 +19,11 @@ public enum CancelWebhook {
     /// `Dispatch-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "t.body">`.
     public static func signatureHeader(timestamp: Int64, hexMAC: String) -> String { "t=\(timestamp),v1=\(hexMAC)" }
 
-    /// Reads a `Dispatch-Signature` header back: its time and its v1 signatures (hex).
+    /// Reads a `Dispatch-Signature` header back: its time and its v1 signatures (lowercase hex).
+    /// Nil for anything a signer would not write: a `t` given twice, or not 1-12 decimal digits
+    /// (no sign: a time that far off would overflow the age check); no `v1`, one that is not
+    /// 64 hex digits, or the same one twice. Several different `v1` stay allowed (a secret
+    /// being rotated); unknown keys are ignored.
     public static func parseSignature(_ header: String) -> (timestamp: Int64, signatures: [String])? {
         var t: Int64?
         var v1: [String] = []
@@ -28,8 +32,15 @@ public enum CancelWebhook {
             guard kv.count == 2 else { return nil }
             let key = kv[0].trimmingCharacters(in: " "), value = kv[1].trimmingCharacters(in: " ")
             switch key {
-            case "t": t = Int64(value)
-            case "v1": v1.append(value.lowercased())
+            case "t":
+                guard t == nil, (1...12).contains(value.utf8.count), value.utf8.allSatisfy({ (0x30...0x39).contains($0) }),
+                      let seconds = Int64(value) else { return nil }
+                t = seconds
+            case "v1":
+                let hex = value.lowercased()
+                guard hex.utf8.count == 64, hex.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }),
+                      !v1.contains(hex) else { return nil }
+                v1.append(hex)
             default: continue
             }
         }

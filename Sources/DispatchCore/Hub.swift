@@ -65,6 +65,8 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         let topic: String
         var lastSent: Int64?
         var phase: SubscriberPhase
+        /// A `Last-Event-ID` above the topic's newest seq, being checked against stored history.
+        var claimedAhead: Int64? = nil
     }
 
     public let maxPendingEvents: Int
@@ -202,6 +204,28 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
     public mutating func historyLoaded(subscriber s: Subscriber, _ events: [Event]) -> [Action] {
         guard var state = subscribers[s], case .catchingUp(let buffer) = state.phase else { return [] }
         var actions: [Action] = []
+        if let claimed = state.claimedAhead {
+            state.claimedAhead = nil
+            let newest = (events + buffer).max { $0.seq < $1.seq }
+            if newest.map({ $0.seq >= claimed }) != true {
+                // The stored history never reached the client's id (a restore, an id used
+                // again after retention): as if it came without one, the current snapshot.
+                guard let current = newest ?? topics[state.topic]?.latest else { return readFailed(subscriber: s) }
+                state.lastSent = current.seq
+                state.phase = .live
+                subscribers[s] = state
+                actions.append(.send(s, [current]))
+                if current.isTerminal { finish(s, into: &actions) }
+                return actions
+            }
+            // This process had not heard of the client's id yet (another server's commit):
+            // carry on after it.
+            state.lastSent = claimed
+            if let reached = (events + buffer).first(where: { $0.seq == claimed }), reached.isTerminal {
+                finish(s, into: &actions)
+                return actions
+            }
+        }
         var out: [Event] = []
         var last = state.lastSent ?? 0
         for e in (events + buffer).sorted(by: { $0.seq < $1.seq }) where e.seq == last + 1 {
@@ -294,14 +318,24 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
             if latest.isTerminal { finish(s, into: &actions) }
             return
         }
-        if after >= latest.seq {
-            if latest.isTerminal {
-                unsubscribe(s)
-                actions.append(.noContent(s))
-                return
-            }
+        if after >= latest.seq && latest.isTerminal {
+            unsubscribe(s)
+            actions.append(.noContent(s))
+            return
+        }
+        if after == latest.seq {
             state.phase = .live
             subscribers[s] = state
+            return
+        }
+        if after > latest.seq {
+            // Contract §4 item 3: an id above the activity's seq is answered as if none was
+            // given, unless stored history has it (this process has not heard of it yet).
+            state.claimedAhead = after
+            state.lastSent = latest.seq
+            state.phase = .catchingUp(buffer: [])
+            subscribers[s] = state
+            actions.append(.readHistory(subscriber: s, topic: state.topic, after: latest.seq))
             return
         }
         state.phase = .catchingUp(buffer: [])

@@ -11,8 +11,13 @@ public struct WebhookDelivery: Equatable, Sendable {
     public let attempt: Int
     /// Seconds from the claim until the outbox gives up on the row (24 h after it was queued).
     public let secondsLeft: Double
+    /// The key that owns the activity (0: unknown, e.g. pruned): fairness is between keys.
+    public let key: Int64
+    /// The URL's host and port, lower-cased: fairness is between destinations too.
+    public let host: String
 
-    public init(rowID: Int64, deliveryID: String, activityID: String, url: String, body: String, attempt: Int, secondsLeft: Double) {
+    public init(rowID: Int64, deliveryID: String, activityID: String, url: String, body: String, attempt: Int, secondsLeft: Double,
+                key: Int64 = 0, host: String = "") {
         self.rowID = rowID
         self.deliveryID = deliveryID
         self.activityID = activityID
@@ -20,6 +25,8 @@ public struct WebhookDelivery: Equatable, Sendable {
         self.body = body
         self.attempt = attempt
         self.secondsLeft = secondsLeft
+        self.key = key
+        self.host = host
     }
 }
 
@@ -41,6 +48,12 @@ public enum WebhookAnswer: Equatable, Sendable {
 /// claim was lost (a crash) comes due again when its claim expires. Any 2xx is delivered;
 /// anything else is retried with `policy` (backoff with jitter) until the row's 24 hours are
 /// up, then failed; a refused address fails at once.
+///
+/// Fair under abuse (issue 24): at most `perKey` deliveries in flight per owning key and
+/// `perHost` per destination, so a key whose receivers accept and never answer (a tarpit)
+/// holds a few slots, never all of them. The claim skips keys and hosts at their cap
+/// (`busyKeys`, `busyHosts`) and takes rows round-robin between keys; rows a claim brings
+/// past a cap anyway are given back at once.
 public struct WebhookSender {
     public enum FailReason: String, Equatable, Sendable {
         /// Retried for as long as the outbox keeps a row.
@@ -67,6 +80,8 @@ public struct WebhookSender {
 
     public let policy: RetryPolicy
     public let maxInFlight: Int
+    public let perKey: Int
+    public let perHost: Int
     private var claiming = false
     private var claimLimit = 0
     private var stopped = false
@@ -77,13 +92,29 @@ public struct WebhookSender {
     /// The last claim was full: more rows are probably due.
     private var moreDue = false
 
-    public init(policy: RetryPolicy = RetryPolicy(initial: 2, maximum: 3600), maxInFlight: Int = 64) {
+    public init(policy: RetryPolicy = RetryPolicy(initial: 2, maximum: 3600), maxInFlight: Int = 64, perKey: Int = 8, perHost: Int = 4) {
         self.policy = policy
         self.maxInFlight = maxInFlight
+        self.perKey = max(1, perKey)
+        self.perHost = max(1, perHost)
     }
 
     public var inFlight: Int { sending.count + marking.count }
     public var isClaiming: Bool { claiming }
+
+    /// Deliveries waiting for an answer, per owning key (what the next claim must respect).
+    public var busyKeys: [Int64: Int] {
+        var out: [Int64: Int] = [:]
+        for entry in sending.values { out[entry.delivery.key, default: 0] += 1 }
+        return out
+    }
+
+    /// Deliveries waiting for an answer, per destination.
+    public var busyHosts: [String: Int] {
+        var out: [String: Int] = [:]
+        for entry in sending.values { out[entry.delivery.host, default: 0] += 1 }
+        return out
+    }
 
     /// The poll timer, or a hint that a row may have been queued: claim if there is room.
     public mutating func tick() -> [Action] {
@@ -101,11 +132,39 @@ public struct WebhookSender {
         if stopped { return rows.isEmpty ? [] : [.release(rows)] }
         moreDue = rows.count >= claimLimit
         var actions: [Action] = []
-        for d in rows where sending[d.rowID] == nil && !marking.contains(d.rowID) {
+        var keys = busyKeys, hosts = busyHosts
+        var overCap: [WebhookDelivery] = []
+        for d in WebhookSender.roundRobin(rows) where sending[d.rowID] == nil && !marking.contains(d.rowID) {
+            guard keys[d.key, default: 0] < perKey, hosts[d.host, default: 0] < perHost else {
+                overCap.append(d)
+                continue
+            }
+            keys[d.key, default: 0] += 1
+            hosts[d.host, default: 0] += 1
             sending[d.rowID] = (d, now + d.secondsLeft)
             actions.append(.send(d))
         }
+        if !overCap.isEmpty { actions.append(.release(overCap)) }
         return actions
+    }
+
+    /// Rows interleaved between keys (each key's own in their order): the first of every key,
+    /// then the second of every key, and so on; keys in the order they first appear.
+    public static func roundRobin(_ rows: [WebhookDelivery]) -> [WebhookDelivery] {
+        var order: [Int64] = []
+        var byKey: [Int64: [WebhookDelivery]] = [:]
+        for d in rows {
+            if byKey[d.key] == nil { order.append(d.key) }
+            byKey[d.key, default: []].append(d)
+        }
+        var out: [WebhookDelivery] = []
+        out.reserveCapacity(rows.count)
+        var round = 0
+        while out.count < rows.count {
+            for key in order where round < byKey[key]!.count { out.append(byKey[key]![round]) }
+            round += 1
+        }
+        return out
     }
 
     public mutating func claimFailed() -> [Action] {
@@ -134,6 +193,17 @@ public struct WebhookSender {
         let unanswered = sending.values.map(\.delivery).sorted { $0.rowID < $1.rowID }
         sending.removeAll()
         return unanswered.isEmpty ? [] : [.release(unanswered)]
+    }
+
+    /// A mark's status as logs may carry it: its class (`HTTP 503`, `timeout`, `connect`), never
+    /// the detail after it, which names hosts and addresses (docs/webhooks.md: URLs are not
+    /// logged; `dispatchd webhooks status` shows the whole status to an operator).
+    public static func loggable(_ status: String) -> String {
+        let bytes = Array(status.utf8)
+        for i in bytes.indices.dropLast() where bytes[i] == UInt8(ascii: ":") && bytes[i + 1] == UInt8(ascii: " ") {
+            return String(decoding: bytes[..<i], as: UTF8.self)
+        }
+        return status
     }
 
     /// What one attempt's answer means for its row.

@@ -18,44 +18,68 @@ public final class PGConnection {
     private let loop: EventLoop
     private let conninfo: String
     private let log: Logger
-    private var machine = PGConnectionMachine<Completion>()
+    private var machine: PGConnectionMachine<Completion>
     private var conn: OpaquePointer?
     private var readEvent: OpaquePointer?
     private var writeEvent: OpaquePointer?
     private var connectEvent: OpaquePointer?
     private var reconnectTimer: Timer?
+    /// Calls the machine's `tick` a few times a second, from `start()` to `close()`.
+    private var deadlineTimer: Timer?
 
     public var onReady: (() -> Void)?
     public var onLost: ((String) -> Void)?
     public var onNotify: ((String, String) -> Void)?
     /// Observes each batch's round-trip time in seconds (metrics).
     public var onRoundTrip: ((Double) -> Void)?
+    /// A round trip or a connection attempt went past its deadline (metrics).
+    public var onDeadlineMissed: (() -> Void)?
 
     public var isReady: Bool { machine.isReady }
     public var pendingBatches: Int { machine.queue.inFlightBatches }
+    /// Whether a round trip is past its deadline right now.
+    public var isOverdue: Bool { machine.isOverdue(now: Clock.monotonic()) }
+    public var timeout: Double { machine.timeout }
 
-    public init(loop: EventLoop, conninfo: String, name: String, log: Logger) {
+    /// `timeout`: seconds a caller waits for its batch (unless it passes its own) and a
+    /// connection attempt may take.
+    public init(loop: EventLoop, conninfo: String, name: String, log: Logger, timeout: Double = 5) {
         self.loop = loop
         self.conninfo = conninfo
         self.name = name
         self.log = log
+        machine = PGConnectionMachine(timeout: timeout)
     }
 
     deinit {
         precondition(machine.state == .idle || machine.state == .closed, "PGConnection \(name) released without close()")
     }
 
-    public func start() { perform(machine.start()) }
+    public func start() {
+        if deadlineTimer == nil {
+            deadlineTimer = loop.timer(after: min(0.5, max(0.05, machine.timeout / 10)), repeating: true) { [weak self] in
+                guard let self else { return }
+                let actions = self.machine.tick(now: Clock.monotonic())
+                if !actions.isEmpty { self.onDeadlineMissed?() }
+                self.perform(actions)
+            }
+        }
+        perform(machine.start(now: Clock.monotonic()))
+    }
 
     public func close() {
         reconnectTimer?.cancel()
         reconnectTimer = nil
+        deadlineTimer?.cancel()
+        deadlineTimer = nil
         perform(machine.close())
     }
 
-    /// Sends the statements as one pipeline batch; `completion` runs once, never inside this call.
-    public func execute(_ queries: [PGQuery], completion: @escaping Completion) {
-        perform(machine.execute(queries, completion: completion, now: Clock.monotonic()))
+    /// Sends the statements as one pipeline batch; `completion` runs once, never inside this
+    /// call, with a failure when no answer came within `timeout` seconds (the connection's own
+    /// when nil).
+    public func execute(_ queries: [PGQuery], timeout: Double? = nil, completion: @escaping Completion) {
+        perform(machine.execute(queries, completion: completion, now: Clock.monotonic(), timeout: timeout))
     }
 
     // MARK: - Performing the machine's actions
@@ -83,7 +107,7 @@ public final class PGConnection {
                 log.warning("postgres.reconnect", [("conn", name), ("in_s", delay), ("error", reason.trimmingNewlines)])
                 reconnectTimer = loop.timer(after: delay) { [weak self] in
                     guard let self else { return }
-                    self.perform(self.machine.reconnectDue())
+                    self.perform(self.machine.reconnectDue(now: Clock.monotonic()))
                 }
             }
         }
@@ -113,15 +137,13 @@ public final class PGConnection {
             perform(machine.connectFailed(errorMessage))
         default:
             let what = status == PGRES_POLLING_READING ? EV_READ : EV_WRITE
-            connectEvent = event_new(loop.base, PQsocket(c), Int16(what), { _, events, arg in
+            // The machine's connect deadline (tick) gives up on a server that never answers.
+            connectEvent = event_new(loop.base, PQsocket(c), Int16(what), { _, _, arg in
                 let me = Unmanaged<PGConnection>.fromOpaque(arg!).takeUnretainedValue()
                 guard let c = me.conn else { return }
-                // A connect step that hears nothing for 10 s: give up and start over.
-                if Int32(events) & EV_TIMEOUT != 0 { return me.perform(me.machine.connectFailed("connect timed out")) }
                 me.poll(PQconnectPoll(c))
             }, Unmanaged.passUnretained(self).toOpaque())
-            var tv = timeval(seconds: 10)
-            event_add(connectEvent, &tv)
+            event_add(connectEvent, nil)
         }
     }
 

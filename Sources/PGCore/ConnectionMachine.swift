@@ -5,6 +5,11 @@
 /// The connection reconnects by itself with capped exponential backoff; queries sent while it
 /// is not ready fail (on a later loop turn: the shell never calls a completion from inside
 /// `execute`).
+///
+/// Deadlines (contract §6, `DISPATCH_DB_TIMEOUT`): a caller waits at most `timeout` seconds
+/// for its batch, and a connection attempt gets as long. The shell calls `tick(now:)` a few
+/// times a second; a server that stops answering (a stuck disk, a network black hole) fails
+/// what waits on it and the connection starts over.
 public struct PGConnectionMachine<Completion> {
     public enum State: Equatable, Sendable {
         /// Not started yet.
@@ -39,17 +44,49 @@ public struct PGConnectionMachine<Completion> {
     public private(set) var state: State = .idle
     public private(set) var queue = PipelineQueue<Completion>()
     private var backoff: Backoff
+    /// Seconds a caller waits for its batch unless it asks otherwise, and a connect may take.
+    public let timeout: Double
+    private var connectDeadline = Double.infinity
 
-    public init(backoff: Backoff = Backoff(initial: 0.1, maximum: 5)) {
+    public init(backoff: Backoff = Backoff(initial: 0.1, maximum: 5), timeout: Double = 5) {
         self.backoff = backoff
+        self.timeout = timeout
     }
 
     public var isReady: Bool { state == .ready }
 
-    public mutating func start() -> [Action] {
+    /// Whether a batch in flight is past its deadline (`/readyz` fails meanwhile).
+    public func isOverdue(now: Double) -> Bool { state == .ready && queue.isOverdue(now: now) }
+
+    public mutating func start(now: Double) -> [Action] {
         guard state == .idle || state == .closed else { return [] }
         state = .connecting
+        connectDeadline = now + timeout
         return [.connect]
+    }
+
+    /// Time passed: fails what waited past its deadline; drops a connection that stopped
+    /// answering or a connect that takes too long.
+    public mutating func tick(now: Double) -> [Action] {
+        switch state {
+        case .connecting:
+            guard now >= connectDeadline else { return [] }
+            return connectFailed("no answer to the connection attempt within \(Self.seconds(timeout))")
+        case .ready:
+            switch queue.expire(now: now) {
+            case .none: return []
+            case .abandon(let completions): return [.fail(completions, timedOut)]
+            case .unresponsive: return lost(timedOut.message)
+            }
+        case .idle, .backingOff, .closed:
+            return []
+        }
+    }
+
+    private var timedOut: PGError { PGError("no answer from the database within \(Self.seconds(timeout))") }
+
+    public static func seconds(_ s: Double) -> String {
+        s == s.rounded() ? "\(Int(s)) s" : "\(s) s"
     }
 
     public mutating func connected() -> [Action] {
@@ -65,17 +102,20 @@ public struct PGConnectionMachine<Completion> {
         return [.closeConnection, .scheduleReconnect(after: backoff.next(), reason: reason)]
     }
 
-    public mutating func reconnectDue() -> [Action] {
+    public mutating func reconnectDue(now: Double) -> [Action] {
         guard state == .backingOff else { return [] }
         state = .connecting
+        connectDeadline = now + timeout
         return [.connect]
     }
 
-    public mutating func execute(_ queries: [PGQuery], completion: Completion, now: Double) -> [Action] {
+    /// Sends a batch whose caller waits `timeout` seconds at most (the machine's own when nil:
+    /// background work that may run longer passes its own).
+    public mutating func execute(_ queries: [PGQuery], completion: Completion, now: Double, timeout: Double? = nil) -> [Action] {
         guard state == .ready else {
             return [.fail([completion], PGError("the database connection is not ready"))]
         }
-        return [.send(queue.enqueue(queries, completion: completion, now: now))]
+        return [.send(queue.enqueue(queries, completion: completion, now: now, deadline: now + (timeout ?? self.timeout)))]
     }
 
     public mutating func received(_ input: PipelineQueue<Completion>.Input, now: Double) -> [Action] {

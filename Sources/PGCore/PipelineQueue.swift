@@ -42,9 +42,21 @@ public struct PipelineQueue<Completion> {
     }
 
     struct Batch {
-        let completion: Completion
+        /// Nil once abandoned: its caller was answered at its deadline, its results are dropped.
+        var completion: Completion?
         var results: [PGResult]
         let started: Double
+        /// When its caller stops waiting (monotonic seconds).
+        let deadline: Double
+    }
+
+    /// What `expire` found past its deadline.
+    public enum Expiry {
+        case none
+        /// These batches' callers stop waiting; the batches stay in flight, their results dropped.
+        case abandon([Completion])
+        /// The oldest batch, the one the server is working on, is overdue: the server does not answer.
+        case unresponsive
     }
 
     /// Whether the current expected item already got its result (waits for the end of query).
@@ -62,8 +74,9 @@ public struct PipelineQueue<Completion> {
     /// Whether results are owed: the shell reads with `PQgetResult` only then.
     public var awaitingResults: Bool { head < expected.count }
 
-    /// Plans a batch: the commands to send, preparing named statements the first time.
-    public mutating func enqueue(_ queries: [PGQuery], completion: Completion, now: Double) -> [Command] {
+    /// Plans a batch: the commands to send, preparing named statements the first time. Its
+    /// caller waits until `deadline` at most (see `expire`).
+    public mutating func enqueue(_ queries: [PGQuery], completion: Completion, now: Double, deadline: Double = .infinity) -> [Command] {
         let id = nextBatch
         nextBatch += 1
         var commands: [Command] = []
@@ -83,7 +96,8 @@ public struct PipelineQueue<Completion> {
         }
         commands.append(.sync)
         expected.append(.sync(batch: id))
-        batches[id] = Batch(completion: completion, results: Array(repeating: .aborted, count: queries.count), started: now)
+        batches[id] = Batch(completion: completion, results: Array(repeating: .aborted, count: queries.count), started: now,
+                            deadline: deadline)
         return commands
     }
 
@@ -108,8 +122,8 @@ public struct PipelineQueue<Completion> {
             return []
         case (.sync(let id), .sync):
             advance()
-            guard let batch = batches.removeValue(forKey: id) else { return [] }
-            return [.complete(batch.completion, batch.results, elapsed: now - batch.started)]
+            guard let batch = batches.removeValue(forKey: id), let completion = batch.completion else { return [] }
+            return [.complete(completion, batch.results, elapsed: now - batch.started)]
         case (.sync, .endOfQuery):
             // libpq may report a stray end of query before the sync; nothing to account for.
             return []
@@ -120,11 +134,32 @@ public struct PipelineQueue<Completion> {
         }
     }
 
+    /// Whether a batch in flight is past its deadline (abandoned ones included: the server
+    /// still owes their answers).
+    public func isOverdue(now: Double) -> Bool {
+        batches.values.contains { $0.deadline <= now }
+    }
+
+    /// Batches past their deadline. Batches complete in order, so when the oldest is overdue
+    /// the server has stopped answering (or runs it far too long): the connection must go.
+    /// A later batch overdue behind a slower one that is still within its own (longer)
+    /// deadline is abandoned instead: its caller is answered now, the server finishes it.
+    public mutating func expire(now: Double) -> Expiry {
+        guard let oldest = batches.keys.min(), let first = batches[oldest] else { return .none }
+        if first.deadline <= now { return .unresponsive }
+        var abandoned: [(UInt64, Completion)] = []
+        for (id, batch) in batches where batch.deadline <= now {
+            if let c = batch.completion { abandoned.append((id, c)) }
+            batches[id]?.completion = nil
+        }
+        return abandoned.isEmpty ? .none : .abandon(abandoned.sorted { $0.0 < $1.0 }.map(\.1))
+    }
+
     /// The connection is gone: every batch in flight fails, in order; nothing stays prepared.
     public mutating func fail() -> [Completion] {
         var failed: [Completion] = []
         for item in expected[head...] {
-            if case .sync(let id) = item, let batch = batches.removeValue(forKey: id) { failed.append(batch.completion) }
+            if case .sync(let id) = item, let batch = batches.removeValue(forKey: id), let c = batch.completion { failed.append(c) }
         }
         expected.removeAll()
         head = 0

@@ -143,6 +143,16 @@ final class VerifyWebhookCLIIntegrationTests: XCTestCase {
         try call.body.replacingOccurrences(of: "user asked", with: "user asked!").write(toFile: tampered, atomically: true, encoding: .utf8)
         XCTAssertEqual(try verify(["--secret", secret, "--signature", signature, "--body", tampered]).0, 1)
         XCTAssertEqual(try verify(["--secret", secret, "--signature", "garbage", "--body", bodyFile]).0, 1)
+        // Issue 24 item 7: malformed headers exit 1 with a message, never a crash (the first one
+        // used to trap on an arithmetic overflow, exit 132; a second t= was accepted).
+        let v1 = try XCTUnwrap(signature.split(separator: ",").first { $0.hasPrefix("v1=") })
+        let t = try XCTUnwrap(signature.split(separator: ",").first { $0.hasPrefix("t=") })
+        for malformed in ["t=-9223372036854775808,v1=00", "t=-9223372036854775808,\(v1)", "\(t),\(t),\(v1)", "t=1,\(t),\(v1)",
+                          "\(t),\(v1),\(v1)", "\(t)", "\(t),v1=not-hex-at-all", "\(t),v1=" + String(repeating: "z", count: 64)] {
+            let r = try verify(["--secret", secret, "--signature", malformed, "--body", bodyFile])
+            XCTAssertEqual(r.0, 1, malformed)
+            XCTAssertTrue(r.1.contains("the signature is not"), "\(malformed): \(r.1)")
+        }
         XCTAssertEqual(try verify(["--secret", secret, "--signature", signature, "--body", "/nonexistent/body"]).0, 1)
 
         // An old signature (a replay) is refused unless --max-age allows it.

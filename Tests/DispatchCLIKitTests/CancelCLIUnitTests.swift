@@ -64,10 +64,13 @@ final class CancelCLIUnitTests: XCTestCase {
     // MARK: - verify-webhook
 
     /// A stand-in MAC (the real one is libcrypto's HMAC-SHA256, checked in the integration tests).
+    /// 32 bytes, as long as HMAC-SHA256's (the header must carry 64 hex digits).
     private static func mac(_ key: [UInt8], _ message: [UInt8]) -> [UInt8] {
-        var h: UInt64 = 1469598103934665603
-        for b in key + [0] + message { h = (h ^ UInt64(b)) &* 1099511628211 }
-        return withUnsafeBytes(of: h.bigEndian) { Array($0) }
+        (0..<4).flatMap { round -> [UInt8] in
+            var h: UInt64 = 1469598103934665603 &+ UInt64(round)
+            for b in key + [0] + message { h = (h ^ UInt64(b)) &* 1099511628211 }
+            return withUnsafeBytes(of: h.bigEndian) { Array($0) }
+        }
     }
 
     private func verify(_ header: String, body: String = #"{"activityId":"a"}"#, secret: String = "secret", now: Int64 = 1000,
@@ -85,7 +88,8 @@ final class CancelCLIUnitTests: XCTestCase {
         XCTAssertNoThrow(try verify(sign(1000)).get())
         XCTAssertNoThrow(try verify(sign(800)).get(), "within max age")
         XCTAssertNoThrow(try verify(sign(1200)).get(), "a little ahead (clock skew)")
-        XCTAssertNoThrow(try verify(sign(1000).replacingV1(with: "00") + "," + sign(1000).v1Part).get(), "any v1 may match")
+        XCTAssertNoThrow(try verify(sign(1000).replacingV1(with: String(repeating: "0", count: 64)) + "," + sign(1000).v1Part).get(),
+                         "any v1 may match")
         XCTAssertNoThrow(try verify(sign(1000).uppercasedHex).get(), "hex case does not matter")
         XCTAssertEqual(verify(sign(1000, secret: "other")).failure, .mismatch)
         XCTAssertEqual(verify(sign(1000), body: #"{"activityId":"b"}"#).failure, .mismatch)
@@ -97,6 +101,17 @@ final class CancelCLIUnitTests: XCTestCase {
         XCTAssertEqual(verify("t=1000").failure, .malformedHeader)
         XCTAssertEqual(verify("").failure, .malformedHeader)
         XCTAssertEqual(verify("t=1000,v1=").failure, .malformedHeader)
+        // Issue 24 item 7: the time that overflowed `now - t` (a crash, exit 132), a second t
+        // (which one was signed?), a repeated or non-hex v1.
+        let v1 = sign(1000).v1Part
+        XCTAssertEqual(verify("t=-9223372036854775808,\(v1)").failure, .malformedHeader)
+        XCTAssertEqual(verify("t=9223372036854775807,\(v1)", now: -5).failure, .malformedHeader)
+        XCTAssertEqual(verify("t=1000,t=1000,\(v1)").failure, .malformedHeader)
+        XCTAssertEqual(verify("t=1000,t=999,\(v1)").failure, .malformedHeader)
+        XCTAssertEqual(verify(sign(1000) + "," + v1).failure, .malformedHeader)
+        XCTAssertEqual(verify("t=1000,v1=" + String(repeating: "g", count: 64)).failure, .malformedHeader)
+        XCTAssertEqual(verify("t=999999999999,\(v1)", now: Int64.min).failure, .inTheFuture(seconds: Int64.max),
+                       "a clock far off saturates instead of trapping")
     }
 
     // MARK: - run's cancel path

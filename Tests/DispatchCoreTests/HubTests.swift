@@ -168,8 +168,10 @@ final class HubTests: XCTestCase {
     func testLastEventIDCaughtUpOrAhead() {
         live(["x"], at: 5)
         XCTAssertEqual(subscribe("same", after: 5), [], "nothing to replay; waits for the next event")
-        XCTAssertEqual(subscribe("ahead", after: 6), [], "heard 6 elsewhere before this server did")
+        // Above the newest seq here: stored history decides whether the id exists.
+        XCTAssertEqual(subscribe("ahead", after: 6), ["readHistory ahead A after 5"], "heard 6 elsewhere before this server did")
         XCTAssertEqual(sortedRender(hub.published(topic: "A", Ev(6))), ["send same 6", "send x 6"])
+        XCTAssertEqual(render(hub.historyLoaded(subscriber: "ahead", [Ev(6)])), [], "it has 6 already")
         XCTAssertEqual(sortedRender(hub.published(topic: "A", Ev(7))), ["send ahead 7", "send same 7", "send x 7"])
     }
 
@@ -177,10 +179,38 @@ final class HubTests: XCTestCase {
     /// server heard it: once it arrives, the stream ends instead of idling forever.
     func testLastEventIDAtATerminalNotYetHeard() {
         live(["x"], at: 5)
-        XCTAssertEqual(subscribe("r", after: 6), [])
-        XCTAssertEqual(sortedRender(hub.published(topic: "A", Ev(6, terminal: true))), ["finish r", "send x 6!", "finish x"])
+        XCTAssertEqual(subscribe("r", after: 6), ["readHistory r A after 5"])
+        XCTAssertEqual(sortedRender(hub.published(topic: "A", Ev(6, terminal: true))), ["send x 6!", "finish x"])
+        XCTAssertEqual(render(hub.historyLoaded(subscriber: "r", [Ev(6, terminal: true)])), ["finish r"])
         XCTAssertEqual(hub.subscriberCount, 0)
         XCTAssertEqual(hub.topicCount, 0)
+    }
+
+    /// Contract §4 item 3 (issue 24 item 8): an id above the activity's seq (from before a
+    /// restore, or an id used again after retention) is answered as if none was given: the
+    /// current snapshot, then live. It used to receive nothing, ever.
+    func testLastEventIDAboveTheStoredSeqGetsTheSnapshotThenLive() {
+        live(["x"], at: 5)
+        XCTAssertEqual(subscribe("restored", after: 40), ["readHistory restored A after 5"])
+        XCTAssertEqual(render(hub.historyLoaded(subscriber: "restored", [])), ["send restored 5"])
+        XCTAssertTrue(hub.isLive("restored"))
+        XCTAssertEqual(sortedRender(hub.published(topic: "A", Ev(6))), ["send restored 6", "send x 6"])
+        // History past what this process heard, but still below the id: the newest is the snapshot.
+        XCTAssertEqual(subscribe("behind", after: 40), ["readHistory behind A after 6"])
+        XCTAssertEqual(sortedRender(hub.published(topic: "A", Ev(7))), ["send restored 7", "send x 7"], "behind buffers it")
+        XCTAssertEqual(render(hub.historyLoaded(subscriber: "behind", [Ev(7), Ev(8)])), ["send behind 8"])
+        XCTAssertEqual(render(hub.historyLoaded(subscriber: "behind", [Ev(9)])), [], "answered once")
+    }
+
+    /// The first subscriber of a topic, above the seq the snapshot read finds.
+    func testLastEventIDAboveTheSnapshotOfANewTopic() {
+        XCTAssertEqual(subscribe("a", after: 9), ["readSnapshot A"])
+        XCTAssertEqual(snapshot(Ev(3)), ["readHistory a A after 3"])
+        XCTAssertEqual(render(hub.historyLoaded(subscriber: "a", [])), ["send a 3"])
+        XCTAssertEqual(publish(Ev(4)), ["send a 4"])
+        // A finished activity is still answered 204 (contract §4 item 1), whatever the id.
+        XCTAssertEqual(subscribe("done", "B", after: 20), ["readSnapshot B"])
+        XCTAssertEqual(render(hub.snapshotLoaded(topic: "B", Ev(7, terminal: true))), ["noContent done"])
     }
 
     func testDuplicatesAndStaleEventsAreDropped() {

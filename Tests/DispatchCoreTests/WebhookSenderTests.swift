@@ -122,10 +122,83 @@ final class WebhookSenderTests: XCTestCase {
         let parsed = CancelWebhook.parseSignature(header)
         XCTAssertEqual(parsed?.timestamp, 1_796_070_000)
         XCTAssertEqual(parsed?.signatures, [String(repeating: "ab", count: 32)])
-        XCTAssertEqual(CancelWebhook.parseSignature("v1=aa, t=5 ,v1=BB,v0=zz")?.signatures, ["aa", "bb"])
+        let (a, b) = (String(repeating: "a", count: 64), String(repeating: "b", count: 64))
+        XCTAssertEqual(CancelWebhook.parseSignature("v1=\(a), t=5 ,v1=\(b.uppercased()),v0=zz")?.signatures, [a, b])
         XCTAssertNil(CancelWebhook.parseSignature("t=5"))
         XCTAssertNil(CancelWebhook.parseSignature("v1=aa"))
         XCTAssertNil(CancelWebhook.parseSignature("t=now,v1=aa"))
         XCTAssertNil(CancelWebhook.parseSignature("garbage"))
+    }
+
+    // MARK: - Fairness (issue 24 item 2)
+
+    static func row(_ id: Int64, key: Int64, host: String) -> WebhookDelivery {
+        WebhookDelivery(rowID: id, deliveryID: "d-\(id)", activityID: "a-\(id)", url: "https://\(host)/hook", body: "{}",
+                        attempt: 1, secondsLeft: 86_400, key: key, host: host)
+    }
+
+    func testRowsAreInterleavedRoundRobinBetweenKeys() {
+        let rows = [Self.row(1, key: 7, host: "a"), Self.row(2, key: 7, host: "a"), Self.row(3, key: 7, host: "a"),
+                    Self.row(4, key: 8, host: "b"), Self.row(5, key: 9, host: "c"), Self.row(6, key: 8, host: "b")]
+        XCTAssertEqual(WebhookSender.roundRobin(rows).map(\.rowID), [1, 4, 5, 2, 6, 3])
+        XCTAssertEqual(WebhookSender.roundRobin([]).map(\.rowID), [])
+    }
+
+    /// A claim that brings more of one key or one host than its cap sends up to the cap and
+    /// gives the rest back at once; the busy counts tell the next claim what to skip.
+    func testCapsPerKeyAndPerHost() {
+        var s = WebhookSender(policy: Self.policy, maxInFlight: 64, perKey: 2, perHost: 3)
+        _ = s.tick()
+        let tarpit = (1...5).map { Self.row($0, key: 1, host: "tarpit:80") }
+        let actions = s.claimed(tarpit + [Self.row(9, key: 2, host: "hooks.example")], now: 0)
+        XCTAssertEqual(actions, [.send(tarpit[0]), .send(Self.row(9, key: 2, host: "hooks.example")), .send(tarpit[1]),
+                                 .release([tarpit[2], tarpit[3], tarpit[4]])])
+        XCTAssertEqual(s.busyKeys, [1: 2, 2: 1])
+        XCTAssertEqual(s.busyHosts, ["tarpit:80": 2, "hooks.example": 1])
+        // Several keys on one host: the host's cap holds.
+        var h = WebhookSender(policy: Self.policy, maxInFlight: 64, perKey: 8, perHost: 2)
+        _ = h.tick()
+        let shared = (1...4).map { Self.row($0, key: $0, host: "one:443") }
+        XCTAssertEqual(h.claimed(shared, now: 0), [.send(shared[0]), .send(shared[1]), .release([shared[2], shared[3]])])
+    }
+
+    /// The tarpit holds its cap and never answers; another key's row is sent the moment it is
+    /// claimed, and an answer frees the tarpit's slot for its next row.
+    func testATarpitHoldsOnlyItsCap() {
+        var s = WebhookSender(policy: Self.policy, maxInFlight: 64, perKey: 8, perHost: 4)
+        XCTAssertEqual(s.tick(), [.claim(limit: 64)])
+        let tarpit = (1...4).map { Self.row($0, key: 1, host: "tarpit:80") }
+        XCTAssertEqual(s.claimed(tarpit, now: 0).count, 4)
+        XCTAssertEqual(s.tick(), [.claim(limit: 60)], "room for everyone else")
+        XCTAssertEqual(s.busyHosts["tarpit:80"], 4, "the claim skips this host")
+        let legit = Self.row(50, key: 2, host: "hooks.example")
+        XCTAssertEqual(s.claimed([legit], now: 1), [.send(legit)])
+        _ = s.answered(1, .transient("timeout: no answer"), now: 10, random: 0)
+        XCTAssertEqual(s.busyHosts["tarpit:80"], 3)
+    }
+
+    /// Issue 24 item 10: a retry's log line says what kind of failure, never the host.
+    func testLoggableStatusesCarryNoHost() {
+        XCTAssertEqual(WebhookSender.loggable("HTTP 503"), "HTTP 503")
+        XCTAssertEqual(WebhookSender.loggable("connect: Failed to connect to hooks.example.com port 443 after 3 ms: Connection refused"), "connect")
+        XCTAssertEqual(WebhookSender.loggable("timeout: Operation timed out after 10001 milliseconds with 0 bytes received"), "timeout")
+        XCTAssertEqual(WebhookSender.loggable("refused: refused address 10.0.0.5 (private)"), "refused")
+    }
+
+    /// Issue 24 item 7: every header a signer would not write is refused (the CLI exits 1),
+    /// the time that overflowed the age check first of all.
+    func testMalformedSignatureHeadersAreRefused() {
+        let mac = String(repeating: "ab", count: 32)
+        for header in [
+            "t=-9223372036854775808,v1=\(mac)", "t=9223372036854775807,v1=\(mac)", "t=-5,v1=\(mac)", "t=+5,v1=\(mac)",
+            "t=1796070000,t=1796070001,v1=\(mac)", "t=1796070000,t=1796070000,v1=\(mac)",
+            "t=1796070000", "t=1796070000,v1=", "t=1796070000,v1=\(mac),v1=\(mac)", "t=1796070000,v1=\(mac),v1=\(mac.uppercased())",
+            "t=1796070000,v1=zz" + mac.dropFirst(2), "t=1796070000,v1=\(mac)00", "t=1796070000,v1=00", "t=,v1=\(mac)",
+            "t=1796070000,v1", "t=1e9,v1=\(mac)", "t=0x10,v1=\(mac)", "t=1 796070000,v1=\(mac)",
+        ] {
+            XCTAssertNil(CancelWebhook.parseSignature(header), header)
+        }
+        XCTAssertEqual(CancelWebhook.parseSignature("t=1796070000,v1=\(mac)")?.timestamp, 1_796_070_000)
+        XCTAssertEqual(CancelWebhook.parseSignature("t=0,v1=\(mac)")?.timestamp, 0)
     }
 }

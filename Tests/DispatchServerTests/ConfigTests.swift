@@ -41,8 +41,11 @@ final class ConfigTests: XCTestCase {
     }
 
     /// Each setting by environment, by `--flag value` and by `--flag=value`.
-    func testEverySetting() {
+    func testEverySetting() throws {
         let key = "0123456789abcdef-key"
+        let keyFile = NSTemporaryDirectory() + "config-key-\(getpid())"
+        try (key + "\n").write(toFile: keyFile, atomically: true, encoding: .utf8)
+        defer { unlink(keyFile) }
         let table: [(String, String, String, (ServerConfig) -> Bool)] = [
             ("DISPATCH_LISTEN", "--listen", "0.0.0.0:9000", { $0.listen == [Address(host: "0.0.0.0", port: 9000)] }),
             ("DATABASE_URL", "--database-url", "postgres://u@h/db?sslmode=require", { $0.databaseURL == "postgres://u@h/db?sslmode=require" }),
@@ -67,6 +70,10 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_METRICS_MACHINE_LABEL", "--metrics-machine-label", "1", { $0.metricsMachineLabel }),
             ("DISPATCH_METRICS_MACHINES", "--metrics-machines", "7", { $0.metricsMachineLimit == 7 }),
             ("DISPATCH_TRUSTED_PROXIES", "--trusted-proxies", "10.0.0.0/8, ::1", { $0.trustedProxies.contains("10.2.3.4") && $0.trustedProxies.contains("::1") }),
+            ("DISPATCH_DB_TIMEOUT", "--db-timeout", "1.5", { $0.dbTimeoutSeconds == 1.5 }),
+            ("DISPATCH_WEBHOOK_TIMEOUT", "--webhook-timeout", "3", { $0.webhookTimeoutSeconds == 3 }),
+            ("DISPATCH_WEBHOOK_SECRET_FILE", "--webhook-secret-file", keyFile, { $0.webhookSecret == key }),
+            ("DISPATCH_BOOTSTRAP_KEY_FILE", "--bootstrap-key-file", keyFile, { $0.bootstrapKey == key }),
         ]
         XCTAssertEqual(table.count, ServerConfig.settings.count - APNsSettings.settings.count - KeyLimits.settings.count
                        - CarrierSettings.settings.count,
@@ -127,6 +134,8 @@ final class ConfigTests: XCTestCase {
             (["DISPATCH_WEBHOOK_SECRET": "too-short"], []), (["DISPATCH_WEBHOOK_SECRET": "has a space in it, ok?"], []),
             (["DISPATCH_WEBHOOK_ALLOW_PRIVATE": "maybe"], []),
             (["DISPATCH_TRUSTED_PROXIES": "10.0.0.0/33"], []), (["DISPATCH_TRUSTED_PROXIES": "proxy.example"], []),
+            (["DISPATCH_DB_TIMEOUT": "0"], []), (["DISPATCH_DB_TIMEOUT": "0.4"], []), (["DISPATCH_DB_TIMEOUT": "301"], []),
+            (["DISPATCH_DB_TIMEOUT": "nan"], []), (["DISPATCH_WEBHOOK_TIMEOUT": "0.5"], []), (["DISPATCH_WEBHOOK_TIMEOUT": "61"], []),
             ([:], ["--bogus"]), ([:], ["--workers"]), ([:], ["serve"]), ([:], ["--workers", "0"]),
             ([:], ["-workers", "2"]), ([:], ["--heartbeat=abc"]),
         ]
@@ -186,6 +195,62 @@ final class CarrierConfigTests: XCTestCase {
                 let named = env.keys.contains { error.message.contains($0) } || error.message.contains("DISPATCH_NATS_URL")
                 XCTAssertTrue(named, error.message)
             }
+        }
+    }
+}
+
+/// Issue 24 item 9: secrets from files, and a warning for secrets on the command line.
+final class SecretFileConfigTests: XCTestCase {
+    let files = ["/run/secrets/webhook": "whsec-from-a-file-0123456789\n", "/run/secrets/bootstrap": "bootstrap-from-a-file-0123\n",
+                 "/run/secrets/two-lines": "one-line-0123456789\nanother-0123456789\n"]
+
+    func parse(_ env: [String: String], _ args: [String] = []) -> Result<ServerConfig, ConfigError> {
+        do throws(ConfigError) {
+            return .success(try ServerConfig.parse(environment: env, arguments: args, cores: 1, readFile: { self.files[$0] }))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    func testSecretsAreReadFromFilesNamedByEnvironmentOrFlag() throws {
+        let fromEnv = try parse(["DISPATCH_WEBHOOK_SECRET_FILE": "/run/secrets/webhook", "DISPATCH_BOOTSTRAP_KEY_FILE": "/run/secrets/bootstrap"]).get()
+        XCTAssertEqual(fromEnv.webhookSecret, "whsec-from-a-file-0123456789", "the trailing newline is not part of it")
+        XCTAssertEqual(fromEnv.bootstrapKey, "bootstrap-from-a-file-0123")
+        XCTAssertEqual(fromEnv.secretsOnCommandLine, [])
+        let fromFlags = try parse([:], ["--webhook-secret-file", "/run/secrets/webhook", "--bootstrap-key-file=/run/secrets/bootstrap"]).get()
+        XCTAssertEqual(fromFlags.webhookSecret, "whsec-from-a-file-0123456789")
+        XCTAssertEqual(fromFlags.bootstrapKey, "bootstrap-from-a-file-0123")
+        XCTAssertEqual(fromFlags.secretsOnCommandLine, [], "a file's path is no secret")
+    }
+
+    func testTheValueAndItsFileTogetherOrAnUnreadableFileAreRefused() {
+        for (env, expected) in [
+            (["DISPATCH_WEBHOOK_SECRET": "whsec-inline-0123456789", "DISPATCH_WEBHOOK_SECRET_FILE": "/run/secrets/webhook"], "not both"),
+            (["DISPATCH_BOOTSTRAP_KEY_FILE": "/run/secrets/missing"], "cannot read /run/secrets/missing"),
+            (["DISPATCH_WEBHOOK_SECRET_FILE": "/run/secrets/two-lines"], "one line"),
+        ] {
+            switch parse(env) {
+            case .success: XCTFail("accepted \(env)")
+            case .failure(let e): XCTAssertTrue(e.message.contains(expected), e.message)
+            }
+        }
+        // A file's secret gets the same checks as the value itself.
+        if case .success = parse(["DISPATCH_WEBHOOK_SECRET_FILE": "/run/secrets/short"]) { XCTFail("unreadable accepted") }
+    }
+
+    func testSecretFlagsOnTheCommandLineAreNamedForAWarning() throws {
+        let c = try parse([:], ["--webhook-secret", "whsec-inline-0123456789", "--bootstrap-key=bootstrap-inline-0123"]).get()
+        XCTAssertEqual(c.secretsOnCommandLine, ["--webhook-secret", "--bootstrap-key"])
+        XCTAssertEqual(c.webhookSecret, "whsec-inline-0123456789")
+        let env = try parse(["DISPATCH_WEBHOOK_SECRET": "whsec-inline-0123456789"]).get()
+        XCTAssertEqual(env.secretsOnCommandLine, [], "the environment does not show in ps")
+    }
+
+    func testHelpListsTheFileSettings() {
+        let usage = ServerConfig.usage()
+        for s in ["--webhook-secret-file", "DISPATCH_WEBHOOK_SECRET_FILE", "--bootstrap-key-file", "DISPATCH_BOOTSTRAP_KEY_FILE",
+                  "--db-timeout", "DISPATCH_DB_TIMEOUT"] {
+            XCTAssertTrue(usage.contains(s), s)
         }
     }
 }

@@ -18,9 +18,16 @@ extension TestServer {
                                       [String(after)]).compactMap { $0[0].flatMap { Int64($0) } }
     }
 
+    /// The change's feed position; with the NATS carrier the sequencer numbers it just after
+    /// its commit, so this waits for it (a few seconds at most).
     func position(of id: String, seq: Int64) throws -> Int64? {
-        try TestPostgres.shared().sql(conninfo, "SELECT position FROM activity_events WHERE activity_id = $1 AND seq = $2::bigint",
-                                      [id, String(seq)]).first?[0].flatMap { Int64($0) }
+        var position: Int64?
+        _ = try waitUntil(5) {
+            position = try TestPostgres.shared().sql(conninfo, "SELECT position FROM activity_events WHERE activity_id = $1 AND seq = $2::bigint",
+                                                     [id, String(seq)]).first?[0].flatMap { Int64($0) }
+            return position != nil
+        }
+        return position
     }
 }
 
@@ -317,7 +324,9 @@ final class FeedTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(idle.heartbeats, 2, "heartbeats on an idle feed")
 
         let slow = try SSEClient(port: s.port, path: "/v1/stream", token: s.adminKey, lastEventID: p0, smallBuffer: true)
-        usleep(300_000)
+        // Live first (its `synced`): changes heard while a feed still catches up are sent as one
+        // paced page when it goes live, not offered one by one against the cap.
+        XCTAssertNotNil(try slow.waitSynced())
         let status = String(repeating: "s", count: 200)
         for i in 0..<600 { try s.update("hb", #"{"progress":\#(Double(i) / 600),"status":"\#(status)"}"#) }
         XCTAssertTrue(try waitUntil(10) { try s.metric("dispatch_feed_closes_total", labels: "slow_client") >= 1 }, "cut off")

@@ -26,6 +26,10 @@ extension CurlClient {
         /// A PEM file of extra trusted CAs (CURLOPT_CAINFO; the system's CA directory stays trusted).
         public var caFile: String?
         public var connectTimeout: Double = 5
+        /// Whole seconds a connected request may go without receiving a byte (the answer's
+        /// first one included) before it is given up (CURLOPT_LOW_SPEED_TIME at 1 byte/s);
+        /// 0: only the request's whole deadline applies.
+        public var stallTimeout = 0
         /// Seconds sent data may stay unacknowledged before the kernel drops the connection
         /// (TCP_USER_TIMEOUT); 0 leaves the kernel's default (about 15 minutes).
         public var tcpUserTimeout: Double = 20

@@ -68,6 +68,10 @@ final class CurlTransfer {
         if options.multiplex { long(CURLOPT_PIPEWAIT, 1) }
         long(CURLOPT_CONNECTTIMEOUT_MS, Int(options.connectTimeout * 1000))
         long(CURLOPT_TIMEOUT_MS, max(1, Int(request.timeout * 1000)))
+        if options.stallTimeout > 0 {
+            long(CURLOPT_LOW_SPEED_LIMIT, 1)
+            long(CURLOPT_LOW_SPEED_TIME, options.stallTimeout)
+        }
         // Probe idle connections so a dead peer is noticed before the next request needs it.
         long(CURLOPT_TCP_KEEPALIVE, 1)
         long(CURLOPT_TCP_KEEPIDLE, 30)

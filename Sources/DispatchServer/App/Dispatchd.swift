@@ -42,6 +42,9 @@ public enum Dispatchd {
                 }
             }
         }
+        // A hangup (a closed terminal, a reflexive `kill -HUP`) must not end a server: ignored
+        // from the start (migrations included), then logged by the loops (Worker, Supervisor).
+        if command == "serve" { signal(SIGHUP, SIG_IGN) }
         let env = Subprocess.currentEnvironment()
         var config: ServerConfig
         do {
@@ -52,6 +55,12 @@ public enum Dispatchd {
             return 2
         }
         let log = Logger(level: Logger.Level(name: config.logLevel) ?? .info, format: config.logFormat)
+        if env["DISPATCH_WORKER_INDEX"] == nil {
+            for flag in config.secretsOnCommandLine {
+                log.warning("config.secret_on_command_line", [("flag", flag), ("why", "every local user sees it in ps"),
+                                                               ("instead", flag + "-file, or the environment")])
+            }
+        }
         if let index = env["DISPATCH_WORKER_INDEX"].flatMap({ Int($0) }), let conninfo = env["DISPATCH_WORKER_CONNINFO"] {
             log.staticFields = [("worker", String(index))]
             var workerConfig = config
@@ -67,6 +76,20 @@ public enum Dispatchd {
         default:
             printError("dispatchd: unknown command \(command) (see --help)")
             return 2
+        }
+        // Only this server's workers may share its addresses: reserve them before any worker
+        // binds, and fail once, clearly, when something else holds one. First of all: a second
+        // server on a taken port must not run initdb or a migration (on a shared DATABASE_URL:
+        // against the shared database) before it notices.
+        var reservations: [PortReservation] = []
+        if command == "serve" {
+            do {
+                reservations = try config.listen.map { a throws(SystemError) in try PortReservation(host: a.host, port: a.port) }
+            } catch {
+                log.error("listen.failed", [("error", "\(error)")])
+                printError("dispatchd: \(error)")
+                return 1
+            }
         }
         var embedded: EmbeddedPostgres?
         let conninfo: String
@@ -128,16 +151,6 @@ public enum Dispatchd {
             }
         } catch {
             log.error("webhooks.secret_failed", [("error", "\(error)")])
-            return 1
-        }
-        // Only this server's workers may share its addresses: reserve them before any worker
-        // binds, and fail once, clearly, when something else holds one.
-        let reservations: [PortReservation]
-        do {
-            reservations = try config.listen.map { a throws(SystemError) in try PortReservation(host: a.host, port: a.port) }
-        } catch {
-            log.error("listen.failed", [("error", "\(error)")])
-            printError("dispatchd: \(error)")
             return 1
         }
         var serving = config

@@ -13,6 +13,8 @@ public final class Metrics {
     public var resyncs = 0
     public var dbConnected = false
     public var dbReconnects = 0
+    /// Round trips and connection attempts of the writer and reader sessions past DISPATCH_DB_TIMEOUT.
+    public var dbTimeouts = 0
     public var publishBatches = 0
     public var casRetries = 0
     /// Activities this worker ended as stale (contract §5.4).
@@ -116,6 +118,7 @@ public final class Metrics {
         }
         line("dispatch_db_up", "gauge", "1 when the database connections are up.", [(w, dbConnected ? "1" : "0")])
         line("dispatch_db_reconnects_total", "counter", "Database connections lost.", [(w, "\(dbReconnects)")])
+        line("dispatch_db_timeouts_total", "counter", "Database round trips and connection attempts past DISPATCH_DB_TIMEOUT.", [(w, "\(dbTimeouts)")])
         line("dispatch_connections_cut_total", "counter", "Client connections cut: whole-request deadline or per-address cap.",
              [(w, "\(connectionsCut())")])
         line("dispatch_connections_open", "gauge", "Client connections open now.", [(w, "\(connectionsOpen())")])

@@ -38,10 +38,14 @@ public enum Migrations {
         }
     }
 
+    /// Seconds one migration (or the wait for another server's) may take: a migration may
+    /// rewrite a large table, but a database that never answers must not hang the start.
+    public static let timeout: Double = 600
+
     /// Applies what is missing; returns the versions applied now.
     @discardableResult
     public static func apply(_ files: [File], conninfo: String, log: Logger) throws -> [String] {
-        let db = try BlockingPG(conninfo)
+        let db = try BlockingPG(conninfo, timeout: timeout)
         try db.script("SELECT pg_advisory_lock(7345102)")
         defer { _ = try? db.script("SELECT pg_advisory_unlock(7345102)") }
         try db.script("CREATE TABLE IF NOT EXISTS schema_migrations (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")

@@ -1,5 +1,6 @@
 import DispatchCore
 import DispatchIO
+import DispatchSystem
 
 /// Server configuration from the environment, each setting also a flag (flags win).
 public struct ServerConfig: Equatable, Sendable {
@@ -47,6 +48,13 @@ public struct ServerConfig: Equatable, Sendable {
     /// Seals device tokens at rest; nil: the embedded default generates one, else no devices API.
     public var tokenKey: [UInt8]?
     public var pushDismissalSeconds = 14_400
+    /// Seconds a call waits for its database round trip before it gets 503 (contract §6).
+    public var dbTimeoutSeconds: Double = 5
+    /// Seconds one cancel webhook attempt may take, connecting included (default 10).
+    public var webhookTimeoutSeconds: Double = 10
+    /// Secret-bearing flags given on the command line, where every local user sees them in
+    /// `ps` (a warning at start names them; the `-file` flags and the environment do not show).
+    public var secretsOnCommandLine: [String] = []
     public var pushLeaseSeconds = 60
     /// The NATS carrier between server processes (contract §10); nil: LISTEN/NOTIFY.
     public var carrier: CarrierSettings?
@@ -67,7 +75,8 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DATABASE_URL", flag: "--database-url", help: "PostgreSQL URL or conninfo; unset: a private cluster under the data dir"),
         Setting(env: "DISPATCH_DATA_DIR", flag: "--data-dir", help: "where the embedded PostgreSQL lives (default ./.dispatch)"),
         Setting(env: "DISPATCH_HEARTBEAT", flag: "--heartbeat", help: "seconds between heartbeats on an idle stream (default 15)"),
-        Setting(env: "DISPATCH_BOOTSTRAP_KEY", flag: "--bootstrap-key", help: "ensure an admin API key with exactly this secret (development, tests)"),
+        Setting(env: "DISPATCH_BOOTSTRAP_KEY", flag: "--bootstrap-key", help: "ensure an admin API key with exactly this secret (development, tests; on the command line it shows in ps)"),
+        Setting(env: "DISPATCH_BOOTSTRAP_KEY_FILE", flag: "--bootstrap-key-file", help: "the same, read from this file (one line)"),
         Setting(env: "DISPATCH_LOG_LEVEL", flag: "--log-level", help: "debug, info, warning or error (default info)"),
         Setting(env: "DISPATCH_LOG_FORMAT", flag: "--log-format", help: "logfmt or json (default logfmt)"),
         Setting(env: "DISPATCH_WORKERS", flag: "--workers", help: "server processes sharing the port (default: number of cores)"),
@@ -80,16 +89,25 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
         Setting(env: "DISPATCH_CORS_ORIGINS", flag: "--cors-origins", help: "origins whose browser pages may call /v1, comma-separated (https://ops.example), or * for any (default none)"),
         Setting(env: "DISPATCH_TRUSTED_PROXIES", flag: "--trusted-proxies", help: "CIDRs of reverse proxies whose X-Forwarded-Proto is believed, comma-separated (127.0.0.1/32,10.0.0.0/8) (default none)"),
-        Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait)"),
+        Setting(env: "DISPATCH_WEBHOOK_SECRET", flag: "--webhook-secret", help: "signs cancel webhooks, 16-512 characters (default: generated in the data dir with the embedded database; none with DATABASE_URL, and webhooks wait; on the command line it shows in ps)"),
+        Setting(env: "DISPATCH_WEBHOOK_SECRET_FILE", flag: "--webhook-secret-file", help: "the same, read from this file (one line)"),
         Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
+        Setting(env: "DISPATCH_WEBHOOK_TIMEOUT", flag: "--webhook-timeout", help: "seconds one cancel webhook attempt may take; connecting and waiting for the answer each get less (default 10)"),
+        Setting(env: "DISPATCH_DB_TIMEOUT", flag: "--db-timeout", help: "seconds a call waits for the database before it gets 503 and the session reconnects (default 5)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
     ] + CarrierSettings.settings + APNsSettings.settings + MetricsSettings.settings + KeyLimits.settings
 
     public init(workers: Int) { self.workers = workers }
 
-    /// Reads `environment`, then `arguments` (`--flag value` or `--flag=value`).
-    public static func parse(environment: [String: String], arguments: [String], cores: Int) throws(ConfigError) -> ServerConfig {
+    /// Settings whose value is a secret, each with the setting that reads it from a file.
+    static let secretFiles = [("DISPATCH_BOOTSTRAP_KEY", "DISPATCH_BOOTSTRAP_KEY_FILE"), ("DISPATCH_WEBHOOK_SECRET", "DISPATCH_WEBHOOK_SECRET_FILE")]
+
+    /// Reads `environment`, then `arguments` (`--flag value` or `--flag=value`). `readFile`
+    /// reads the `_FILE` settings (nil: unreadable).
+    public static func parse(environment: [String: String], arguments: [String], cores: Int,
+                             readFile: (String) -> String? = { Files.read($0) }) throws(ConfigError) -> ServerConfig {
         var values: [String: String] = [:]
+        var onCommandLine: [String] = []
         for s in settings { if let v = environment[s.env] { values[s.env] = v } }
         var i = 0
         while i < arguments.count {
@@ -98,12 +116,23 @@ public struct ServerConfig: Equatable, Sendable {
                 ? (String(arg.split(separator: "=", maxSplits: 1)[0]), String(arg.split(separator: "=", maxSplits: 1)[1]))
                 : (arg, nil)
             guard let s = settings.first(where: { $0.flag == name }) else { throw ConfigError("unknown option \(arg) (see --help)") }
+            if secretFiles.contains(where: { $0.0 == s.env }) { onCommandLine.append(s.flag) }
             if let inline { values[s.env] = inline; i += 1; continue }
             guard i + 1 < arguments.count else { throw ConfigError("\(name) needs a value") }
             values[s.env] = arguments[i + 1]
             i += 2
         }
+        for (plain, file) in secretFiles {
+            guard let path = values[file], !path.isEmpty else { continue }
+            if let v = values[plain], !v.isEmpty { throw ConfigError("give \(plain) or \(file), not both") }
+            guard let text = readFile(path) else { throw ConfigError("\(file): cannot read \(path)") }
+            var secret = Substring(text)
+            while let last = secret.last, last.isNewline || last == " " { secret.removeLast() }
+            guard !secret.isEmpty, !secret.contains(where: \.isNewline) else { throw ConfigError("\(file): \(path) must hold the secret on one line") }
+            values[plain] = String(secret)
+        }
         var c = ServerConfig(workers: max(1, cores))
+        c.secretsOnCommandLine = onCommandLine
         if let v = values["DISPATCH_LISTEN"] { c.listen = try parseListen(v) }
         if let v = values["DATABASE_URL"], !v.isEmpty { c.databaseURL = v }
         if let v = values["DISPATCH_DATA_DIR"] {
@@ -178,6 +207,14 @@ public struct ServerConfig: Equatable, Sendable {
         if let v = values["DISPATCH_MAX_STREAMS_PER_KEY"] {
             guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_STREAMS_PER_KEY must be a positive integer") }
             c.maxStreamsPerKey = n
+        }
+        if let v = values["DISPATCH_WEBHOOK_TIMEOUT"] {
+            guard let d = Double(v), d.isFinite, d >= 1, d <= 60 else { throw ConfigError("DISPATCH_WEBHOOK_TIMEOUT must be seconds from 1 to 60, not \(v)") }
+            c.webhookTimeoutSeconds = d
+        }
+        if let v = values["DISPATCH_DB_TIMEOUT"] {
+            guard let d = Double(v), d.isFinite, d >= 0.5, d <= 300 else { throw ConfigError("DISPATCH_DB_TIMEOUT must be seconds from 0.5 to 300, not \(v)") }
+            c.dbTimeoutSeconds = d
         }
         if let v = values["DISPATCH_CORS_ORIGINS"] {
             switch CORSPolicy.parse(v) {

@@ -35,6 +35,7 @@ final class Supervisor {
         watchers.append(loop.onSignal(SIGCHLD) { [unowned self] in self.reap() })
         watchers.append(loop.onSignal(SIGTERM) { [unowned self] in self.stop(SIGTERM) })
         watchers.append(loop.onSignal(SIGINT) { [unowned self] in self.stop(SIGTERM) })
+        watchers.append(loop.onSignal(SIGHUP) { [log] in log.info("signal.hangup_ignored", [("why", "no reload: restart to apply new settings")]) })
         log.info("supervisor.started", [("workers", config.workers)])
         loop.run()
         log.info("supervisor.stopped", [("gave_up", gaveUp)])

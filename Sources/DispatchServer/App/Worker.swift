@@ -52,8 +52,8 @@ public final class Worker {
         http = HTTPServer(loop: loop, limits: limits)
         metrics.connectionsCut = { [http] in http.connectionsCut }
         metrics.connectionsOpen = { [http] in http.connectionsOpen }
-        db = Database(loop: loop, conninfo: conninfo, log: log, metrics: metrics)
-        listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log)
+        db = Database(loop: loop, conninfo: conninfo, log: log, metrics: metrics, timeout: config.dbTimeoutSeconds)
+        listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log, timeout: config.dbTimeoutSeconds)
         metrics.carrierUp = { [listener] in listener.isReady }
         publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
         publisher.maxLivePerKey = config.limits.maxLivePerKey
@@ -126,6 +126,7 @@ public final class Worker {
         }
         timers.append(loop.onSignal(SIGTERM) { [unowned self] in self.shutdown() })
         timers.append(loop.onSignal(SIGINT) { [unowned self] in self.shutdown() })
+        timers.append(loop.onSignal(SIGHUP) { [log] in log.info("signal.hangup_ignored", [("why", "no reload: restart to apply new settings")]) })
         log.info("worker.started", [("heartbeat_s", config.heartbeatSeconds)])
         loop.run()
         if let failure = listenFailure { throw failure }
@@ -253,7 +254,7 @@ public final class Worker {
             return log.warning("webhooks.disabled", [("why", "no DISPATCH_WEBHOOK_SECRET"), ("effect", "cancel webhooks wait in the outbox")])
         }
         let sender = WebhookService(loop: loop, db: db, secret: secret, allowPrivateAddresses: config.webhookAllowPrivate,
-                                    retentionDays: config.retentionDays, log: log, metrics: metrics)
+                                    retentionDays: config.retentionDays, log: log, metrics: metrics, attemptTimeout: config.webhookTimeoutSeconds)
         sender.start()
         webhooks = sender
     }
@@ -266,7 +267,8 @@ public final class Worker {
         }
         if vault != nil {
             let devicesAfter = Int64(config.limits.deviceRetentionDays * 86_400)
-            db.read(DeviceRepository.retention(nowMs: Clock.nowMilliseconds(), deviceRetentionS: devicesAfter)) { [log] result in
+            db.read(DeviceRepository.retention(nowMs: Clock.nowMilliseconds(), deviceRetentionS: devicesAfter),
+                    timeout: db.backgroundTimeout) { [log] result in
                 guard case .success(let r) = result, let row = r.first else { return }
                 let tokens = row.int("tokens") ?? 0, rows = row.int("rows") ?? 0, devices = row.int("devices") ?? 0
                 if tokens + rows + devices > 0 {

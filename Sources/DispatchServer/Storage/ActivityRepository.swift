@@ -156,7 +156,7 @@ struct ActivityRepository {
               RETURNING 1
             )
             SELECT count(*) AS pruned FROM old
-            """, [String(cutoff)], name: "prune")) { result in
+            """, [String(cutoff)], name: "prune"), timeout: db.backgroundTimeout) { result in
             completion((try? result.get().first?.int("pruned")) ?? 0)
         }
     }

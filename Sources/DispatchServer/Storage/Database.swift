@@ -3,18 +3,29 @@ import DispatchIO
 
 /// One worker's database sessions: a writer for group-committed changes and a reader for
 /// everything else, each pipelined. (The LISTEN session is the worker's own.)
+///
+/// Every round trip a caller waits on has a deadline, `DISPATCH_DB_TIMEOUT` (contract §6):
+/// past it the caller gets 503 and a session that stopped answering starts over. Background
+/// work that may legitimately run longer (retention) passes `backgroundTimeout`.
 final class Database {
     let writer: PGConnection
     let reader: PGConnection
 
-    init(loop: EventLoop, conninfo: String, log: Logger, metrics: Metrics) {
-        writer = PGConnection(loop: loop, conninfo: conninfo, name: "writer", log: log)
-        reader = PGConnection(loop: loop, conninfo: conninfo, name: "reader", log: log)
+    init(loop: EventLoop, conninfo: String, log: Logger, metrics: Metrics, timeout: Double = 5) {
+        writer = PGConnection(loop: loop, conninfo: conninfo, name: "writer", log: log, timeout: timeout)
+        reader = PGConnection(loop: loop, conninfo: conninfo, name: "reader", log: log, timeout: timeout)
         writer.onRoundTrip = { [metrics] in metrics.writerRoundTrips.observe($0) }
         reader.onRoundTrip = { [metrics] in metrics.readerRoundTrips.observe($0) }
+        writer.onDeadlineMissed = { [metrics] in metrics.dbTimeouts += 1 }
+        reader.onDeadlineMissed = { [metrics] in metrics.dbTimeouts += 1 }
     }
 
-    var isReady: Bool { writer.isReady && reader.isReady }
+    /// Both sessions up, and no round trip past its deadline.
+    var isReady: Bool { writer.isReady && reader.isReady && !writer.isOverdue && !reader.isOverdue }
+
+    /// Seconds a background batch (retention) may run: longer than a caller waits, bounded
+    /// so that a server that stopped answering is still noticed.
+    var backgroundTimeout: Double { max(60, reader.timeout) }
 
     func start() {
         writer.start()
@@ -28,8 +39,8 @@ final class Database {
 
     /// Runs one statement on the reader and hands back its rows, or the client-facing error:
     /// 503 when the database cannot answer, 500 when it refused the statement.
-    func read(_ query: PGQuery, _ completion: @escaping (Result<PGResult, DispatchError>) -> Void) {
-        reader.execute([query]) { result in
+    func read(_ query: PGQuery, timeout: Double? = nil, _ completion: @escaping (Result<PGResult, DispatchError>) -> Void) {
+        reader.execute([query], timeout: timeout) { result in
             switch result {
             case .failure: completion(.failure(Database.unavailable))
             case .success(let rs) where !rs[0].ok: completion(.failure(DispatchError(.internalError, "the database refused the query")))

@@ -11,34 +11,62 @@ import DispatchIO
 /// are fenced on the attempt count, so a sender whose lease ran out (the row was claimed again
 /// since) changes nothing.
 enum WebhookSQL {
-    /// Seconds a claim keeps a row: the 10 s attempt plus a margin for marking it.
-    static let leaseSeconds = 30
+    /// Seconds a claim keeps a row by default: the 10 s attempt plus a margin for marking it.
+    static let leaseSeconds = 30.0
 
-    static func claim(limit: Int) -> PGQuery {
-        PGQuery("""
+    /// Claims up to `limit` due rows fairly (issue 24): rows of keys and destinations already at
+    /// their cap here (`busyKeys`, `busyHosts` against `perKey`, `perHost`) are skipped, the
+    /// rest are taken round-robin between keys (every key's oldest due row first), at most
+    /// up to each cap. The owning key and the URL's host[:port] come back with each row.
+    static func claim(limit: Int, perKey: Int = 8, perHost: Int = 4, busyKeys: [Int64: Int] = [:], busyHosts: [String: Int] = [:],
+                      lease: Double = leaseSeconds) -> PGQuery {
+        let keys = busyKeys.sorted { $0.key < $1.key }, hosts = busyHosts.sorted { $0.key < $1.key }
+        return PGQuery("""
             WITH expired AS (
               UPDATE webhook_outbox SET state = 'failed', lease_until = NULL,
                      last_status = coalesce(last_status || '; ', '') || 'gave up after 24 hours'
               WHERE state = 'pending' AND due_at <= now() AND give_up_at <= now()
+            ), busy_keys AS (
+              SELECT * FROM unnest($5::bigint[], $6::integer[]) AS b(key_id, n)
+            ), busy_hosts AS (
+              SELECT * FROM unnest($7::text[], $8::integer[]) AS b(host, n)
+            ), candidates AS (
+              SELECT c.* FROM (
+                SELECT o.id, o.due_at, coalesce(a.owner_key_id, 0) AS key_id,
+                       lower(coalesce(substring(o.url from '^[^:/?#]+://(?:[^/?#@]*@)?([^/?#]*)'), '')) AS host
+                FROM webhook_outbox o LEFT JOIN activities a ON a.activity_id = o.activity_id
+                WHERE o.state = 'pending' AND o.due_at <= now() AND o.give_up_at > now()
+                ORDER BY o.due_at
+              ) c
+              WHERE NOT EXISTS (SELECT 1 FROM busy_keys b WHERE b.key_id = c.key_id AND b.n >= $3::integer)
+                AND NOT EXISTS (SELECT 1 FROM busy_hosts b WHERE b.host = c.host AND b.n >= $4::integer)
+              LIMIT 10000
+            ), ranked AS (
+              SELECT c.id, c.due_at, c.key_id, c.host,
+                     row_number() OVER (PARTITION BY c.key_id ORDER BY c.due_at, c.id) + coalesce(bk.n, 0) AS key_slot,
+                     row_number() OVER (PARTITION BY c.host ORDER BY c.due_at, c.id) + coalesce(bh.n, 0) AS host_slot
+              FROM candidates c LEFT JOIN busy_keys bk ON bk.key_id = c.key_id LEFT JOIN busy_hosts bh ON bh.host = c.host
             ), due AS (
-              SELECT id FROM webhook_outbox
-              WHERE state = 'pending' AND due_at <= now() AND give_up_at > now()
-              ORDER BY due_at LIMIT $1::integer
-              FOR UPDATE SKIP LOCKED
+              SELECT o.id, r.key_id, r.host FROM webhook_outbox o JOIN ranked r ON r.id = o.id
+              WHERE r.key_slot <= $3::integer AND r.host_slot <= $4::integer
+              ORDER BY r.key_slot, r.due_at, r.id LIMIT $1::integer
+              FOR UPDATE OF o SKIP LOCKED
             )
             UPDATE webhook_outbox o SET attempts = o.attempts + 1,
                    due_at = now() + make_interval(secs => $2::integer), lease_until = now() + make_interval(secs => $2::integer)
             FROM due WHERE o.id = due.id
-            RETURNING o.id, o.delivery_id, o.activity_id, o.url, o.body, o.attempts,
+            RETURNING o.id, o.delivery_id, o.activity_id, o.url, o.body, o.attempts, due.key_id, due.host,
                       extract(epoch FROM o.give_up_at - now())::float8 AS seconds_left
-            """, [String(limit), String(leaseSeconds)], name: "webhook_claim")
+            """, [String(limit), String(Int(max(leaseSeconds, lease).rounded(.up))), String(perKey), String(perHost),
+                  PGArray.numbers(keys.map { $0.key }), PGArray.numbers(keys.map { Int64($0.value) }),
+                  PGArray.text(hosts.map { $0.key }), PGArray.numbers(hosts.map { Int64($0.value) })], name: "webhook_claim")
     }
 
     static func delivery(_ r: PGRow) -> WebhookDelivery? {
         guard let id = r.int64("id"), let deliveryID = r["delivery_id"], let activityID = r["activity_id"], let url = r["url"],
               let body = r["body"], let attempts = r.int("attempts"), let left = r.double("seconds_left") else { return nil }
         return WebhookDelivery(rowID: id, deliveryID: deliveryID, activityID: activityID, url: url, body: body,
-                               attempt: attempts, secondsLeft: left)
+                               attempt: attempts, secondsLeft: left, key: r.int64("key_id") ?? 0, host: r["host"] ?? "")
     }
 
     static func delivered(_ d: WebhookDelivery, status: String) -> PGQuery {

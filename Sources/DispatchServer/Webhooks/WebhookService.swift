@@ -8,8 +8,13 @@ import DispatchSystem
 /// over libcurl in the event loop, and marks the row. One per server process (worker 0); several
 /// servers share the outbox safely (see WebhookSQL).
 final class WebhookService {
-    /// Seconds per attempt, connecting included (contract: a 10 s deadline).
-    static let attemptTimeout = 10.0
+    /// Seconds per attempt, connecting included (DISPATCH_WEBHOOK_TIMEOUT, default 10). The
+    /// connect and the wait for the answer's first byte each get less, so a receiver that
+    /// accepts and never answers frees its slot before the whole deadline.
+    let attemptTimeout: Double
+    /// Deliveries in flight at once per owning key, and per destination (host and port).
+    static let perKey = 8
+    static let perHost = 4
 
     let loop: EventLoop
     let db: Database
@@ -17,15 +22,18 @@ final class WebhookService {
     let metrics: Metrics
     private let secret: [UInt8]
     private let client: CurlClient
-    private var machine = WebhookSender()
+    private var machine: WebhookSender
     private var timers: [Timer] = []
     private var rng = SystemRandomNumberGenerator()
 
     /// Days finished deliveries are kept (the activities' retention).
     let retentionDays: Double
 
-    init(loop: EventLoop, db: Database, secret: String, allowPrivateAddresses: Bool, retentionDays: Double, log: Logger, metrics: Metrics) {
+    init(loop: EventLoop, db: Database, secret: String, allowPrivateAddresses: Bool, retentionDays: Double, log: Logger, metrics: Metrics,
+         attemptTimeout: Double = 10) {
         self.retentionDays = retentionDays
+        self.attemptTimeout = attemptTimeout
+        machine = WebhookSender(perKey: WebhookService.perKey, perHost: WebhookService.perHost)
         self.loop = loop
         self.db = db
         self.secret = Array(secret.utf8)
@@ -33,6 +41,9 @@ final class WebhookService {
         self.metrics = metrics
         var options = CurlClient.Options.webhooks
         options.allowPrivateAddresses = allowPrivateAddresses
+        options.connectTimeout = min(5, attemptTimeout / 2)
+        options.stallTimeout = max(1, Int((attemptTimeout * 0.6).rounded(.down)))
+        options.maxHostConnections = WebhookService.perHost
         options.userAgent = "dispatch-webhook"
         client = CurlClient(loop: loop, options: options)
     }
@@ -70,7 +81,9 @@ final class WebhookService {
         for action in actions {
             switch action {
             case .claim(let limit):
-                db.read(WebhookSQL.claim(limit: limit)) { [weak self] result in
+                let claim = WebhookSQL.claim(limit: limit, perKey: machine.perKey, perHost: machine.perHost,
+                                             busyKeys: machine.busyKeys, busyHosts: machine.busyHosts, lease: attemptTimeout + 20)
+                db.read(claim) { [weak self] result in
                     guard let self else { return }
                     switch result {
                     case .success(let r):
@@ -89,7 +102,7 @@ final class WebhookService {
             case .markRetry(let d, let after, let status):
                 count("retried")
                 log.info("webhook.retry", [("delivery", d.deliveryID), ("activity", d.activityID), ("attempt", d.attempt),
-                                           ("status", status), ("after_s", Int(after.rounded(.up)))])
+                                           ("status", WebhookSender.loggable(status)), ("after_s", Int(after.rounded(.up)))])
                 mark(d, WebhookSQL.retry(d, after: after, status: status))
             case .markFailed(let d, let status, let reason):
                 count(reason == .refused ? "refused" : "failed")
@@ -109,7 +122,7 @@ final class WebhookService {
             ("Content-Type", "application/json"),
             ("Dispatch-Signature", CancelWebhook.signatureHeader(timestamp: t, hexMAC: mac)),
             ("Dispatch-Delivery", d.deliveryID),
-        ], body: Array(d.body.utf8), timeout: WebhookService.attemptTimeout)
+        ], body: Array(d.body.utf8), timeout: attemptTimeout)
         client.send(request) { [weak self] result in
             guard let self else { return }
             let answer: WebhookAnswer
