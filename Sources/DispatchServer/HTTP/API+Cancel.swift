@@ -26,20 +26,16 @@ extension API {
                 return self.fail(req, error)
             }
             let anyActivity = key.isAdmin || key.scopes.contains(.device)
-            let op = PublishOp(activityID: id, kind: .cancel(reason: reason), idempotencyKey: nil, ownerKeyID: key.id,
-                               authorize: { stored in
-                                   if anyActivity || stored.ownerKeyID == key.id { return nil }
-                                   return DispatchError(.forbidden, "this key did not start activity \(stored.activity.activityId)")
-                               },
-                               completion: { [unowned self] outcome in
-                                   switch outcome {
-                                   case .committed(let json, _): self.reply(req, 202, json)
-                                   case .ok(let a): self.reply(req, 202, a.json())
-                                   case .replay(let json): self.reply(req, 202, Array(json.utf8))
-                                   case .failed(let e): self.fail(req, e)
-                                   }
-                               })
-            self.publisher.submit(op)
+            let op = PublishOp(activityID: id, kind: .cancel(reason: reason, deliveryID: RandomID.uuid(using: &self.rng)),
+                               ownerKeyID: key.id, access: anyActivity ? .anyActivity : .startedBy(keyID: key.id))
+            self.publisher.submit(op) { [unowned self] outcome in
+                switch outcome {
+                case .committed(let json, _): self.reply(req, 202, json)
+                case .ok(let a): self.reply(req, 202, a.json())
+                case .replay(let json): self.reply(req, 202, Array(json.utf8))
+                case .failed(let e): self.fail(req, e)
+                }
+            }
         }
     }
 
