@@ -4,7 +4,8 @@ import PackageDescription
 // The architecture, read top to bottom. Dependencies point one way: down this file.
 //
 //   Pure (no C module, no clock, no I/O; unit-tested without a process):
-//     DispatchCore      the domain: activity, state machine, validation, hub, SSE, JSON, routes
+//     DispatchCore      the domain: activity, state machine, validation, hub, SSE, JSON, routes,
+//                       the write path's machine (PublishMachine; Publisher is its shell)
 //     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue
 //     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
 //     DispatchBenchKit  the load generator's SSE reading (on DispatchCore's HTTP parser), histograms

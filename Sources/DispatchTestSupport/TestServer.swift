@@ -64,8 +64,9 @@ public final class TestPostgres: @unchecked Sendable {
     }
 
     /// Runs SQL as the cluster's superuser against `database`'s conninfo.
-    public func sql(_ conninfo: String, _ query: String, _ params: [String?] = []) throws -> [[String?]] {
-        try BlockingPG(conninfo).query(query, params).rows.map(\.values)
+    /// `timeout`: seconds for the round trip (bulk test data on a busy machine takes longer).
+    public func sql(_ conninfo: String, _ query: String, _ params: [String?] = [], timeout: Double = 30) throws -> [[String?]] {
+        try BlockingPG(conninfo, timeout: timeout).query(query, params).rows.map(\.values)
     }
 }
 

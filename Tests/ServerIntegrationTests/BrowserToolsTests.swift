@@ -73,7 +73,7 @@ final class BrowserToolsTests: XCTestCase {
                 'ended_ms', CASE WHEN i % 10 = 0 THEN t.updated_ms - i * 5 END,
                 'state', CASE WHEN i % 10 = 0 THEN 'completed' ELSE t.state END))).*
             FROM activities t, generate_series(1, \(count)) i WHERE t.activity_id = 'template'
-            """)
+            """, timeout: 300)
         _ = try pg.sql(s.conninfo, """
             INSERT INTO activity_events SELECT (jsonb_populate_record(NULL::activity_events, to_jsonb(e) || jsonb_build_object(
                 'activity_id', a.activity_id, 'event', a.state, 'position', nextval('feed_positions'), 'created_ms', a.updated_ms,
@@ -84,7 +84,7 @@ final class BrowserToolsTests: XCTestCase {
                         ELSE to_char(to_timestamp(a.ended_ms / 1000.0) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') END))::text))).*
             FROM activities a JOIN activity_events e ON e.activity_id = 'template' AND e.seq = 1
             WHERE a.activity_id LIKE 'bulk-%' ORDER BY a.updated_ms
-            """)
+            """, timeout: 300)
         XCTAssertEqual(try pg.sql(s.conninfo, "SELECT count(*) FROM activities").first?.first, String(count + 1))
         let r = Subprocess.run(["/bin/sh", "-c", "exec '\(python)' '\(tools)/browser_test.py' scale '\(s.baseURL)' '\(s.adminKey)' \(count) 2>&1"])
         print(r.output)

@@ -207,7 +207,8 @@ final class NATSCarrierTests: XCTestCase {
                 }
             }
         }
-        usleep(1_500_000)
+        // Killed while every publisher is under way (not at a fixed time: the machine may be slow).
+        XCTAssertTrue(try waitUntil(30) { try ids.allSatisfy { try (a.seq($0) ?? 0) > 20 } })
         b.kill()
         XCTAssertEqual(group.wait(timeout: .now() + 30), .success)
         for (id, stream) in zip(ids, streams) {

@@ -99,6 +99,7 @@ public final class Worker {
             self.publisher.writerReady()
             self.acceptWhenReady()
         }
+        db.writer.onLost = { [unowned self] _ in self.publisher.writerLost() }
         wireListener()
         try startPush()
         db.start()

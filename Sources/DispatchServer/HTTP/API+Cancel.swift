@@ -26,20 +26,16 @@ extension API {
             // never the activity: no snapshot in the 202, nor in the 409 of a finished one (§6).
             let mayRead = key.allows(.read)
             let accepted = KeyRules.cancelAccepted(activityID: id)
-            let op = PublishOp(activityID: id, kind: .cancel(reason: reason), idempotencyKey: nil, ownerKeyID: key.id,
-                               authorize: { stored in
-                                   if anyActivity || stored.ownerKeyID == key.id { return nil }
-                                   return DispatchError(.forbidden, "this key did not start activity \(stored.activity.activityId)")
-                               },
-                               completion: { [unowned self] outcome in
-                                   switch outcome {
-                                   case .committed(let json, _): self.reply(req, 202, mayRead ? json : accepted)
-                                   case .ok(let a): self.reply(req, 202, mayRead ? a.json() : accepted)
-                                   case .replay(let json): self.reply(req, 202, mayRead ? Array(json.utf8) : accepted)
-                                   case .failed(let e): self.fail(req, KeyRules.visible(e, mayRead: mayRead))
-                                   }
-                               })
-            self.publisher.submit(op)
+            let op = PublishOp(activityID: id, kind: .cancel(reason: reason, deliveryID: RandomID.uuid(using: &self.rng)),
+                               ownerKeyID: key.id, access: anyActivity ? .anyActivity : .startedBy(keyID: key.id))
+            self.publisher.submit(op) { [unowned self] outcome in
+                switch outcome {
+                case .committed(let json, _): self.reply(req, 202, mayRead ? json : accepted)
+                case .ok(let a): self.reply(req, 202, mayRead ? a.json() : accepted)
+                case .replay(let json): self.reply(req, 202, mayRead ? Array(json.utf8) : accepted)
+                case .failed(let e): self.fail(req, KeyRules.visible(e, mayRead: mayRead))
+                }
+            }
         }
     }
 

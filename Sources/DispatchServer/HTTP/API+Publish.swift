@@ -43,19 +43,15 @@ extension API {
                 return self.fail(req, error)
             }
             let op = PublishOp(activityID: activityID, kind: kind, idempotencyKey: idempotencyKey, ownerKeyID: key.id,
-                               authorize: { stored in
-                                   if key.isAdmin || stored.ownerKeyID == key.id { return nil }
-                                   return DispatchError(.forbidden, "this key did not start activity \(stored.activity.activityId)")
-                               },
-                               completion: { [unowned self] outcome in
-                                   switch outcome {
-                                   case .committed(let json, let created): self.reply(req, created ? 201 : 200, json)
-                                   case .ok(let a): self.reply(req, 200, a.json())
-                                   case .replay(let json): self.reply(req, 200, Array(json.utf8))
-                                   case .failed(let e): self.fail(req, e)
-                                   }
-                               })
-            self.publisher.submit(op)
+                               access: key.isAdmin ? .anyActivity : .startedBy(keyID: key.id))
+            self.publisher.submit(op) { [unowned self] outcome in
+                switch outcome {
+                case .committed(let json, let created): self.reply(req, created ? 201 : 200, json)
+                case .ok(let a): self.reply(req, 200, a.json())
+                case .replay(let json): self.reply(req, 200, Array(json.utf8))
+                case .failed(let e): self.fail(req, e)
+                }
+            }
         }
     }
 }

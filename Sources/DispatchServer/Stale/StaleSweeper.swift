@@ -69,31 +69,23 @@ final class StaleSweeper {
     }
 
     private func end(_ id: String, seq: Int64, staleAfter: Int, touched: Int64) {
-        let op = PublishOp(
-            activityID: id, kind: .end(StaleEnd.command(staleAfter: staleAfter)), idempotencyKey: nil, ownerKeyID: nil,
-            authorize: { stored in
-                // Planned on a fresh read (never the cache): anything since the claim means it lives.
-                guard stored.activity.seq == seq, stored.touchedMs == touched else {
-                    return DispatchError(.conflict, "activity \(id) changed or was touched after it went stale")
-                }
-                return nil
-            },
-            completion: { [weak self] outcome in
-                guard let self else { return }
-                switch outcome {
-                case .committed:
-                    self.metrics.staleEnded += 1
-                    self.log.info("stale.ended", [("activity", id), ("stale_after_s", staleAfter), ("seq", seq + 1)])
-                case .failed(let e) where e.code == .conflict || e.code == .alreadyFinished || e.code == .notFound:
-                    self.log.debug("stale.spared", [("activity", id), ("why", e.message)])
-                case .failed(let e):
-                    // The claim's fence brings it back in `claimMs`.
-                    self.log.warning("stale.end_failed", [("activity", id), ("error", e.message)])
-                case .ok, .replay:
-                    break
-                }
-            })
-        op.staleTouch = touched
-        publisher.submit(op)
+        // Planned on a fresh read (never the cache): anything since the claim means it lives.
+        let op = PublishOp(activityID: id, kind: .end(StaleEnd.command(staleAfter: staleAfter)), ownerKeyID: nil,
+                           access: .staleClaim(seq: seq, touchedMs: touched))
+        publisher.submit(op) { [weak self] outcome in
+            guard let self else { return }
+            switch outcome {
+            case .committed:
+                self.metrics.staleEnded += 1
+                self.log.info("stale.ended", [("activity", id), ("stale_after_s", staleAfter), ("seq", seq + 1)])
+            case .failed(let e) where e.code == .conflict || e.code == .alreadyFinished || e.code == .notFound:
+                self.log.debug("stale.spared", [("activity", id), ("why", e.message)])
+            case .failed(let e):
+                // The claim's fence brings it back in `claimMs`.
+                self.log.warning("stale.end_failed", [("activity", id), ("error", e.message)])
+            case .ok, .replay:
+                break
+            }
+        }
     }
 }

@@ -2,53 +2,20 @@ import DispatchCore
 import DispatchIO
 import PGCore
 
-/// An activity row with what the publishing rules need beyond the snapshot.
-struct StoredActivity {
-    var activity: Activity
-    var lastEvent: String
-    var ownerKeyID: Int64?
-    var startFingerprint: String
-    var endFingerprint: String?
-    /// Seconds without a change before the server ends it as stale; 0: never.
-    var staleAfter: Int
-    /// When it was last touched (ms since epoch; 0: never), when read from the database: the
-    /// stale sweeper's end applies only if it did not change since its claim.
-    var touchedMs: Int64 = 0
-
-    init(activity: Activity, lastEvent: String, ownerKeyID: Int64?, startFingerprint: String, endFingerprint: String?, staleAfter: Int) {
-        self.activity = activity
-        self.lastEvent = lastEvent
-        self.ownerKeyID = ownerKeyID
-        self.startFingerprint = startFingerprint
-        self.endFingerprint = endFingerprint
-        self.staleAfter = staleAfter
-    }
-
-    /// Roughly what this takes in memory (cache budgets).
-    var approximateBytes: Int {
-        let a = activity
-        return 256 + a.activityId.utf8.count + a.taskName.utf8.count + (a.systemImage?.utf8.count ?? 0) + (a.machine?.utf8.count ?? 0)
-            + (a.cancelURL?.utf8.count ?? 0) + (a.status?.utf8.count ?? 0) + (a.error?.utf8.count ?? 0)
-            + startFingerprint.utf8.count + (endFingerprint?.utf8.count ?? 0)
-    }
-
+extension StoredActivity {
     /// Decodes a row of `ActivityRepository.columns`; nil when the row breaks the schema's rules.
     init?(row r: PGRow) {
         guard let id = r["activity_id"], let name = r["task_name"], let state = r["state"].flatMap(ActivityState.init(rawValue:)),
               let attempt = r.int64("attempt"), let seq = r.int64("seq"), let created = r.int64("created_ms"),
               let updated = r.int64("updated_ms"), let lastEvent = r["last_event"], let startFP = r["start_fingerprint"]
         else { return nil }
-        activity = Activity(activityId: id, taskName: name, systemImage: r["system_image"], machine: r["machine"],
-                            cancelURL: r["cancel_url"], state: state, progress: r.double("progress"), status: r["status"],
-                            attempt: attempt, seq: seq, cancelRequested: r.bool("cancel_requested") ?? false,
-                            liveActivity: r.bool("live_activity") ?? false, createdAt: created, updatedAt: updated, endedAt: r.int64("ended_ms"), error: r["error"],
-                            cancelReason: r["cancel_reason"])
-        self.lastEvent = lastEvent
-        ownerKeyID = r.int64("owner_key_id")
-        startFingerprint = startFP
-        endFingerprint = r["end_fingerprint"]
-        staleAfter = r.int("stale_after_s") ?? 0
-        touchedMs = r.int64("touched_ms") ?? 0
+        let activity = Activity(activityId: id, taskName: name, systemImage: r["system_image"], machine: r["machine"],
+                                cancelURL: r["cancel_url"], state: state, progress: r.double("progress"), status: r["status"],
+                                attempt: attempt, seq: seq, cancelRequested: r.bool("cancel_requested") ?? false,
+                                liveActivity: r.bool("live_activity") ?? false, createdAt: created, updatedAt: updated, endedAt: r.int64("ended_ms"),
+                                error: r["error"], cancelReason: r["cancel_reason"])
+        self.init(activity: activity, lastEvent: lastEvent, ownerKeyID: r.int64("owner_key_id"), startFingerprint: startFP,
+                  endFingerprint: r["end_fingerprint"], staleAfter: r.int("stale_after_s") ?? 0, touchedMs: r.int64("touched_ms") ?? 0)
     }
 }
 
@@ -161,26 +128,10 @@ struct ActivityRepository {
         }
     }
 
-    /// A change already applied under an Idempotency-Key: its stored answer and what it was.
-    struct Replay {
-        let json: String
-        let event: String
-        let seq: Int64
-
-        /// Which call made it: the first event is the start's, `cancel_requested` a cancel's, a
-        /// terminal state an end's, anything else an update's.
-        var call: PublishCallKind {
-            if seq == 1 { return .start }
-            if event == ActivityEvent.cancelRequested { return .cancel }
-            if ActivityState(rawValue: event)?.isTerminal == true { return .end }
-            return .update
-        }
-    }
-
     /// The row a publish is planned against, and what this Idempotency-Key already applied to
     /// this activity, if anything.
     func readForPublish(_ id: String, idempotencyKey: String?,
-                        _ completion: @escaping (Result<(StoredActivity, replay: Replay?)?, DispatchError>) -> Void) {
+                        _ completion: @escaping (Result<PublishRead?, DispatchError>) -> Void) {
         db.read(PGQuery("""
             SELECT \(Self.columns), r.data AS replay, r.event AS replay_event, r.seq AS replay_seq
             FROM activities a LEFT JOIN activity_events r ON r.activity_id = a.activity_id AND r.idempotency_key = $2
@@ -188,40 +139,25 @@ struct ActivityRepository {
             """, [id, idempotencyKey], name: "read_for_publish")) { result in
             completion(result.map { r in
                 guard let row = r.first, let stored = StoredActivity(row: row) else { return nil }
-                var replay: Replay?
+                var replay: PublishReplay?
                 if let json = row["replay"], let event = row["replay_event"], let seq = row.int64("replay_seq") {
-                    replay = Replay(json: json, event: event, seq: seq)
+                    replay = PublishReplay(json: json, event: event, seq: seq)
                 }
-                return (stored, replay)
+                return PublishRead(stored: stored, replay: replay)
             })
         }
     }
 
     // MARK: - Writes (statements for the group commit)
 
-    /// One change of a batch as its finalize step needs it: the history row to write (when the
-    /// change applied) and what the push outbox needs.
-    struct Change {
-        let activityID: String
-        let seq: Int64
-        let event: String
-        let data: String
-        let idempotencyKey: String?
-        let createdMs: Int64
-        let pushPriority: Int
-    }
+    typealias Change = PublishBatch.Change
+    typealias Start = PublishBatch.Start
+    typealias Update = PublishBatch.Update
+    typealias Webhook = PublishBatch.Webhook
 
     /// NOTIFY payloads stay under PostgreSQL's 8000 bytes: `position \n id \n seq \n event \n
     /// json`, the json left out when it would not fit (listeners then read history).
     static let maxNotifyPayload = 7850
-
-    /// A new activity of a batch.
-    struct Start {
-        let event: ActivityEvent
-        let ownerKeyID: Int64?
-        let fingerprint: String
-        let staleAfter: Int
-    }
 
     /// Creates a batch's new activities in one statement; an id that exists already comes back
     /// in no row. Their first history rows are written by the batch's finalize step.
@@ -275,26 +211,6 @@ struct ActivityRepository {
             name: "publish_starts")
     }
 
-    /// A signed webhook to queue with a change (a cancel request to an activity with a cancelURL).
-    struct Webhook {
-        let deliveryID: String
-        let body: String
-    }
-
-    /// A change to an existing activity, planned against `expectedSeq`.
-    struct Update {
-        let event: ActivityEvent
-        let expectedSeq: Int64
-        let endFingerprint: String?
-        let cancelReason: String?
-        /// Queued in the same statement when the activity has a cancelURL.
-        let webhook: Webhook?
-        let idempotencyKey: String?
-        /// The stale sweeper's end applies only if nobody touched the activity since its claim
-        /// (`touched_ms` still holds this value).
-        let staleTouch: Int64?
-    }
-
     /// Applies a batch's changes in one statement (one executor start and one constraint check
     /// set for the batch, not one per change). A change applies only if the activity is still
     /// at its expected seq and its Idempotency-Key was not applied yet; its id comes back then.
@@ -340,6 +256,48 @@ struct ActivityRepository {
                   PGArray.text(sorted.map(\.cancelReason)), PGArray.text(sorted.map { $0.webhook?.deliveryID }),
                   PGArray.text(sorted.map { $0.webhook?.body }), PGArray.numbers(sorted.map(\.staleTouch))],
             name: "publish_updates")
+    }
+
+    /// A publish batch as statements: its new activities in one, its changes in another, then
+    /// the position lock and the finalize. PostgreSQL runs the pipeline batch as one implicit
+    /// transaction committed at its sync point (no BEGIN/COMMIT: an error rolls the whole batch
+    /// back instead of leaving the session in an aborted transaction), so a batch is at most
+    /// four statements however many changes it carries. `writes`: how many statements lead
+    /// (their RETURNING lists the activities whose change applied).
+    /// `sequenced`: the NATS carrier's sequencer numbers the changes after the commit, so no
+    /// position lock is taken (see `finalizeStatement`).
+    static func publishStatements(_ batch: PublishBatch, maxLivePerKey: Int, sequenced: Bool) -> (queries: [PGQuery], writes: Int) {
+        var queries: [PGQuery] = []
+        if !batch.starts.isEmpty { queries.append(startsStatement(batch.starts, maxLivePerKey: maxLivePerKey)) }
+        if !batch.updates.isEmpty { queries.append(updatesStatement(batch.updates)) }
+        let writes = queries.count
+        if !sequenced { queries.append(positionLock) }
+        queries.append(finalizeStatement(batch.changes, pushes: batch.marksPushes, now: batch.now, sequenced: sequenced))
+        return (queries, writes)
+    }
+
+    /// How a publish batch ended, from its results: a change applied iff a write's RETURNING
+    /// listed its activity (not iff the finalize gave it a position: one may come later).
+    static func publishResult(_ result: Result<[PGResult], PGError>, writes: Int) -> PublishBatchResult {
+        guard case .success(let rs) = result, let finalize = rs.last else { return .connectionFailed }
+        guard rs.allSatisfy(\.ok) else {
+            if let refused = rs.first(where: { Database.refusedWrite($0.sqlState) }) {
+                return .refused((refused.errorMessage ?? "").trimmingNewlines)
+            }
+            return .rolledBack((rs.first { $0.sqlState != nil }?.errorMessage ?? "batch rolled back").trimmingNewlines)
+        }
+        var applied: Set<String> = [], overLimit: Set<String> = []
+        for r in rs.prefix(writes) {
+            for row in r.rows {
+                if let id = row["activity_id"] { applied.insert(id) }
+                if row.has("over_limit_id"), let id = row["over_limit_id"] { overLimit.insert(id) }
+            }
+        }
+        var positions: [String: Int64] = [:]
+        for row in finalize.rows {
+            if let id = row["activity_id"], let position = row.int64("position") { positions[id] = position }
+        }
+        return .committed(applied: applied, positions: positions, pushesMarked: finalize.first?.int64("pushes") ?? 0, overLimit: overLimit)
     }
 
     /// Feed order: the finalize step of a batch takes this lock after its changes, so positions

@@ -49,8 +49,8 @@ final class Database {
         }
     }
 
-    static let unavailable = DispatchError(.databaseUnavailable, "the database is unavailable, retry shortly")
-    static let refusesWrites = DispatchError(.databaseUnavailable, "the database refuses writes (read-only or out of space); reads still work")
+    static let unavailable = DispatchError.unavailable
+    static let refusesWrites = DispatchError.refusesWrites
 
     /// Whether the database was reachable but refused a write: a read-only server or replica
     /// (25006), or no space left (53100) or other insufficient resources (class 53).

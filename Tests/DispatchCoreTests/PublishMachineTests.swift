@@ -1,0 +1,409 @@
+@testable import DispatchCore
+import XCTest
+
+/// The write path as a table: each input and the actions it must produce, rendered as short
+/// lines (`write 2: start b, update a@1` is a batch creating b and changing a planned at seq 1).
+final class PublishMachineTests: XCTestCase {
+    typealias Machine = PublishMachine
+    let now: Int64 = 1_000_000
+
+    // MARK: - Requests and rows
+
+    func start(_ id: String, key: Int64 = 1) -> PublishOp {
+        PublishOp(activityID: id, kind: .start(StartCommand(taskName: "build \(id)", state: .processing)), ownerKeyID: key,
+                  access: .startedBy(keyID: key))
+    }
+
+    func update(_ id: String, _ progress: Double, key: Int64 = 1, idempotencyKey: String? = nil) -> PublishOp {
+        PublishOp(activityID: id, kind: .update(UpdateCommand(progress: .set(progress))), idempotencyKey: idempotencyKey,
+                  ownerKeyID: key, access: .startedBy(keyID: key))
+    }
+
+    func end(_ id: String, key: Int64 = 1, idempotencyKey: String? = nil) -> PublishOp {
+        PublishOp(activityID: id, kind: .end(EndCommand()), idempotencyKey: idempotencyKey, ownerKeyID: key, access: .startedBy(keyID: key))
+    }
+
+    func stored(_ id: String, seq: Int64, state: ActivityState = .processing, owner: Int64 = 1, touched: Int64 = 0,
+                endFingerprint: String? = nil) -> StoredActivity {
+        let a = Activity(activityId: id, taskName: "build \(id)", state: state, seq: seq, createdAt: 1, updatedAt: 1,
+                         endedAt: state.isTerminal ? 1 : nil)
+        return StoredActivity(activity: a, lastEvent: state.rawValue, ownerKeyID: owner, startFingerprint: "fp",
+                              endFingerprint: endFingerprint, staleAfter: 0, touchedMs: touched)
+    }
+
+    func read(_ s: StoredActivity, replay: PublishReplay? = nil) -> Result<PublishRead?, DispatchError> {
+        .success(PublishRead(stored: s, replay: replay))
+    }
+
+    func committed(_ applied: Set<String>, pushes: Int64 = 0) -> PublishBatchResult {
+        var positions: [String: Int64] = [:]
+        for (i, id) in applied.sorted().enumerated() { positions[id] = Int64(100 + i) }
+        return .committed(applied: applied, positions: positions, pushesMarked: pushes)
+    }
+
+    /// A machine whose writer is up, with `cached` live rows learnt by a read each.
+    func machine(cached: [StoredActivity] = [], maxBatch: Int = Machine.maxBatch) -> Machine {
+        var m = Machine(defaultStaleAfter: 0, maxBatch: maxBatch)
+        _ = m.writerReady(now: now)
+        for s in cached {
+            let (id, _) = m.submitted(PublishOp(activityID: s.activity.activityId, kind: .update(UpdateCommand()), ownerKeyID: 99,
+                                                access: .startedBy(keyID: 99)), now: now)
+            _ = m.readLoaded(id, read(s), now: now)  // denied (not the owner): answered, but the row is cached
+        }
+        return m
+    }
+
+    // MARK: - Rendering
+
+    func render(_ actions: [Machine.Action]) -> [String] {
+        actions.map { a in
+            switch a {
+            case .read(let op, let id, let key): return "read \(op) \(id)" + (key.map { " key \($0)" } ?? "")
+            case .write(let b, let batch):
+                let starts = batch.starts.map { "start \($0.event.snapshot.activityId)" }
+                let updates = batch.updates.map { "update \($0.event.snapshot.activityId)@\($0.expectedSeq)" }
+                return "write \(b): " + (starts + updates).joined(separator: ", ")
+            case .announce(let e, _, let position):
+                return "announce \(e.snapshot.activityId) \(e.seq) \(e.name)" + (position.map { " @\($0)" } ?? " @-")
+            case .answer(let op, let outcome): return "answer \(op) " + render(outcome)
+            case .kickPushes: return "kick pushes"
+            case .casMissed(let id): return "cas missed \(id)"
+            case .log(.writesRefused): return "log writes refused"
+            case .log(.batchRolledBack(_, let n)): return "log batch of \(n) rolled back"
+            case .log(.changeFailed(let id, _)): return "log \(id) failed"
+            }
+        }
+    }
+
+    func render(_ o: PublishOp.Outcome) -> String {
+        switch o {
+        case .ok(let a): return "ok \(a.seq)"
+        case .committed(let json, let created):
+            let seq = (try? JSONParser.parse(text(json))).flatMap(Activity.decode)?.seq ?? -1
+            return (created ? "created " : "committed ") + "\(seq)"
+        case .replay(let json): return "replay \(json)"
+        case .failed(let e): return "failed \(e.code.rawValue)"
+        }
+    }
+
+    func outcome(_ actions: [Machine.Action], _ op: Machine.OpID) -> PublishOp.Outcome? {
+        for a in actions { if case .answer(op, let o) = a { return o } }
+        return nil
+    }
+
+    func batch(_ actions: [Machine.Action]) -> PublishBatch? {
+        for a in actions { if case .write(_, let b) = a { return b } }
+        return nil
+    }
+
+    // MARK: - Batching and order
+
+    func testAStartAndAnUpdateQueuedBehindABatchGoInTheNextOne() {
+        var m = machine()
+        let (s1, a1) = m.submitted(start("a"), now: now)
+        XCTAssertEqual(render(a1), ["write 1: start a"])
+        let (s2, a2) = m.submitted(start("b"), now: now)
+        XCTAssertEqual(render(a2), [], "one batch in flight: b waits in the queue")
+        let (u1, a3) = m.submitted(update("a", 0.5), now: now)
+        XCTAssertEqual(render(a3), [], "a is busy: the update waits for its start")
+        XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
+                       ["announce a 1 processing @100", "answer \(s1) created 1", "write 2: start b, update a@1"],
+                       "the update is planned on the committed start (no read) and batched with b")
+        XCTAssertEqual(render(m.batchFinished(2, committed(["a", "b"]), now: now)),
+                       ["announce b 1 processing @101", "answer \(s2) created 1", "announce a 2 processing @100", "answer \(u1) committed 2"])
+        XCTAssertTrue(m.isIdle)
+    }
+
+    func testTwoUpdatesToOneActivityAreSerialisedTheSecondPlannedOnTheFirst() {
+        var m = machine(cached: [stored("a", seq: 4)])
+        let (u1, a1) = m.submitted(update("a", 0.1), now: now)
+        XCTAssertEqual(render(a1), ["write 1: update a@4"], "planned on the cached row: no read")
+        let (u2, a2) = m.submitted(update("a", 0.2), now: now)
+        XCTAssertEqual(render(a2), [])
+        XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
+                       ["announce a 5 processing @100", "answer \(u1) committed 5", "write 2: update a@5"])
+        let done = m.batchFinished(2, committed(["a"]), now: now)
+        XCTAssertEqual(render(done), ["announce a 6 processing @100", "answer \(u2) committed 6"])
+        XCTAssertEqual(m.cached("a")?.activity.progress, 0.2, "the cache follows this worker's commits")
+    }
+
+    func testTheBatchIsCappedAndTheRestGoesNext() {
+        var m = machine()
+        _ = m.submitted(start("first"), now: now)
+        for i in 0..<600 { _ = m.submitted(start("s\(i)"), now: now) }
+        let next = m.batchFinished(1, committed(["first"]), now: now)
+        XCTAssertEqual(batch(next)?.starts.count, 512)
+        XCTAssertEqual(batch(next)?.changes.count, 512)
+        let last = m.batchFinished(2, committed(Set((0..<512).map { "s\($0)" })), now: now)
+        XCTAssertEqual(batch(last)?.starts.count, 88)
+        XCTAssertEqual(batch(last)?.starts.first?.event.snapshot.activityId, "s512", "in submission order")
+    }
+
+    func testIsIdleOnlyWhenEveryPublisherHasItsAnswer() {
+        var m = machine()
+        XCTAssertTrue(m.isIdle)
+        let (u, actions) = m.submitted(update("a", 0.5), now: now)
+        XCTAssertEqual(render(actions), ["read \(u) a"])
+        XCTAssertFalse(m.isIdle, "reading")
+        _ = m.readLoaded(u, read(stored("a", seq: 1)), now: now)
+        XCTAssertFalse(m.isIdle, "writing")
+        _ = m.batchFinished(1, committed(["a"]), now: now)
+        XCTAssertTrue(m.isIdle)
+    }
+
+    // MARK: - Planning
+
+    func testACacheHitAvoidsAReadAndObserveKeepsItCurrent() {
+        var m = machine()
+        let (u1, a1) = m.submitted(update("a", 0.1), now: now)
+        XCTAssertEqual(render(a1), ["read \(u1) a"])
+        XCTAssertEqual(render(m.readLoaded(u1, read(stored("a", seq: 2)), now: now)), ["write 1: update a@2"])
+        _ = m.batchFinished(1, committed(["a"]), now: now)
+        XCTAssertEqual(render(m.submitted(update("a", 0.2), now: now).actions), ["write 2: update a@3"], "cached: no read")
+        _ = m.batchFinished(2, committed(["a"]), now: now)
+
+        // Another worker's change, heard of: the cache is behind until observed.
+        var other = stored("a", seq: 9).activity
+        other.progress = 0.9
+        XCTAssertTrue(m.isStale("a", seq: 9))
+        m.observe(ActivityEvent(name: "processing", snapshot: other))
+        XCTAssertFalse(m.isStale("a", seq: 9))
+        XCTAssertEqual(render(m.submitted(update("a", 0.95), now: now).actions), ["write 3: update a@9"])
+        _ = m.batchFinished(3, committed(["a"]), now: now)
+
+        m.forget("a")
+        XCTAssertFalse(m.isStale("a", seq: 99), "not cached: never stale")
+        let (u4, a4) = m.submitted(update("a", 1), now: now)
+        XCTAssertEqual(render(a4), ["read \(u4) a"])
+    }
+
+    func testAStaleSweeperEndAlwaysReadsAndAppliesOnlyToTheClaimedRow() {
+        var m = machine(cached: [stored("a", seq: 3, touched: 50), stored("b", seq: 3, touched: 50)])
+        let staleEnd = { (id: String) in
+            PublishOp(activityID: id, kind: .end(EndCommand(state: .error, error: "stale")), ownerKeyID: nil,
+                      access: .staleClaim(seq: 3, touchedMs: 50))
+        }
+        let (ea, aa) = m.submitted(staleEnd("a"), now: now)
+        XCTAssertEqual(render(aa), ["read \(ea) a"], "never the cache")
+        let write = m.readLoaded(ea, read(stored("a", seq: 3, touched: 50)), now: now)
+        XCTAssertEqual(render(write), ["write 1: update a@3"])
+        XCTAssertEqual(batch(write)?.updates.first?.staleTouch, 50, "written only if nobody touched it since")
+        _ = m.batchFinished(1, committed(["a"]), now: now)
+
+        let (eb, _) = m.submitted(staleEnd("b"), now: now)
+        XCTAssertEqual(render(m.readLoaded(eb, read(stored("b", seq: 3, touched: 70)), now: now)), ["answer \(eb) failed conflict"],
+                       "touched after the claim: it lives")
+    }
+
+    func testAnOwnerMismatchIsForbidden() {
+        var m = machine(cached: [stored("a", seq: 1, owner: 7)])
+        let (u, actions) = m.submitted(update("a", 0.5, key: 8), now: now)
+        XCTAssertEqual(render(actions), ["answer \(u) failed forbidden"])
+        let admin = PublishOp(activityID: "a", kind: .update(UpdateCommand(progress: .set(0.5))), ownerKeyID: 8, access: .anyActivity)
+        XCTAssertEqual(render(m.submitted(admin, now: now).actions), ["write 1: update a@1"])
+    }
+
+    func testARepeatedIdenticalEndIsAnsweredWithoutAWrite() {
+        var m = machine()
+        let e = end("a")
+        let fingerprint = EndCommand().fingerprint
+        let (id, actions) = m.submitted(e, now: now)
+        XCTAssertEqual(render(actions), ["read \(id) a"])
+        XCTAssertEqual(render(m.readLoaded(id, read(stored("a", seq: 5, state: .completed, endFingerprint: fingerprint)), now: now)),
+                       ["answer \(id) ok 5"])
+        XCTAssertNil(m.cached("a"), "finished activities are not cached")
+        let (other, _) = m.submitted(end("a"), now: now)
+        XCTAssertEqual(render(m.readLoaded(other, read(stored("a", seq: 5, state: .completed, endFingerprint: "else")), now: now)),
+                       ["answer \(other) failed already_finished"])
+    }
+
+    func testAnUnknownActivityAndAFailedReadAreAnswered() {
+        var m = machine()
+        let (u1, _) = m.submitted(update("nope", 0.5), now: now)
+        XCTAssertEqual(render(m.readLoaded(u1, .success(nil), now: now)), ["answer \(u1) failed not_found"])
+        let (u2, _) = m.submitted(update("a", 0.5), now: now)
+        let (u3, waiting) = m.submitted(update("a", 0.6), now: now)
+        XCTAssertEqual(render(waiting), [])
+        XCTAssertEqual(render(m.readLoaded(u2, .failure(.unavailable), now: now)),
+                       ["answer \(u2) failed database_unavailable", "read \(u3) a"], "the next one gets its own read")
+        XCTAssertEqual(render(m.readLoaded(u2, .failure(.unavailable), now: now)), [], "a late duplicate is ignored")
+    }
+
+    func testACancelCarriesItsWebhookAndARepeatWritesNothing() {
+        var m = machine(cached: [stored("a", seq: 2)])
+        let cancel = PublishOp(activityID: "a", kind: .cancel(reason: "user", deliveryID: "d-1"), ownerKeyID: 1, access: .anyActivity)
+        let (c1, actions) = m.submitted(cancel, now: now)
+        XCTAssertEqual(render(actions), ["write 1: update a@2"])
+        let update = batch(actions)?.updates.first
+        XCTAssertEqual(update?.webhook?.deliveryID, "d-1")
+        XCTAssertEqual(update?.cancelReason, "user")
+        XCTAssertTrue(update?.webhook?.body.contains("\"reason\":\"user\"") == true, update?.webhook?.body ?? "")
+        XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
+                       ["announce a 3 cancel_requested @100", "answer \(c1) committed 3"])
+        let (c2, again) = m.submitted(cancel, now: now)
+        XCTAssertEqual(render(again), ["answer \(c2) ok 3"], "already requested (the cache saw the commit)")
+    }
+
+    // MARK: - Compare-and-set misses
+
+    func testACASMissRereadsAndReplans() {
+        var m = machine(cached: [stored("a", seq: 1)])
+        let (u, a1) = m.submitted(update("a", 0.5), now: now)
+        XCTAssertEqual(render(a1), ["write 1: update a@1"])
+        XCTAssertEqual(render(m.batchFinished(1, committed([]), now: now)), ["cas missed a", "read \(u) a"],
+                       "someone else changed it first: a fresh read, never the cache")
+        XCTAssertEqual(render(m.readLoaded(u, read(stored("a", seq: 3)), now: now)), ["write 2: update a@3"])
+        XCTAssertEqual(render(m.batchFinished(2, committed(["a"]), now: now)), ["announce a 4 processing @100", "answer \(u) committed 4"])
+    }
+
+    func testTwentyOneMissesAnswerConcurrentChanges() {
+        var m = machine(cached: [stored("a", seq: 1)])
+        let (u, _) = m.submitted(update("a", 0.5), now: now)
+        var batchID: Machine.BatchID = 1
+        for attempt in 1...20 {
+            XCTAssertEqual(render(m.batchFinished(batchID, committed([]), now: now)), ["cas missed a", "read \(u) a"], "attempt \(attempt)")
+            batchID += 1
+            XCTAssertEqual(render(m.readLoaded(u, read(stored("a", seq: Int64(1 + attempt))), now: now)),
+                           ["write \(batchID): update a@\(1 + attempt)"])
+        }
+        let last = m.batchFinished(batchID, committed([]), now: now)
+        XCTAssertEqual(render(last), ["cas missed a", "answer \(u) failed concurrent_changes"])
+        guard case .failed(let e)? = outcome(last, u) else { return XCTFail() }
+        XCTAssertEqual(e.retryAfterSeconds, 1)
+        XCTAssertTrue(m.isIdle)
+    }
+
+    /// A start whose id exists already inserted nothing: re-planned as a restart on a read.
+    func testAStartThatFindsTheIdTakenIsARestart() {
+        var m = machine()
+        let (s, _) = m.submitted(start("a"), now: now)
+        XCTAssertEqual(render(m.batchFinished(1, committed([]), now: now)), ["cas missed a", "read \(s) a"])
+        XCTAssertEqual(render(m.readLoaded(s, read(stored("a", seq: 2)), now: now)), ["answer \(s) failed conflict"],
+                       "a different start of a live id")
+    }
+
+    // MARK: - Idempotency
+
+    func testAnIdempotencyReplayForTheSameCallAndAConflictForAnother() {
+        var m = machine()
+        let replay = PublishReplay(json: #"{"seq":2}"#, event: "processing", seq: 2)
+        let (u, a1) = m.submitted(update("a", 0.5, idempotencyKey: "k1"), now: now)
+        XCTAssertEqual(render(a1), ["read \(u) a key k1"])
+        XCTAssertEqual(render(m.readLoaded(u, read(stored("a", seq: 3), replay: replay), now: now)), [#"answer \#(u) replay {"seq":2}"#])
+
+        m.forget("a")  // with the row cached, the write's own check finds the key (a CAS miss), then this read
+        let (e, _) = m.submitted(end("a", idempotencyKey: "k1"), now: now)
+        XCTAssertEqual(render(m.readLoaded(e, read(stored("a", seq: 3), replay: replay), now: now)), ["answer \(e) failed conflict"],
+                       "the key was used for an update")
+
+        m.forget("a")
+        let (other, _) = m.submitted(update("a", 0.5, key: 2, idempotencyKey: "k1"), now: now)
+        XCTAssertEqual(render(m.readLoaded(other, read(stored("a", seq: 3), replay: replay), now: now)), ["answer \(other) failed forbidden"],
+                       "a stored answer goes only to the activity's owner")
+    }
+
+    // MARK: - Failures
+
+    func testARolledBackBatchRetriesEachChangeAloneAndOnlyTheFaultyOneFails() {
+        var m = machine(cached: [stored("a", seq: 1), stored("b", seq: 1), stored("c", seq: 1)])
+        let (x, _) = m.submitted(start("x"), now: now)
+        let (ua, _) = m.submitted(update("a", 0.5), now: now)
+        let (ub, _) = m.submitted(update("b", 0.5), now: now)
+        let (uc, _) = m.submitted(update("c", 0.5), now: now)
+        XCTAssertEqual(render(m.batchFinished(1, committed(["x"]), now: now)),
+                       ["announce x 1 processing @100", "answer \(x) created 1", "write 2: update a@1, update b@1, update c@1"])
+        XCTAssertEqual(render(m.batchFinished(2, .rolledBack("b broke it"), now: now)),
+                       ["log batch of 3 rolled back", "write 3: update a@1"])
+        XCTAssertEqual(render(m.batchFinished(3, committed(["a"]), now: now)),
+                       ["announce a 2 processing @100", "answer \(ua) committed 2", "write 4: update b@1"])
+        XCTAssertEqual(render(m.batchFinished(4, .rolledBack("b broke it"), now: now)),
+                       ["log b failed", "answer \(ub) failed internal", "write 5: update c@1"])
+        XCTAssertEqual(render(m.batchFinished(5, committed(["c"]), now: now)), ["announce c 2 processing @100", "answer \(uc) committed 2"])
+    }
+
+    func testWithTheWriterDownEverythingQueuedFailsUnavailable() {
+        var m = Machine(defaultStaleAfter: 0)
+        let (s, actions) = m.submitted(start("a"), now: now)
+        XCTAssertEqual(render(actions), ["answer \(s) failed database_unavailable"], "not connected yet")
+
+        _ = m.writerReady(now: now)
+        let (x, _) = m.submitted(start("x"), now: now)
+        let (a1, _) = m.submitted(start("a"), now: now)
+        let (a2, _) = m.submitted(update("a", 0.5), now: now)
+        let (b, _) = m.submitted(start("b"), now: now)
+        m.writerLost()
+        XCTAssertEqual(render(m.batchFinished(1, .connectionFailed, now: now)),
+                       ["answer \(x) failed database_unavailable", "answer \(a1) failed database_unavailable",
+                        "read \(a2) a", "answer \(b) failed database_unavailable"],
+                       "the update waiting behind a's start reads (nothing cached), then finds the writer down")
+        XCTAssertEqual(render(m.readLoaded(a2, read(stored("a", seq: 1)), now: now)), ["answer \(a2) failed database_unavailable"])
+        XCTAssertTrue(m.isIdle)
+        _ = m.writerReady(now: now)
+        XCTAssertEqual(render(m.submitted(update("a", 0.6), now: now).actions), ["write 2: update a@1"], "back")
+    }
+
+    func testALostConnectionForgetsTheCachedRows() {
+        var m = machine(cached: [stored("a", seq: 1)])
+        let (u, _) = m.submitted(update("a", 0.5), now: now)
+        XCTAssertEqual(render(m.batchFinished(1, .connectionFailed, now: now)), ["answer \(u) failed database_unavailable"])
+        XCTAssertNil(m.cached("a"), "it may have committed: the next change reads")
+    }
+
+    func testRefusedWritesFailWithRefusesWritesUntilABatchCommits() {
+        var m = machine(cached: [stored("a", seq: 1), stored("b", seq: 1)])
+        let (x, _) = m.submitted(start("x"), now: now)
+        let (ua, _) = m.submitted(update("a", 0.5), now: now)
+        let (ub, _) = m.submitted(update("b", 0.5), now: now)
+        XCTAssertEqual(render(m.batchFinished(1, .refused("read-only"), now: now)),
+                       ["log writes refused", "answer \(x) failed database_unavailable", "write 2: update a@1, update b@1"])
+        XCTAssertTrue(m.writesRefused)
+        guard case .failed(let e)? = outcome(m.batchFinished(2, .refused("read-only"), now: now), ua) else { return XCTFail() }
+        XCTAssertEqual(e, .refusesWrites)
+        _ = ub
+        XCTAssertTrue(m.writesRefused)
+        _ = m.submitted(update("a", 0.6), now: now)
+        _ = m.batchFinished(3, committed(["a"]), now: now)
+        XCTAssertFalse(m.writesRefused, "a commit clears it")
+    }
+
+    // MARK: - What a commit announces
+
+    func testPushesAreKickedOnlyWhenTheFinalizeMarkedSome() {
+        var m = machine()
+        m.marksPushes = true
+        _ = m.submitted(start("a"), now: now)
+        XCTAssertFalse(render(m.batchFinished(1, committed(["a"], pushes: 0), now: now)).contains("kick pushes"))
+        let (_, actions) = m.submitted(start("b"), now: now + 5)
+        XCTAssertEqual(batch(actions)?.marksPushes, true)
+        XCTAssertEqual(batch(actions)?.now, now + 5)
+        XCTAssertEqual(render(m.batchFinished(2, committed(["b"], pushes: 2), now: now)).last, "kick pushes")
+
+        var quiet = machine()
+        _ = quiet.submitted(start("a"), now: now)
+        XCTAssertFalse(render(quiet.batchFinished(1, committed(["a"], pushes: 3), now: now)).contains("kick pushes"),
+                       "without APNs nothing is woken")
+    }
+
+    /// Applied is what the writes returned; the feed position may come later (a sequencer).
+    func testAChangeWithoutAPositionIsStillCommitted() {
+        var m = machine()
+        let (s, _) = m.submitted(start("a"), now: now)
+        XCTAssertEqual(render(m.batchFinished(1, .committed(applied: ["a"], positions: [:], pushesMarked: 0), now: now)),
+                       ["announce a 1 processing @-", "answer \(s) created 1"])
+    }
+
+    func testTheBatchCarriesWhatTheStatementsNeed() {
+        var m = machine(cached: [stored("a", seq: 1)])
+        let (_, actions) = m.submitted(end("a", idempotencyKey: "k"), now: now)
+        guard let b = batch(actions), let u = b.updates.first, let c = b.changes.first else { return XCTFail() }
+        XCTAssertEqual(u.expectedSeq, 1)
+        XCTAssertEqual(u.endFingerprint, EndCommand().fingerprint)
+        XCTAssertEqual(u.idempotencyKey, "k")
+        XCTAssertNil(u.staleTouch)
+        XCTAssertEqual(c.seq, 2)
+        XCTAssertEqual(c.event, "completed")
+        XCTAssertEqual(c.pushPriority, 10)
+        XCTAssertEqual(c.createdMs, now)
+        XCTAssertEqual(c.data, text(u.event.snapshot.json()))
+    }
+}
