@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchIO
 
 /// How committed changes travel between server processes: over NATS when
 /// `DISPATCH_NATS_URL` is set (several servers), else PostgreSQL's LISTEN/NOTIFY.
@@ -27,17 +28,12 @@ public struct CarrierSettings: Equatable, Sendable {
             }
             return nil
         }
-        var servers: [String] = []
-        for part in text.split(separator: ",") {
-            let url = part.trimmingCharactersSpace
-            guard let rest = url.hasPrefix("nats://") ? url.dropFirst(7) : nil, let colon = rest.lastIndex(of: ":"),
-                  !rest[..<colon].isEmpty, !rest.contains("/"), let port = Int(rest[rest.index(after: colon)...]),
-                  (1...65535).contains(port) else {
-                throw ConfigError("DISPATCH_NATS_URL entry \(url) must be nats://host:port")
-            }
-            servers.append(url)
+        let servers: [String]
+        do {
+            servers = try NATSClient.servers(fromSetting: text)
+        } catch {
+            throw ConfigError("DISPATCH_NATS_URL: \(error.message), e.g. nats://10.0.0.5:4222,nats://10.0.0.6:4222")
         }
-        guard !servers.isEmpty else { throw ConfigError("DISPATCH_NATS_URL is empty") }
         var c = CarrierSettings(servers: servers)
         if let p = values["DISPATCH_NATS_SUBJECT_PREFIX"] {
             let tokens = p.split(separator: ".", omittingEmptySubsequences: false)
