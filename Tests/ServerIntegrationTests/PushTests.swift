@@ -98,6 +98,8 @@ final class PushTests: XCTestCase {
                                                          systemImage: "arrow.down.circle.fill"))
         XCTAssertEqual(aps.contentState.state, "processing")
         XCTAssertEqual(aps.contentState.seq, 1)
+        XCTAssertEqual(aps.inputPushToken, 1, "iOS 18: the push-started Live Activity asks for its update token")
+        XCTAssertNil(aps.inputPushChannel)
         // Operations: the figures an operator looks at first.
         XCTAssertEqual(try s.metric("dispatch_push_sent_total", labels: #"result="delivered""#), 1)
         XCTAssertEqual(try s.metric("dispatch_apns_connections"), 1)
@@ -127,6 +129,29 @@ final class PushTests: XCTestCase {
         let after = try f.wait(token: t) { self.delivered($0).count == 2 }
         XCTAssertEqual(delivered(after).map(\.seq), [6, 7])
         XCTAssertLessThan(after[0].timestamp ?? 0, after[1].timestamp ?? 0, "timestamps increase")
+    }
+
+    /// §5.2: updates of an activity with a stale deadline say when it goes stale (the last
+    /// change or touch + staleAfter, Unix seconds); an activity without one carries no key.
+    func testUpdatesCarryTheStaleDate() throws {
+        let f = try fake()
+        let s = try server(f, ["DISPATCH_STALE_AFTER": "0"])
+        defer { s.stop() }
+        try s.startActivity("staling", extra: #","staleAfter":600"#)
+        try s.startActivity("fresh")
+        let t1 = token(), t2 = token()
+        try register(s, device: token(), tokens: [("staling", t1), ("fresh", t2)])
+        try f.wait { self.delivered($0).count >= 2 }
+        let before = Int(Clock.nowMilliseconds() / 1000)
+        try s.update("staling", #"{"progress":0.7}"#)
+        let got = try f.wait(token: t1) { self.delivered($0).count >= 2 }
+        let pushed = try JSONDecoder().decode(APS.self, from: Data(got.last!.bodyBytes)).aps
+        XCTAssertEqual(pushed.contentState.progress, 0.7)
+        let stale = try XCTUnwrap(pushed.staleDate)
+        XCTAssertTrue((before + 600...before + 602).contains(stale), "\(stale) vs \(before) + 600")
+        let plain = try f.requests(token: t2)
+        XCTAssertFalse(plain.isEmpty)
+        for r in plain { XCTAssertNil(r.body?["aps"]?["stale-date"]) }
     }
 
     func testPrioritiesAndTheEndWithItsDismissalDate() throws {
@@ -489,14 +514,4 @@ final class PushTests: XCTestCase {
 }
 
 /// A push as the phone's ActivityKit reads it, with a default JSONDecoder.
-struct APS: Decodable {
-    struct Body: Decodable {
-        var contentState: DispatchAttributes.ContentState
-        var attributes: DispatchAttributes?
-        enum CodingKeys: String, CodingKey {
-            case contentState = "content-state"
-            case attributes
-        }
-    }
-    var aps: Body
-}
+typealias APS = LiveActivityPush.Envelope

@@ -165,7 +165,18 @@ def check_payload(payload):
     for key in ("stale-date", "dismissal-date"):
         require(key not in aps or is_int(aps[key]), f"{key} is not an int")
     require((event == "end") == ("dismissal-date" in aps), "dismissal-date goes with end only")
+    require(event == "update" or "stale-date" not in aps, "stale-date goes with update only")
     is_start = event == "start"
+    # iOS 18: a start asks for an update token, or subscribes to a broadcast channel.
+    if is_start:
+        require(("input-push-token" in aps) != ("input-push-channel" in aps),
+                "start carries input-push-token or input-push-channel, one of them")
+        require("input-push-token" not in aps or aps["input-push-token"] == 1, "input-push-token is not 1")
+        require("input-push-channel" not in aps or (isinstance(aps["input-push-channel"], str)
+                                                   and aps["input-push-channel"]), "input-push-channel is not a string")
+    else:
+        require("input-push-token" not in aps and "input-push-channel" not in aps,
+                "input-push-token and input-push-channel go with start only")
     require(is_start == ("attributes-type" in aps), "attributes-type goes with start only")
     require(is_start == ("attributes" in aps), "attributes go with start only")
     if is_start:

@@ -58,6 +58,8 @@ enum PushOutboxRepository {
         var priority: Int
         var lastTimestamp: Int64
         var snapshot: Activity?
+        /// When the server would end the activity as stale (ms), nil: never.
+        var staleDeadlineMs: Int64?
         var tokenSealed: [UInt8]?
 
         var key: String { Self.key(job.activityID, job.deviceID, job.kind.rawValue) }
@@ -78,7 +80,11 @@ enum PushOutboxRepository {
 
     /// Completes `row` with its row of `read`.
     static func complete(_ row: inout ClaimedRow, with r: PGRow) {
-        row.snapshot = StoredActivity(row: r)?.activity
+        let stored = StoredActivity(row: r)
+        row.snapshot = stored?.activity
+        row.staleDeadlineMs = stored.flatMap {
+            LiveActivityPayload.staleDeadline($0.activity, staleAfterSeconds: $0.staleAfter, touchedMs: $0.touchedMs)
+        }
         row.job.seq = row.snapshot?.seq ?? 0
         row.job.tokenMac = Bytea.decode(r["token_mac"]) ?? []
         row.job.tokenHint = r["token_hint"] ?? "…"

@@ -185,7 +185,7 @@ final class PushService {
     private func prepare(_ row: PushOutboxRepository.ClaimedRow) -> Machine.Claimed {
         var job = row.job
         switch PushPlan.make(kind: job.kind, snapshot: row.snapshot, hasToken: row.tokenSealed != nil, lastTimestamp: row.lastTimestamp,
-                             priority: row.priority, dismissalDelaySeconds: dismissalSeconds) {
+                             priority: row.priority, dismissalDelaySeconds: dismissalSeconds, staleDeadlineMs: row.staleDeadlineMs) {
         case .drop:
             return .settle(.drop(job))
         case .skip:
