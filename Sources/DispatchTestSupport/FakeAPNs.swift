@@ -178,6 +178,11 @@ public final class FakeAPNs: @unchecked Sendable {
         _ = try control.post("/config", #"{"maxJwtAgeSeconds":\#(seconds)}"#)
     }
 
+    /// Shortens (or lengthens) Apple's 20 minutes between provider token updates.
+    public func setMinJWTInterval(_ seconds: Double) throws {
+        _ = try control.post("/config", #"{"minJwtIntervalSeconds":\#(seconds)}"#)
+    }
+
     public func goawayAll() throws { _ = try control.post("/goaway-all", "{}") }
 
     /// Waits until `condition` holds over the recorded requests; returns the last read.

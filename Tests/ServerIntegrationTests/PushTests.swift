@@ -296,7 +296,9 @@ final class PushTests: XCTestCase {
         let many = try f.wait { self.delivered($0).filter { ($0.seq ?? 0) == 3 }.count >= 10 }
         XCTAssertGreaterThanOrEqual(delivered(many).count, 20)
         XCTAssertEqual(Set(many.compactMap(\.jwtHash)).count, 1, "one JWT for every push")
-        // APNs now calls that JWT expired: a new one, and the push again.
+        // APNs now calls that JWT expired: a new one, and the push again (APNs called it
+        // expired, so the 20 minutes between updates are not waited for: the fake's are cut).
+        try f.setMinJWTInterval(0)
         try f.setMaxJWTAge(1)
         sleep(2)
         try f.clearRequests()
@@ -309,6 +311,60 @@ final class PushTests: XCTestCase {
         for id in ids.dropFirst() { try s.update(id, #"{"progress":0.95}"#) }
         let after = try f.wait { self.delivered($0).filter { ($0.seq ?? 0) == 4 }.count >= 10 }
         XCTAssertEqual(Set(after.compactMap(\.jwtHash)).count, 2, "the new one is reused in turn")
+    }
+
+    /// §5.2: one provider token for the whole deployment. Two servers with two workers each on
+    /// one database push 40 activities' changes; APNs sees one JWT, stored once.
+    func testTwoServersWithTwoWorkersEachMakeExactlyOneProviderToken() throws {
+        let f = try fake()
+        let a = try server(f, ["DISPATCH_WORKERS": "2"])
+        defer { a.stop() }
+        let b = try server(f, ["DISPATCH_WORKERS": "2"], conninfo: a.conninfo)
+        defer { b.stop() }
+        let ids = (0..<40).map { "one-jwt\($0)" }
+        let tokens = ids.map { _ in token() }
+        for (i, id) in ids.enumerated() { try (i % 2 == 0 ? a : b).startActivity(id) }
+        for (i, id) in ids.enumerated() { try register(i % 2 == 0 ? b : a, device: token(), tokens: [(id, tokens[i])]) }
+        for round in 1...3 {
+            for (i, id) in ids.enumerated() { try ((i + round) % 2 == 0 ? a : b).update(id, #"{"progress":0.\#(round)}"#) }
+        }
+        let all = try f.wait(timeout: 30) { rs in self.delivered(rs).filter { ($0.seq ?? 0) == 4 }.count >= ids.count }
+        XCTAssertEqual(delivered(all).filter { ($0.seq ?? 0) == 4 }.count, ids.count)
+        XCTAssertEqual(all.filter { $0.status != 200 }.map { "\($0.status ?? 0) \($0.reason ?? "")" }, [])
+        XCTAssertEqual(try f.stat("distinctJwts"), 1, "one JWT between four processes")
+        XCTAssertEqual(try count(a, "SELECT count(*) FROM apns_provider_tokens"), 1)
+        XCTAssertGreaterThanOrEqual(Set(all.map(\.connection)).count, 2, "several processes pushed")
+        XCTAssertEqual(try count(a, "SELECT count(*) FROM apns_provider_tokens WHERE strpos(encode(jwt_sealed, 'escape'), 'eyJ') > 0"), 0,
+                       "stored sealed, not as the JWT")
+    }
+
+    /// `429 TooManyProviderTokenUpdates` stops all sending until a token may be made again
+    /// (20 minutes after the current one), recorded for the deployment, instead of a retry per push.
+    func testTooManyProviderTokenUpdatesPausesAllSending() throws {
+        let f = try fake()
+        let s = try server(f)
+        defer { s.stop() }
+        let ids = (0..<5).map { "paused\($0)" }
+        let tokens = ids.map { _ in token() }
+        for id in ids { try s.startActivity(id) }
+        try register(s, device: token(), tokens: Array(zip(ids, tokens.map { Optional($0) })))
+        try f.wait { self.delivered($0).count >= 5 }
+        // APNs calls the token expired; the renewal is too soon for APNs' 20 minutes.
+        try f.setMaxJWTAge(1)
+        sleep(2)
+        try f.clearRequests()
+        try s.update(ids[0], #"{"progress":0.9}"#)
+        let refused = try f.wait { rs in rs.contains { $0.reason == "TooManyProviderTokenUpdates" } }
+        XCTAssertEqual(refused.map { $0.reason ?? "" }, ["ExpiredProviderToken", "TooManyProviderTokenUpdates"])
+        try f.setMaxJWTAge(3600)
+        for id in ids.dropFirst() { try s.update(id, #"{"progress":0.95}"#) }
+        usleep(1_500_000)
+        XCTAssertEqual(try f.requests().count, 2, "nothing sent while paused, not even the other activities")
+        let paused = try count(s, "SELECT paused_until - extract(epoch FROM now())::bigint FROM apns_provider_tokens")
+        XCTAssertTrue((1100...1200).contains(paused), "paused for the deployment until 20 min after the new token: \(paused) s")
+        XCTAssertEqual(try s.metric("dispatch_push_sent_total", labels: #"result="jwt_throttled""#), 1)
+        XCTAssertEqual(try count(s, "SELECT count(*) FROM push_outbox WHERE wanted_seq > sent_seq AND NOT failed"), 5,
+                       "every push still waits, none given up")
     }
 
     // MARK: - Many processes, crashes

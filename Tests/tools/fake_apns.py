@@ -272,6 +272,12 @@ class Fake:
         self.topic = args.topic
         self.default_max_age = args.max_jwt_age
         self.max_age = args.max_jwt_age
+        self.default_min_interval = args.min_jwt_interval
+        self.min_interval = args.min_jwt_interval
+        # The team's provider tokens APNs took: JWT hash -> when first taken.  A new one
+        # sooner than min_interval after the last one taken is refused (Apple: at most one
+        # token update every 20 minutes).
+        self.tokens_taken = {}
         self.verifier = verifier
         self.requests = []
         self.scripts = {}     # token or "*" -> deque of answer items
@@ -309,10 +315,20 @@ class Fake:
             headers.get("authorization"), now, self.max_age)
         if rejected:
             raise rejected
+        self.take_token(record["jwtHash"], now)
         check_headers(headers, self.topic)
         record["body"] = payload = parse_payload(body)
         check_payload(payload)
         return self.next_answer(token)
+
+    def take_token(self, digest, now):
+        if digest in self.tokens_taken:
+            return
+        last = max(self.tokens_taken.values(), default=None)
+        if last is not None and now - last < self.min_interval:
+            raise Rejected(429, "TooManyProviderTokenUpdates",
+                           f"a new provider token {now - last:.0f} s after the last one")
+        self.tokens_taken[digest] = now
 
     def next_answer(self, token):
         for key in (token, "*"):
@@ -334,12 +350,16 @@ class Fake:
         self.scripts.clear()
         self.otherwise.clear()
         self.max_age = self.default_max_age
+        self.min_interval = self.default_min_interval
+        self.tokens_taken.clear()
         return {}
 
     def configure(self, spec):
         if "maxJwtAgeSeconds" in spec:
             self.max_age = spec["maxJwtAgeSeconds"]
-        return {"maxJwtAgeSeconds": self.max_age}
+        if "minJwtIntervalSeconds" in spec:
+            self.min_interval = spec["minJwtIntervalSeconds"]
+        return {"maxJwtAgeSeconds": self.max_age, "minJwtIntervalSeconds": self.min_interval}
 
     def clear_requests(self, _spec=None):
         self.requests = []
@@ -552,9 +572,9 @@ def check_script(spec):
 
 
 def check_config(spec):
-    age = spec.get("maxJwtAgeSeconds", 0) if isinstance(spec, dict) else None
-    if not is_number(age):
-        raise ValueError('expected {"maxJwtAgeSeconds": N}')
+    if not isinstance(spec, dict) or not all(
+            is_number(spec.get(k, 0)) for k in ("maxJwtAgeSeconds", "minJwtIntervalSeconds")):
+        raise ValueError('expected {"maxJwtAgeSeconds": N, "minJwtIntervalSeconds": M}')
 
 
 def stats(requests, opened, open_now):
@@ -662,6 +682,9 @@ def parse_args(argv):
     parser.add_argument("--control-port", type=int, default=0, help="control port (0: any free)")
     parser.add_argument("--max-jwt-age", type=float, default=3600,
                         help="seconds after iat before ExpiredProviderToken")
+    parser.add_argument("--min-jwt-interval", type=float, default=1200,
+                        help="seconds after a new provider token before another new one is taken "
+                             "(else 429 TooManyProviderTokenUpdates)")
     parser.add_argument("--max-concurrent-streams", type=int, default=1000)
     parser.add_argument("--ignore-stdin", action="store_true",
                         help="do not exit when stdin reaches EOF (for manual runs)")

@@ -37,6 +37,9 @@ final class PushService {
     private let requestTimeout: Double
     private var machine: Machine
     private var providerToken: (generation: Int, jwt: String)?
+    private let tokenStore: ProviderTokenStore
+    /// Sends waiting for the provider token of their generation.
+    private var waitingForToken: [(job: PushJob, prepared: Prepared, generation: Int)] = []
     private var timers: [Timer] = []
     private var rng = SystemRandomNumberGenerator()
     /// Per answer class: when it was last logged, and how many went unlogged since.
@@ -62,6 +65,8 @@ final class PushService {
         db = PGConnection(loop: loop, conninfo: conninfo, name: "push", log: log)
         curl = CurlClient(loop: loop, options: .apns(caFile: settings.caFile))
         machine = Machine()
+        tokenStore = ProviderTokenStore(db: db, settings: settings, signer: signer, vault: vault,
+                                        policy: machine.settings.providerToken, log: log)
         metrics = PushMetrics()
         metrics.connections = { [curl] in curl.openConnections }
     }
@@ -130,7 +135,7 @@ final class PushService {
         for action in actions {
             switch action {
             case .claim(let limit): claim(limit)
-            case .mintProviderToken(let generation): mint(generation)
+            case .obtainProviderToken(let generation, let renew): obtainToken(generation, renew: renew)
             case .send(let job, let prepared, let generation): send(job, prepared, generation: generation)
             case .mark(let marks): mark(marks)
             case .report(let report): self.report(report)
@@ -201,19 +206,46 @@ final class PushService {
         }
     }
 
-    private func mint(_ generation: Int) {
-        do {
-            let jwt = try APNsRequest.providerToken(keyID: settings.keyID, teamID: settings.teamID,
-                                                    issuedAt: Clock.nowMilliseconds() / 1000, signer: signer)
-            providerToken = (generation, jwt)
-            log.info("apns.provider_token", [("generation", generation)])
-        } catch {
-            log.error("apns.provider_token_failed", [("error", "\(error)")])
+    /// The deployment's token for `generation` (ProviderTokenStore); the sends of that
+    /// generation wait for it.
+    private func obtainToken(_ generation: Int, renew: Bool) {
+        let refused = renew ? providerToken?.jwt : nil
+        tokenStore.obtain(refused: refused, now: Clock.nowMilliseconds() / 1000) { [weak self] result in
+            guard let self, !self.closed else { return }
+            switch result {
+            case .success(let token):
+                if (self.providerToken?.generation ?? 0) < generation { self.providerToken = (generation, token.jwt) }
+                self.perform(self.machine.providerTokenReady(generation: generation, issuedAt: Double(token.issuedAt),
+                                                             pausedUntil: token.pausedUntil.map(Double.init), now: Self.now()))
+            case .failure(let failure):
+                self.log.error("apns.provider_token_failed", [("error", "\(failure)")])
+                self.perform(self.machine.providerTokenFailed(generation: generation, now: Self.now()))
+            }
+            self.sendWaiting(failed: { if case .failure = result { return true } else { return false } }())
+        }
+    }
+
+    /// Sends what waited for a token now there; with `failed`, answers what cannot be sent.
+    private func sendWaiting(failed: Bool) {
+        let have = providerToken?.generation ?? 0
+        let waiting = waitingForToken
+        waitingForToken = []
+        for w in waiting {
+            if w.generation <= have {
+                send(w.job, w.prepared, generation: w.generation)
+            } else if failed {
+                perform(machine.answered(w.job.outboxID, .transport(.cancelled), now: Self.now(), random: 0))
+            } else {
+                waitingForToken.append(w)
+            }
         }
     }
 
     private func send(_ job: PushJob, _ p: Prepared, generation: Int) {
-        let jwt = providerToken?.jwt ?? ""
+        guard let token = providerToken, token.generation >= generation else {
+            return waitingForToken.append((job, p, generation))
+        }
+        let jwt = token.jwt
         let request = APNsRequest.make(settings, token: p.token, providerToken: jwt, body: p.body, priority: p.priority,
                                        expiration: p.expiration, timeout: requestTimeout)
         curl.send(request) { [weak self] result in
@@ -266,7 +298,7 @@ final class PushService {
                 log.info("push.token_retired", fields)
             case .rejected:
                 log.error("push.rejected", fields + [("hint", "APNs refused the request itself: a bug in the payload or headers; not retried")])
-            case .throttled, .serverError, .connectionError, .providerTokenExpired, .providerTokenRejected:
+            case .throttled, .serverError, .connectionError, .providerTokenExpired, .providerTokenRejected, .providerTokenThrottled:
                 gatedLog(result.rawValue, fields)
             }
         case .sendingStopped(let until, let answer):
@@ -274,6 +306,10 @@ final class PushService {
                 ("status", Machine.label(answer)), ("paused_s", Int(until - Self.now())),
                 ("check", "DISPATCH_APNS_KEY_ID, DISPATCH_APNS_TEAM_ID and DISPATCH_APNS_KEY_FILE must belong together and the key must allow APNs"),
             ])
+        case .sendingPaused(let until):
+            tokenStore.pause(until: Int64(until.rounded(.up)))
+            log.error("apns.sending_paused", [("paused_s", Int(until - Self.now())),
+                                              ("why", "429 TooManyProviderTokenUpdates: the team's provider token changed too often; is another deployment using this key?")])
         case .sendingResumed:
             log.info("apns.sending_resumed")
         case .providerTokenStillExpired:
