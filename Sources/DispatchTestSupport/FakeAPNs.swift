@@ -28,7 +28,8 @@ public final class FakeAPNs: @unchecked Sendable {
         return dir
     }
 
-    public static func start() throws -> FakeAPNs {
+    /// `environment`: the APNs environment this instance plays (production or sandbox).
+    public static func start(environment: String = "production") throws -> FakeAPNs {
         guard access("/usr/bin/python3", X_OK) == 0,
               Subprocess.run(["/usr/bin/python3", "-c", "import h2, jwt, cryptography"]).status == 0 else {
             throw TestError("the fake APNs needs Debian's python3 with python3-h2, python3-jwt and python3-cryptography (make test-deps)")
@@ -50,7 +51,7 @@ public final class FakeAPNs: @unchecked Sendable {
             "/usr/bin/python3", TestPaths.repositoryRoot + "/Tests/tools/fake_apns.py",
             "--cert", pki + "/server.pem", "--key", pki + "/server-key.pem",
             "--auth-key-pub", pki + "/AuthKey_\(keyID).pub.pem", "--team-id", teamID, "--key-id", keyID,
-            "--topic", topic, "--port", "0", "--control-port", "0",
+            "--topic", topic, "--port", "0", "--control-port", "0", "--environment", environment,
         ], options)
         close(input[0])
         close(output[1])
@@ -176,6 +177,13 @@ public final class FakeAPNs: @unchecked Sendable {
 
     public func setMaxJWTAge(_ seconds: Double) throws {
         _ = try control.post("/config", #"{"maxJwtAgeSeconds":\#(seconds)}"#)
+    }
+
+    /// Declares `token` a token of `environment` (production, sandbox, or none): an instance
+    /// of another environment answers it 400 BadDeviceToken.
+    public func declare(token: String, environment: String) throws {
+        let r = try control.post("/tokens", #"{"token":"\#(token)","environment":"\#(environment)"}"#)
+        guard r.status == 200 else { throw TestError("declaration refused: \(r.text)") }
     }
 
     /// Shortens (or lengthens) Apple's 20 minutes between provider token updates.

@@ -30,6 +30,7 @@ final class PushSenderMachineTests: XCTestCase {
             case .mark(let marks): return "mark " + marks.map(markName).joined(separator: ",")
             case .report(.answered(let j, let r, _, _)): return "report \(j.outboxID) \(r.rawValue)"
             case .report(.sendingStopped(let until, _)): return "report stopped until \(until)"
+            case .report(.triedOtherEnvironment): return "report triedOtherEnvironment"
             case .report(let r): return "report \(r)"
             case .wake(let at): return "wake \(at)"
             }
@@ -112,8 +113,29 @@ final class PushSenderMachineTests: XCTestCase {
         XCTAssertEqual(names(m.answered(1, .status(410, reason: "Unregistered", timestampMs: 555), now: 1, random: 0)),
                        ["report 1 retired", "mark retire 1 since 555"])
         _ = m.marked(ok: true, now: 1)
-        XCTAssertEqual(marks(m.answered(2, .status(400, reason: "BadDeviceToken", timestampMs: nil), now: 1, random: 0)),
-                       ["mark retire 2 since 1000100"])
+        let bad = APNsAnswer.status(400, reason: "BadDeviceToken", timestampMs: nil)
+        XCTAssertEqual(names(m.answered(2, bad, now: 1, random: 0)), ["report triedOtherEnvironment", "send 2 b jwt1"],
+                       "bad token or wrong environment: once in the other environment first")
+        XCTAssertEqual(marks(m.answered(2, bad, now: 1, random: 0)), ["mark retire 2 since 1000100"], "bad there too: retired")
+    }
+
+    /// A device registered in the wrong environment: the retry in the other one works, and the
+    /// delivered mark carries the environment to correct the device with.
+    func testBadDeviceTokenIsTriedInTheOtherEnvironmentBeforeTheTokenGoes() {
+        var m = machine()
+        _ = m.tick(now: 0)
+        _ = m.claimed([.send(job(1), "a")], requested: 4, now: 0)
+        var sent: PushJob?
+        for a in m.answered(1, .status(400, reason: "BadDeviceToken", timestampMs: nil), now: 1, random: 0) {
+            if case .send(let j, _, _) = a { sent = j }
+        }
+        XCTAssertEqual(sent?.environment, .sandbox)
+        XCTAssertEqual(sent?.switchedEnvironment, true)
+        var marked: [PushMark] = []
+        for a in m.answered(1, ok, now: 1, random: 0) { if case .mark(let ms) = a { marked = ms } }
+        guard case .delivered(let j)? = marked.first else { return XCTFail("\(marked)") }
+        XCTAssertEqual(j.environment, .sandbox)
+        XCTAssertTrue(j.switchedEnvironment)
     }
 
     func testThrottlingAndServerErrorsBackOffAndALostConnectionRetriesAtOnce() {

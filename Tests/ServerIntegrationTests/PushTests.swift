@@ -14,10 +14,13 @@ import XCTest
 /// checks the JWT, headers and payload of every request and answers as scripted.
 final class PushTests: XCTestCase {
     nonisolated(unsafe) static var shared: FakeAPNs?
+    nonisolated(unsafe) static var sandbox: FakeAPNs?
 
     override class func tearDown() {
         shared?.stop()
         shared = nil
+        sandbox?.stop()
+        sandbox = nil
         super.tearDown()
     }
 
@@ -25,6 +28,15 @@ final class PushTests: XCTestCase {
     func fake() throws -> FakeAPNs {
         if Self.shared == nil { Self.shared = try FakeAPNs.start() }
         let f = Self.shared!
+        try f.resetBehavior()
+        try f.clearRequests()
+        return f
+    }
+
+    /// A second fake playing the sandbox, fresh like `fake()`.
+    func sandboxFake() throws -> FakeAPNs {
+        if Self.sandbox == nil { Self.sandbox = try FakeAPNs.start(environment: "sandbox") }
+        let f = Self.sandbox!
         try f.resetBehavior()
         try f.clearRequests()
         return f
@@ -42,8 +54,9 @@ final class PushTests: XCTestCase {
 
     @discardableResult
     func register(_ s: TestServer, device: String, pushToStart: String?? = nil, tokens: [(String, String?)] = [],
-                  key: String? = nil) throws -> HTTPClient.Response {
+                  key: String? = nil, environment: String? = nil) throws -> HTTPClient.Response {
         var body = #"{"deviceToken":"\#(device)""#
+        if let environment { body += #","environment":"\#(environment)""# }
         switch pushToStart {
         case .some(.some(let t)): body += #","pushToStartToken":"\#(t)""#
         case .some(.none): body += #","pushToStartToken":null"#
@@ -311,6 +324,50 @@ final class PushTests: XCTestCase {
         for id in ids.dropFirst() { try s.update(id, #"{"progress":0.95}"#) }
         let after = try f.wait { self.delivered($0).filter { ($0.seq ?? 0) == 4 }.count >= 10 }
         XCTAssertEqual(Set(after.compactMap(\.jwtHash)).count, 2, "the new one is reused in turn")
+    }
+
+    /// §5.1: pushes go to the device's environment; `BadDeviceToken` there is tried once in
+    /// the other before the token goes, and a device registered in the wrong environment
+    /// keeps its tokens and is corrected.
+    func testEnvironmentsAndADeviceRegisteredInTheWrongOne() throws {
+        let f = try fake(), sb = try sandboxFake()
+        let s = try server(f, ["DISPATCH_APNS_SANDBOX_URL": "https://127.0.0.1:\(sb.port)"])
+        defer { s.stop() }
+        func declare(_ token: String, _ environment: String) throws {
+            try f.declare(token: token, environment: environment)
+            try sb.declare(token: token, environment: environment)
+        }
+        for id in ["env-wrong", "env-right", "env-bad"] { try s.startActivity(id) }
+        // A development build that did not say so: registered as production (the default).
+        let wrongDevice = token(), wrong = token()
+        try declare(wrong, "sandbox")
+        let r = try register(s, device: wrongDevice, tokens: [("env-wrong", wrong)])
+        XCTAssertEqual(r.json?["environment"], .string("production"))
+        try sb.wait(token: wrong) { !self.delivered($0).isEmpty }
+        XCTAssertEqual(try f.requests(token: wrong).map { "\($0.status ?? 0) \($0.reason ?? "")" }, ["400 BadDeviceToken"])
+        XCTAssertEqual(try sql(s, "SELECT environment FROM devices").first?.first, "sandbox", "corrected")
+        XCTAssertEqual(try count(s, "SELECT count(*) FROM activity_tokens WHERE activity_id = 'env-wrong'"), 1, "the token is kept")
+        try s.update("env-wrong", #"{"progress":0.8}"#)
+        let next = try sb.wait(token: wrong) { self.delivered($0).count >= 2 }
+        XCTAssertEqual(delivered(next).map(\.seq), [1, 2])
+        XCTAssertEqual(try f.requests(token: wrong).count, 1, "straight to the sandbox from now on")
+        // Registered as sandbox: straight there.
+        let right = token()
+        try declare(right, "sandbox")
+        XCTAssertEqual(try register(s, device: token(), tokens: [("env-right", right)], environment: "sandbox").json?["environment"],
+                       .string("sandbox"))
+        try sb.wait(token: right) { !self.delivered($0).isEmpty }
+        XCTAssertEqual(try f.requests(token: right).count, 0)
+        // Bad in both environments: retired, and nothing more is tried.
+        let bad = token()
+        try declare(bad, "none")
+        try register(s, device: token(), tokens: [("env-bad", bad)])
+        try sb.wait(token: bad) { !$0.isEmpty }
+        let gone = try f.wait { _ in (try? self.count(s, "SELECT count(*) FROM activity_tokens WHERE activity_id = 'env-bad'")) == 0 }
+        _ = gone
+        XCTAssertEqual(try count(s, "SELECT count(*) FROM activity_tokens WHERE activity_id = 'env-bad'"), 0, "retired")
+        XCTAssertEqual(try f.requests(token: bad).count + sb.requests(token: bad).count, 2, "once in each environment")
+        XCTAssertEqual(try register(s, device: token(), environment: "staging").status, 400)
     }
 
     /// §5.2: one provider token for the whole deployment. Two servers with two workers each on

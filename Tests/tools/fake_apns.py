@@ -278,6 +278,10 @@ class Fake:
         # sooner than min_interval after the last one taken is refused (Apple: at most one
         # token update every 20 minutes).
         self.tokens_taken = {}
+        # This instance's APNs environment, and the environment of tokens the tests declared:
+        # a token of another environment (or of none) is a BadDeviceToken here, as with Apple.
+        self.environment = args.environment
+        self.token_environments = {}
         self.verifier = verifier
         self.requests = []
         self.scripts = {}     # token or "*" -> deque of answer items
@@ -319,6 +323,9 @@ class Fake:
         check_headers(headers, self.topic)
         record["body"] = payload = parse_payload(body)
         check_payload(payload)
+        declared = self.token_environments.get(token.lower())
+        if declared is not None and declared != self.environment:
+            raise Rejected(400, "BadDeviceToken", f"a {declared} token sent to {self.environment}")
         return self.next_answer(token)
 
     def take_token(self, digest, now):
@@ -346,7 +353,12 @@ class Fake:
         self.otherwise[token] = spec.get("otherwise")
         return {"token": token, "queued": len(self.scripts[token])}
 
+    def declare_token(self, spec):
+        self.token_environments[spec["token"].lower()] = spec["environment"]
+        return {"token": spec["token"], "environment": spec["environment"]}
+
     def reset(self, _spec=None):
+        self.token_environments.clear()
         self.scripts.clear()
         self.otherwise.clear()
         self.max_age = self.default_max_age
@@ -571,6 +583,12 @@ def check_script(spec):
         check_answer_item(item)
 
 
+def check_declaration(spec):
+    if not isinstance(spec, dict) or not isinstance(spec.get("token"), str) or \
+            spec.get("environment") not in ("production", "sandbox", "none"):
+        raise ValueError('expected {"token": T, "environment": "production"|"sandbox"|"none"}')
+
+
 def check_config(spec):
     if not isinstance(spec, dict) or not all(
             is_number(spec.get(k, 0)) for k in ("maxJwtAgeSeconds", "minJwtIntervalSeconds")):
@@ -609,6 +627,7 @@ class ControlHandler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.route({"/behavior": (Fake.script, check_script),
                     "/config": (Fake.configure, check_config),
+                    "/tokens": (Fake.declare_token, check_declaration),
                     "/goaway-all": (Fake.goaway_all, None)})
 
     def do_DELETE(self):
@@ -677,6 +696,8 @@ def parse_args(argv):
     parser.add_argument("--team-id", required=True, help="expected JWT iss")
     parser.add_argument("--key-id", required=True, help="expected JWT kid")
     parser.add_argument("--topic", required=True, help="app bundle id")
+    parser.add_argument("--environment", choices=("production", "sandbox"), default="production",
+                        help="the APNs environment this instance plays")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="APNs port (0: any free)")
     parser.add_argument("--control-port", type=int, default=0, help="control port (0: any free)")

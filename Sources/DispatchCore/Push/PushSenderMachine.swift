@@ -20,6 +20,11 @@ public struct PushJob: Equatable, Sendable {
     public var tokenMac: [UInt8]
     /// The token's last digits, for logs.
     public var tokenHint: String
+    /// The APNs environment this push goes to (the device's, or the other one on the retry
+    /// after `BadDeviceToken`).
+    public var environment: APNsEnvironment = .production
+    /// This is that retry: when it is delivered, the device's environment is corrected.
+    public var switchedEnvironment = false
 
     public init(outboxID: Int64, leaseID: Int64, kind: PushKind, activityID: String, deviceID: Int64, seq: Int64,
                 timestamp: Int64, attempts: Int, pendingSinceMs: Int64?, claimedAtMs: Int64, tokenMac: [UInt8] = [], tokenHint: String = "") {
@@ -124,6 +129,8 @@ public struct PushSenderMachine<Payload> {
         case sendingResumed
         /// A renewal for `ExpiredProviderToken` came back expired again at once.
         case providerTokenStillExpired
+        /// `BadDeviceToken` in the device's environment: tried once in the other one.
+        case triedOtherEnvironment(PushJob)
         case claimFailed
         case markFailed(count: Int)
     }
@@ -212,6 +219,15 @@ public struct PushSenderMachine<Payload> {
             pendingMarks.append(.delivered(job))
             if let since = job.pendingSinceMs { latency = max(0, now - Double(since) / 1000) }
         case .retire(let since):
+            // "Bad token" also means "wrong environment": one try in the other before the
+            // token goes (a device registered with the wrong environment keeps its tokens).
+            if case .status(400, _, _) = answer, !job.switchedEnvironment, running {
+                var other = job
+                other.environment = job.environment.other
+                other.switchedEnvironment = true
+                inFlight[outboxID] = (other, entry.payload, tokenGeneration)
+                return [.report(.triedOtherEnvironment(job)), .send(other, entry.payload, tokenGeneration: tokenGeneration)]
+            }
             pendingMarks.append(.retire(job, invalidSinceMs: since ?? job.claimedAtMs, status: Self.label(answer)))
         case .retry(let result):
             let delay = PushDecision.retryDelay(result, attempts: job.attempts, policy: settings.retry, random: random)

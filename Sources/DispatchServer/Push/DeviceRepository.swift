@@ -30,15 +30,16 @@ enum DeviceRepository {
         }
         queries.append(PGQuery("""
             INSERT INTO devices AS d (token_mac, token_sealed, token_hint, push_to_start_mac, push_to_start_sealed,
-                                      push_to_start_hint, push_to_start_at)
-            VALUES ($1::bytea, $2::bytea, $3, $4::bytea, $5::bytea, $6, CASE WHEN $4::bytea IS NULL THEN NULL ELSE now() END)
-            ON CONFLICT (token_mac) DO UPDATE SET updated_at = now(),
+                                      push_to_start_hint, push_to_start_at, environment)
+            VALUES ($1::bytea, $2::bytea, $3, $4::bytea, $5::bytea, $6, CASE WHEN $4::bytea IS NULL THEN NULL ELSE now() END,
+                    coalesce($8::text, 'production'))
+            ON CONFLICT (token_mac) DO UPDATE SET updated_at = now(), environment = coalesce($8::text, d.environment),
               push_to_start_mac = CASE WHEN $7::text = 'keep' THEN d.push_to_start_mac ELSE EXCLUDED.push_to_start_mac END,
               push_to_start_sealed = CASE WHEN $7::text = 'keep' THEN d.push_to_start_sealed ELSE EXCLUDED.push_to_start_sealed END,
               push_to_start_hint = CASE WHEN $7::text = 'keep' THEN d.push_to_start_hint ELSE EXCLUDED.push_to_start_hint END,
               push_to_start_at = CASE WHEN $7::text = 'keep' THEN d.push_to_start_at ELSE EXCLUDED.push_to_start_at END
             """, [mac, Bytea.literal(device.sealed), device.hint, pts.sealed.map { Bytea.literal($0.mac) },
-                  pts.sealed.map { Bytea.literal($0.sealed) }, pts.sealed?.hint, pts.mode], name: "device_upsert"))
+                  pts.sealed.map { Bytea.literal($0.sealed) }, pts.sealed?.hint, pts.mode, r.environment?.rawValue], name: "device_upsert"))
         if pts.mode == "forget" {
             queries.append(PGQuery("""
                 DELETE FROM push_outbox WHERE kind = 'start' AND wanted_seq > sent_seq
@@ -113,7 +114,7 @@ enum DeviceRepository {
 
     static func summaryQuery(mac: String) -> PGQuery {
         PGQuery("""
-            SELECT d.token_hint, d.push_to_start_hint, t.activity_id, t.token_hint AS activity_hint
+            SELECT d.token_hint, d.push_to_start_hint, d.environment, t.activity_id, t.token_hint AS activity_hint
             FROM devices d LEFT JOIN activity_tokens t ON t.device_id = d.id
             WHERE d.token_mac = $1::bytea ORDER BY t.activity_id
             """, [mac], name: "device_summary")
@@ -125,6 +126,7 @@ enum DeviceRepository {
         w.beginObject()
         w.field("deviceToken", r.first?["token_hint"])
         w.field("pushToStartToken", r.first?["push_to_start_hint"])
+        w.field("environment", r.first?["environment"])
         w.key("activityTokens")
         w.beginObject()
         for row in r.rows {

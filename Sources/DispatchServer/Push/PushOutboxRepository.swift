@@ -39,9 +39,10 @@ enum PushOutboxRepository {
         PGQuery("""
             SELECT k.activity_id AS outbox_activity_id, k.device_id AS outbox_device_id, k.kind AS outbox_kind,
                    \(ActivityRepository.columns),
-                   tok.mac AS token_mac, tok.sealed AS token_sealed, tok.hint AS token_hint
+                   tok.mac AS token_mac, tok.sealed AS token_sealed, tok.hint AS token_hint, dev.environment AS device_environment
             FROM unnest($1::text[], $2::bigint[], $3::text[]) AS k(activity_id, device_id, kind)
             LEFT JOIN LATERAL (SELECT * FROM activities x WHERE x.activity_id = k.activity_id LIMIT 1) a ON true
+            LEFT JOIN LATERAL (SELECT environment FROM devices d WHERE d.id = k.device_id LIMIT 1) dev ON true
             LEFT JOIN LATERAL (
               SELECT t.token_mac AS mac, t.token_sealed AS sealed, t.token_hint AS hint FROM activity_tokens t
               WHERE k.kind = 'update' AND t.device_id = k.device_id AND t.activity_id = k.activity_id
@@ -89,6 +90,7 @@ enum PushOutboxRepository {
         row.job.tokenMac = Bytea.decode(r["token_mac"]) ?? []
         row.job.tokenHint = r["token_hint"] ?? "…"
         row.tokenSealed = Bytea.decode(r["token_sealed"])
+        row.job.environment = r["device_environment"].flatMap(APNsEnvironment.init(rawValue:)) ?? .production
     }
 
     static func readKey(_ r: PGRow) -> String? {
@@ -168,6 +170,17 @@ enum PushOutboxRepository {
         }
         for r in retired {
             queries.append(retire(r.0, sinceMs: r.sinceMs, status: r.status))
+        }
+        // Delivered in the other environment than the device's: the device was registered in
+        // the wrong one; from now on its pushes go where they work.
+        let corrected = sent.map(\.0).filter(\.switchedEnvironment)
+        if !corrected.isEmpty {
+            queries.append(PGQuery("""
+                UPDATE devices d SET environment = m.environment, updated_at = now()
+                FROM unnest($1::bigint[], $2::text[]) AS m(device_id, environment)
+                WHERE d.id = m.device_id AND d.environment <> m.environment
+                """, [PGArray.numbers(corrected.map(\.deviceID)), PGArray.text(corrected.map(\.environment.rawValue))],
+                name: "push_mark_environment"))
         }
         return queries
     }

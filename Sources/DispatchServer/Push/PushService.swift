@@ -89,7 +89,7 @@ final class PushService {
         })
         timers.append(loop.timer(after: 0.05) { [unowned self] in self.readDepth() })
         timers.append(loop.timer(after: Self.depthInterval, repeating: true) { [unowned self] in self.readDepth() })
-        log.info("push.started", [("apns", settings.url), ("topic", settings.apnsTopic), ("key_id", settings.keyID),
+        log.info("push.started", [("apns", settings.url), ("apns_sandbox", settings.sandboxURL), ("topic", settings.apnsTopic), ("key_id", settings.keyID),
                                   ("lease_s", leaseMs / 1000)])
     }
 
@@ -246,7 +246,7 @@ final class PushService {
             return waitingForToken.append((job, p, generation))
         }
         let jwt = token.jwt
-        let request = APNsRequest.make(settings, token: p.token, providerToken: jwt, body: p.body, priority: p.priority,
+        let request = APNsRequest.make(settings, environment: job.environment, token: p.token, providerToken: jwt, body: p.body, priority: p.priority,
                                        expiration: p.expiration, timeout: requestTimeout)
         curl.send(request) { [weak self] result in
             guard let self else { return }
@@ -312,6 +312,9 @@ final class PushService {
                                               ("why", "429 TooManyProviderTokenUpdates: the team's provider token changed too often; is another deployment using this key?")])
         case .sendingResumed:
             log.info("apns.sending_resumed")
+        case .triedOtherEnvironment(let job):
+            log.info("push.other_environment", [("activity", job.activityID), ("device", job.deviceID), ("token", job.tokenHint),
+                                                ("registered", job.environment.rawValue), ("trying", job.environment.other.rawValue)])
         case .providerTokenStillExpired:
             log.warning("apns.provider_token_expired_again", [("hint", "a fresh token was called expired: is this machine's clock right?")])
         case .claimFailed:
