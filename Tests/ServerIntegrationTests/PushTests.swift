@@ -167,6 +167,31 @@ final class PushTests: XCTestCase {
         for r in plain { XCTAssertNil(r.body?["aps"]?["stale-date"]) }
     }
 
+    /// §5.2: progress-only pushes of one activity go at most once per DISPATCH_PUSH_PACE
+    /// (the newest state), a state change cuts the pace short.
+    func testProgressIsPacedAndAStateChangeIsNot() throws {
+        let f = try fake()
+        let s = try server(f, ["DISPATCH_PUSH_PACE": "8"])
+        defer { s.stop() }
+        try s.startActivity("paced")
+        let t = token()
+        try register(s, device: token(), tokens: [("paced", t)])
+        let first = try f.wait(token: t) { !self.delivered($0).isEmpty }
+        let t0 = try XCTUnwrap(first.first?.time)
+        for i in 1...4 { try s.update("paced", #"{"progress":0.\#(i)}"#) }
+        usleep(2_500_000)
+        XCTAssertEqual(delivered(try f.requests(token: t)).count, 1, "progress waits for the pace")
+        try s.update("paced", #"{"state":"idle","status":"waiting for disk"}"#)
+        let got = try f.wait(token: t) { self.delivered($0).count >= 2 }
+        let second = try XCTUnwrap(delivered(got).dropFirst().first)
+        XCTAssertEqual(second.seq, 6, "the newest state, once")
+        XCTAssertEqual(second.state, "idle")
+        XCTAssertEqual(second.body?["aps"]?["content-state"]?["progress"], .number(0.4))
+        XCTAssertEqual(second.priority, 10)
+        XCTAssertLessThan(second.time - t0, 7.5, "a state change does not wait for the pace")
+        XCTAssertEqual(got.count, 2)
+    }
+
     func testPrioritiesAndTheEndWithItsDismissalDate() throws {
         let f = try fake()
         let s = try server(f, ["DISPATCH_PUSH_DISMISSAL": "600"])

@@ -18,6 +18,10 @@ public struct APNsSettings: Equatable, Sendable {
     public var manageSandboxURL = "https://api-manage-broadcast.sandbox.push.apple.com:2195"
     /// The environment broadcast channels live in.
     public var broadcastEnvironment: APNsEnvironment = .production
+    /// Seconds between two pushes of one activity to one phone when the second only moves
+    /// progress or status (state changes and ends go at once): the phone shows only the
+    /// newest, and APNs throttles floods. 0: no pace beyond whole-second timestamps.
+    public var pace: Double = 1
     /// Extra trusted CAs (a local stand-in for APNs in tests).
     public var caFile: String?
 
@@ -56,6 +60,7 @@ public struct APNsSettings: Equatable, Sendable {
         .init(env: "DISPATCH_APNS_CA_FILE", flag: "--apns-ca-file", help: "extra trusted CA certificates (PEM) for the APNs connection (tests)"),
         .init(env: "DISPATCH_TOKEN_KEY", flag: "--token-key", help: "32 bytes (64 hex digits or base64) sealing device tokens at rest; embedded default: generated under the data dir"),
         .init(env: "DISPATCH_PUSH_DISMISSAL", flag: "--push-dismissal", help: "seconds an ended Live Activity stays on the Lock Screen, 0-14400 (default 14400)"),
+        .init(env: "DISPATCH_PUSH_PACE", flag: "--push-pace", help: "seconds between progress-only pushes of one activity to a phone, 0-60 (default 1; state changes and ends go at once)"),
         .init(env: "DISPATCH_PUSH_LEASE", flag: "--push-lease", help: "seconds a claimed push stays reserved for its sender before another may send it, 4-600 (default 60)"),
     ]
 
@@ -142,6 +147,12 @@ extension APNsSettings {
                 throw ConfigError("DISPATCH_PUSH_DISMISSAL must be seconds from 0 to 14400 (iOS removes an ended Live Activity after 4 hours anyway), not \(v)")
             }
             c.pushDismissalSeconds = n
+        }
+        if let v = values["DISPATCH_PUSH_PACE"], !v.isEmpty {
+            guard let n = Double(v), n.isFinite, (0...60).contains(n) else {
+                throw ConfigError("DISPATCH_PUSH_PACE must be seconds from 0 to 60, not \(v)")
+            }
+            c.apns?.pace = n
         }
         if let v = values["DISPATCH_PUSH_LEASE"] {
             guard let n = Int(v), (4...600).contains(n) else { throw ConfigError("DISPATCH_PUSH_LEASE must be seconds from 4 to 600, not \(v)") }

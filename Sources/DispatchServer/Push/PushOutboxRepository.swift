@@ -101,7 +101,9 @@ enum PushOutboxRepository {
     /// The statements that write `marks`, as one pipeline batch (one transaction). The rows
     /// are locked first in the order the publish path's upserts take them (activity, device,
     /// kind), so a batch of marks and a publish batch never deadlock.
-    static func marks(_ marks: [PushMark]) -> [PGQuery] {
+    /// `paceSeconds`: how long after a push the next progress-only push of the row waits (a
+    /// state change or an end lowers it again: ActivityRepository.finalizeStatement).
+    static func marks(_ marks: [PushMark], paceSeconds: Double = 0) -> [PGQuery] {
         var queries = [PGQuery("""
             SELECT 1 FROM push_outbox o JOIN unnest($1::text[], $2::bigint[], $3::text[]) AS m(activity_id, device_id, kind)
               ON o.activity_id = m.activity_id AND o.device_id = m.device_id AND o.kind = m.kind
@@ -125,21 +127,24 @@ enum PushOutboxRepository {
         let match = "o.activity_id = m.activity_id AND o.device_id = m.device_id AND o.kind = m.kind AND o.lease_id = m.lease"
         if !sent.isEmpty {
             // The next push of the row waits until its timestamp may grow without running ahead
-            // of the clock (PushTimestamp); a change that came meanwhile makes it due again.
+            // of the clock (PushTimestamp), and for the pace unless a state change is already
+            // waiting; a change that came meanwhile makes it due again.
             let jobs = sent.map(\.0)
             queries.append(PGQuery("""
                 UPDATE push_outbox o SET sent_seq = GREATEST(o.sent_seq, m.seq), last_timestamp = GREATEST(o.last_timestamp, m.ts),
                        last_status = CASE WHEN m.pushed THEN '200' ELSE 'skipped' END,
                        sent_at = CASE WHEN m.pushed THEN now() ELSE o.sent_at END,
                        attempts = 0, failed = false, lease_id = NULL, lease_until = NULL,
-                       due_at = GREATEST(now(), to_timestamp(m.not_before)),
+                       due_at = CASE WHEN m.pushed AND NOT (o.priority = 10 AND o.wanted_seq > m.seq)
+                                     THEN GREATEST(now(), to_timestamp(m.claimed_ms / 1000.0) + $10::float8 * interval '1 second', to_timestamp(m.not_before))
+                                     ELSE GREATEST(now(), to_timestamp(m.not_before)) END,
                        pending_since_ms = CASE WHEN o.wanted_seq > GREATEST(o.sent_seq, m.seq) THEN m.claimed_ms END
                 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[],
                             $9::boolean[]) AS m(activity_id, device_id, kind, lease, seq, ts, not_before, claimed_ms, pushed)
                 WHERE \(match)
                 """, keys(jobs) + [PGArray.numbers(jobs.map(\.leaseID)), PGArray.numbers(jobs.map(\.seq)), PGArray.numbers(jobs.map(\.timestamp)),
                                    PGArray.numbers(jobs.map { PushTimestamp.nextAllowed(after: $0.timestamp) }), PGArray.numbers(jobs.map(\.claimedAtMs)),
-                                   "{" + sent.map { $0.pushed ? "t" : "f" }.joined(separator: ",") + "}"],
+                                   "{" + sent.map { $0.pushed ? "t" : "f" }.joined(separator: ",") + "}", String(max(0, paceSeconds))],
                 name: "push_mark_sent"))
         }
         if !retries.isEmpty {

@@ -261,7 +261,7 @@ final class PushService {
     }
 
     private func mark(_ marks: [PushMark]) {
-        db.execute(PushOutboxRepository.marks(marks)) { [weak self] result in
+        db.execute(PushOutboxRepository.marks(marks, paceSeconds: settings.pace)) { [weak self] result in
             guard let self, !self.closed else { return }
             var ok = false
             switch result {

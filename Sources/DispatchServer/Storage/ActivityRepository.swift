@@ -313,7 +313,9 @@ struct ActivityRepository {
     /// registered concurrently is either seen here or registered after this commit (the
     /// registration locks the activity row, and then marks its own push). Rows are upserted
     /// in (activity, device) order, the order the push sender's marks lock them in, so the two
-    /// never deadlock; a row the sender paces (`due_at` ahead) keeps its `due_at`. A row already
+    /// never deadlock; a row the sender paces (`due_at` ahead) keeps its `due_at` for a
+    /// progress-only change, while a state change or an end cuts the pace short (down to the
+    /// whole second of the last push's timestamp, never a row in backoff or being sent). A row already
     /// waiting to be claimed, at this priority or higher, is left as it is (no write: under a
     /// burst of changes the outbox costs nothing more): the sender reads the activity after its
     /// claim commits, so it pushes this change anyway. A row being sent gets the new seq. The
@@ -331,7 +333,9 @@ struct ActivityRepository {
                 wanted_seq = GREATEST(o.wanted_seq, EXCLUDED.wanted_seq),
                 priority = CASE WHEN o.wanted_seq > o.sent_seq THEN GREATEST(o.priority, EXCLUDED.priority) ELSE EXCLUDED.priority END,
                 pending_since_ms = CASE WHEN o.wanted_seq > o.sent_seq THEN o.pending_since_ms ELSE EXCLUDED.pending_since_ms END,
-                due_at = CASE WHEN o.wanted_seq > o.sent_seq THEN o.due_at ELSE GREATEST(o.due_at, now()) END,
+                due_at = CASE WHEN EXCLUDED.priority = 10 AND o.lease_id IS NULL AND o.attempts = 0
+                                THEN GREATEST(now(), LEAST(o.due_at, to_timestamp(o.last_timestamp)))
+                              WHEN o.wanted_seq > o.sent_seq THEN o.due_at ELSE GREATEST(o.due_at, now()) END,
                 failed = false
               WHERE NOT (o.wanted_seq > o.sent_seq AND o.lease_id IS NULL AND NOT o.failed AND o.priority >= EXCLUDED.priority)
               RETURNING 1
