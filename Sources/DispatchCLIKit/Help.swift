@@ -99,6 +99,7 @@ public enum CLIHelp {
                            10s to 7d, e.g. 90, 10m, 2h  [default: the server's, usually 1d]
                            """),
                            CLIOption("live-activity", nil, "start a Live Activity on iPhones registered for push-to-start"),
+                           CLIOption("broadcast", nil, "update its Live Activities through an APNs broadcast channel (iOS 18): one push per change for every phone"),
                        ],
                        details: """
                        Prints only the new activity's id on stdout (with --json: the snapshot), so
@@ -184,6 +185,7 @@ public enum CLIHelp {
                            CLIOption("cancel-url", "URL", "cancel callback URL"),
                            CLIOption("status", "TEXT", "status while running (default: \"Running\")"),
                            CLIOption("live-activity", nil, "start a Live Activity on iPhones registered for push-to-start"),
+                           CLIOption("broadcast", nil, "update its Live Activities through an APNs broadcast channel (iOS 18): one push per change for every phone"),
                            CLIOption("progress-regex", "RE", """
                            read progress with this regular expression instead of the usual
                            shapes: exactly one capture group holding a percentage,

@@ -12,6 +12,7 @@ See README.md beside this file.
 
 import argparse
 import asyncio
+import base64
 import collections
 import concurrent.futures
 import hashlib
@@ -39,7 +40,11 @@ import jwt
 log = logging.getLogger("fake_apns")
 
 PATH_PREFIX = "/3/device/"
+BROADCAST_PREFIX = "/4/broadcasts/apps/"
+MANAGE_PREFIX = "/1/apps/"
 MAX_PAYLOAD = 4096
+MAX_BROADCAST_PAYLOAD = 5120
+MAX_CHANNELS = 10000  # per app and environment
 MAX_FUTURE_IAT = 60  # seconds a JWT's iat may lie ahead of our clock
 GOAWAY_GRACE = 1.0  # seconds from our GOAWAY until we close the connection
 HEX = re.compile(r"[0-9a-fA-F]*")
@@ -133,10 +138,10 @@ def check_headers(headers, topic):
         raise Rejected(400, "BadMessageId", apns_id)
 
 
-def parse_payload(body):
+def parse_payload(body, limit=MAX_PAYLOAD):
     if not body:
         raise Rejected(400, "PayloadEmpty")
-    if len(body) > MAX_PAYLOAD:
+    if len(body) > limit:
         raise Rejected(413, "PayloadTooLarge", f"{len(body)} bytes")
     try:
         return json.loads(body, parse_constant=reject_constant)
@@ -282,6 +287,10 @@ class Fake:
         # a token of another environment (or of none) is a BadDeviceToken here, as with Apple.
         self.environment = args.environment
         self.token_environments = {}
+        # Broadcast channels of this environment: id -> {"message-storage-policy", ...}.
+        self.channels = {}
+        self.broadcast_enabled = True
+        self.max_channels = MAX_CHANNELS
         self.verifier = verifier
         self.requests = []
         self.scripts = {}     # token or "*" -> deque of answer items
@@ -293,7 +302,7 @@ class Fake:
         """Check and record one complete request, then answer it."""
         now = time.time()
         headers = {name.lower(): value for name, value in raw_headers}
-        record = new_record(conn.id, stream_id, headers, now)
+        record = new_record(conn.id, stream_id, headers, now, conn.listener)
         self.requests.append(record)
         try:
             item = self.admit(record, len(raw_headers), body, now)
@@ -310,6 +319,10 @@ class Fake:
         """Run APNs' checks; return the scripted answer for the token, if any."""
         headers = record["headers"]
         path = headers.get(":path", "")
+        if record["listener"] == "manage":
+            return self.admit_management(record, header_count, body, now)
+        if path.startswith(BROADCAST_PREFIX):
+            return self.admit_broadcast(record, header_count, body, now)
         if path.startswith(PATH_PREFIX):  # recorded even when malformed
             record["token"] = path[len(PATH_PREFIX):]
         token = check_path(headers.get(":method"), path)
@@ -327,6 +340,121 @@ class Fake:
         if declared is not None and declared != self.environment:
             raise Rejected(400, "BadDeviceToken", f"a {declared} token sent to {self.environment}")
         return self.next_answer(token)
+
+    def authenticate(self, record, headers, header_count, now):
+        if len(headers) != header_count:
+            raise Rejected(400, "DuplicateHeaders")
+        record["jwtHash"], record["jwtIat"], rejected = self.verifier.check(
+            headers.get("authorization"), now, self.max_age)
+        if rejected:
+            raise rejected
+        self.take_token(record["jwtHash"], now)
+
+    def bundle_of(self, path, prefix):
+        rest = path[len(prefix):]
+        bundle, _, tail = rest.partition("/")
+        if bundle != self.topic:
+            raise Rejected(400, "BadTopic", f"bundle id {bundle!r}")
+        return tail
+
+    def channel_of(self, headers, required=True):
+        channel = headers.get("apns-channel-id")
+        if channel is None:
+            raise Rejected(400, "MissingChannelId")
+        try:
+            valid = len(base64.b64decode(channel, validate=True)) > 0
+        except ValueError:
+            valid = False
+        if not valid:
+            raise Rejected(400, "BadChannelId", channel)
+        if channel not in self.channels:
+            raise Rejected(400, "ChannelNotRegistered", channel)
+        return channel
+
+    def admit_broadcast(self, record, header_count, body, now):
+        """POST /4/broadcasts/apps/<bundle id>: one push to every phone on a channel."""
+        headers = record["headers"]
+        if headers.get(":method") != "POST":
+            raise Rejected(405, "MethodNotAllowed", headers.get(":method"))
+        if self.bundle_of(headers.get(":path", ""), BROADCAST_PREFIX):
+            raise Rejected(404, "BadPath", headers.get(":path"))
+        self.authenticate(record, headers, header_count, now)
+        record["channelId"] = channel = self.channel_of(headers)
+        push_type = headers.get("apns-push-type")
+        if push_type is None:
+            raise Rejected(400, "MissingPushType")
+        if push_type != "liveactivity":
+            raise Rejected(400, "InvalidPushType", push_type)
+        if headers.get("apns-priority") not in ("1", "5", "10"):
+            raise Rejected(400, "BadPriority", headers.get("apns-priority"))
+        expiration = headers.get("apns-expiration")
+        if expiration is None or not expiration.isdigit():
+            raise Rejected(400, "BadExpirationDate", expiration)
+        if self.channels[channel]["message-storage-policy"] == 0 and expiration != "0":
+            raise Rejected(400, "BadExpirationDate", "a channel that stores nothing takes apns-expiration 0 only")
+        record["body"] = payload = parse_payload(body, MAX_BROADCAST_PAYLOAD)
+        check_payload(payload)
+        require(payload["aps"]["event"] != "start", "a channel cannot start a Live Activity")
+        record["channel"] = "push"
+        return self.next_answer(channel) or {"status": 200, "headers": [
+            ("apns-request-id", str(uuid.uuid4())), ("apns-unique-id", str(uuid.uuid4()))]}
+
+    def admit_management(self, record, header_count, body, now):
+        """The channel management API: create, read, list, delete."""
+        headers = record["headers"]
+        method, path = headers.get(":method"), headers.get(":path", "")
+        if not path.startswith(MANAGE_PREFIX):
+            raise Rejected(404, "BadPath", path)
+        tail = self.bundle_of(path, MANAGE_PREFIX)
+        if tail not in ("channels", "all-channels"):
+            raise Rejected(404, "BadPath", path)
+        self.authenticate(record, headers, header_count, now)
+        request_id = headers.get("apns-request-id") or str(uuid.uuid4())
+        if tail == "all-channels":
+            if method != "GET":
+                raise Rejected(405, "MethodNotAllowed", method)
+            return {"status": 200, "headers": [("apns-request-id", request_id)],
+                    "body": {"channels": sorted(self.channels)}}
+        if method == "POST":
+            record["channel"] = "create"
+            try:
+                spec = json.loads(body or b"null")
+            except ValueError:
+                raise Rejected(400, "BadPayload", "not JSON") from None
+            if not isinstance(spec, dict):
+                raise Rejected(400, "BadPayload", "not an object")
+            record["body"] = spec
+            if "push-type" not in spec:
+                raise Rejected(400, "MissingPushType")
+            if spec["push-type"] != "LiveActivity":
+                raise Rejected(400, "InvalidPushType", spec["push-type"])
+            policy = spec.get("message-storage-policy")
+            if policy not in (0, 1) or isinstance(policy, bool):
+                raise Rejected(400, "BadMessageStoragePolicy", repr(policy))
+            scripted = self.next_answer("create")
+            if scripted:
+                return scripted
+            if not self.broadcast_enabled:
+                raise Rejected(400, "FeatureNotEnabled", "broadcast is not enabled for the App ID")
+            if len(self.channels) >= self.max_channels:
+                raise Rejected(400, "CannotCreateChannelConfig", f"{len(self.channels)} channels")
+            channel = base64.b64encode(os.urandom(16)).decode()
+            self.channels[channel] = {"message-storage-policy": policy, "push-type": "LiveActivity",
+                                      "created": now}
+            record["channelId"] = channel
+            return {"status": 201, "headers": [("apns-request-id", request_id), ("apns-channel-id", channel)]}
+        if method == "GET":
+            record["channel"] = "read"
+            record["channelId"] = channel = self.channel_of(headers)
+            info = self.channels[channel]
+            return {"status": 200, "headers": [("apns-request-id", request_id)],
+                    "body": {"message-storage-policy": info["message-storage-policy"], "push-type": info["push-type"]}}
+        if method == "DELETE":
+            record["channel"] = "delete"
+            record["channelId"] = channel = self.channel_of(headers)
+            del self.channels[channel]
+            return {"status": 204, "headers": [("apns-request-id", request_id)]}
+        raise Rejected(405, "MethodNotAllowed", method)
 
     def take_token(self, digest, now):
         if digest in self.tokens_taken:
@@ -359,6 +487,9 @@ class Fake:
 
     def reset(self, _spec=None):
         self.token_environments.clear()
+        self.channels.clear()
+        self.broadcast_enabled = True
+        self.max_channels = MAX_CHANNELS
         self.scripts.clear()
         self.otherwise.clear()
         self.max_age = self.default_max_age
@@ -371,7 +502,13 @@ class Fake:
             self.max_age = spec["maxJwtAgeSeconds"]
         if "minJwtIntervalSeconds" in spec:
             self.min_interval = spec["minJwtIntervalSeconds"]
-        return {"maxJwtAgeSeconds": self.max_age, "minJwtIntervalSeconds": self.min_interval}
+        if "broadcastEnabled" in spec:
+            self.broadcast_enabled = bool(spec["broadcastEnabled"])
+        if "maxChannels" in spec:
+            self.max_channels = int(spec["maxChannels"])
+        return {"maxJwtAgeSeconds": self.max_age, "minJwtIntervalSeconds": self.min_interval,
+                "broadcastEnabled": self.broadcast_enabled, "maxChannels": self.max_channels,
+                "channels": sorted(self.channels)}
 
     def clear_requests(self, _spec=None):
         self.requests = []
@@ -387,11 +524,12 @@ class Fake:
         return {"connections": len(conns)}
 
 
-def new_record(conn_id, stream_id, headers, now):
+def new_record(conn_id, stream_id, headers, now, listener="push"):
     # Every key exists from the start: the control thread may serialize a
     # record while the loop fills it in, and a dict must not grow meanwhile.
     return {
-        "time": now, "connection": conn_id, "streamId": stream_id,
+        "time": now, "connection": conn_id, "streamId": stream_id, "listener": listener,
+        "channel": None, "channelId": None,
         "token": None, "headers": headers,
         "body": None, "jwtIat": None, "jwtHash": None, "status": None,
         "reason": None, "detail": None, "action": None, "scripted": False,
@@ -412,8 +550,8 @@ H2_CONFIG = h2.config.H2Configuration(
 class APNsConnection(asyncio.Protocol):
     """One client connection: HTTP/2 framing with h2, answers per stream."""
 
-    def __init__(self, fake, max_streams):
-        self.fake, self.max_streams = fake, max_streams
+    def __init__(self, fake, max_streams, listener="push"):
+        self.fake, self.max_streams, self.listener = fake, max_streams, listener
         self.transport = self.h2 = None
         self.serving = True  # False once closing or after GOAWAY: no more answers
         self.partial = {}  # stream id -> (headers, body bytearray) until END_STREAM
@@ -509,8 +647,15 @@ class APNsConnection(asyncio.Protocol):
         headers = [(":status", str(status)), ("apns-id", apns_id)]
         record["apnsId"], record["status"] = apns_id, status
         try:
-            if status == 200:
-                self.h2.send_headers(stream_id, headers, end_stream=True)
+            if 200 <= status < 300:
+                headers += [(k.lower(), v) for k, v in item.get("headers", [])]
+                if "body" in item:
+                    body = json.dumps(item["body"]).encode()
+                    headers += [("content-type", "application/json"), ("content-length", str(len(body)))]
+                    self.h2.send_headers(stream_id, headers)
+                    self.h2.send_data(stream_id, body, end_stream=True)
+                else:
+                    self.h2.send_headers(stream_id, headers, end_stream=True)
                 return
             record["reason"] = reason = item.get("reason") or DEFAULT_REASONS.get(status, "Error")
             error = {"reason": reason}
@@ -591,8 +736,9 @@ def check_declaration(spec):
 
 def check_config(spec):
     if not isinstance(spec, dict) or not all(
-            is_number(spec.get(k, 0)) for k in ("maxJwtAgeSeconds", "minJwtIntervalSeconds")):
-        raise ValueError('expected {"maxJwtAgeSeconds": N, "minJwtIntervalSeconds": M}')
+            is_number(spec.get(k, 0)) for k in ("maxJwtAgeSeconds", "minJwtIntervalSeconds", "maxChannels")):
+        raise ValueError('expected {"maxJwtAgeSeconds": N, "minJwtIntervalSeconds": M, "maxChannels": C, '
+                         '"broadcastEnabled": B} (any of them)')
 
 
 def stats(requests, opened, open_now):
@@ -701,6 +847,8 @@ def parse_args(argv):
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="APNs port (0: any free)")
     parser.add_argument("--control-port", type=int, default=0, help="control port (0: any free)")
+    parser.add_argument("--manage-port", type=int, default=0,
+                        help="channel management API port (0: any free)")
     parser.add_argument("--max-jwt-age", type=float, default=3600,
                         help="seconds after iat before ExpiredProviderToken")
     parser.add_argument("--min-jwt-interval", type=float, default=1200,
@@ -741,6 +889,10 @@ async def serve(args):
     server = await loop.create_server(
         lambda: APNsConnection(fake, args.max_concurrent_streams),
         args.host, args.port, ssl=tls_context(args.cert, args.key))
+    # Apple's channel management API lives on its own host and port.
+    manage = await loop.create_server(
+        lambda: APNsConnection(fake, args.max_concurrent_streams, "manage"),
+        args.host, args.manage_port, ssl=tls_context(args.cert, args.key))
     control = ControlServer(args.control_port, fake, loop)
     threading.Thread(target=control.serve_forever, kwargs={"poll_interval": 0.1},
                      name="control", daemon=True).start()
@@ -752,13 +904,15 @@ async def serve(args):
         exit_on_stdin_eof(loop, stop)
 
     port = server.sockets[0].getsockname()[1]
-    print(json.dumps({"port": port, "controlPort": control.server_address[1]}), flush=True)
+    print(json.dumps({"port": port, "managePort": manage.sockets[0].getsockname()[1],
+                      "controlPort": control.server_address[1]}), flush=True)
     log.info("APNs on %s:%d, control on 127.0.0.1:%d", args.host, port, control.server_address[1])
     await stop.wait()
     log.info("stopping")
     control.shutdown()
     control.server_close()
     server.close()
+    manage.close()
     for conn in list(fake.connections.values()):
         conn.close()
 

@@ -39,7 +39,8 @@ enum PushOutboxRepository {
         PGQuery("""
             SELECT k.activity_id AS outbox_activity_id, k.device_id AS outbox_device_id, k.kind AS outbox_kind,
                    \(ActivityRepository.columns),
-                   tok.mac AS token_mac, tok.sealed AS token_sealed, tok.hint AS token_hint, dev.environment AS device_environment
+                   tok.mac AS token_mac, tok.sealed AS token_sealed, tok.hint AS token_hint, dev.environment AS device_environment,
+                   (SELECT b.phase FROM broadcast_outbox b WHERE b.activity_id = k.activity_id) AS channel_phase
             FROM unnest($1::text[], $2::bigint[], $3::text[]) AS k(activity_id, device_id, kind)
             LEFT JOIN LATERAL (SELECT * FROM activities x WHERE x.activity_id = k.activity_id LIMIT 1) a ON true
             LEFT JOIN LATERAL (SELECT environment FROM devices d WHERE d.id = k.device_id LIMIT 1) dev ON true
@@ -61,6 +62,8 @@ enum PushOutboxRepository {
         var snapshot: Activity?
         /// When the server would end the activity as stale (ms), nil: never.
         var staleDeadlineMs: Int64?
+        /// The broadcast channel's phase, for a broadcast activity.
+        var channelPhase: BroadcastPhase?
         var tokenSealed: [UInt8]?
 
         var key: String { Self.key(job.activityID, job.deviceID, job.kind.rawValue) }
@@ -90,6 +93,7 @@ enum PushOutboxRepository {
         row.job.tokenMac = Bytea.decode(r["token_mac"]) ?? []
         row.job.tokenHint = r["token_hint"] ?? "…"
         row.tokenSealed = Bytea.decode(r["token_sealed"])
+        row.channelPhase = r["channel_phase"].flatMap(BroadcastPhase.init(rawValue:))
         row.job.environment = r["device_environment"].flatMap(APNsEnvironment.init(rawValue:)) ?? .production
     }
 

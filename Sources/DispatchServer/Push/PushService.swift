@@ -38,6 +38,7 @@ final class PushService {
     private var machine: Machine
     private var providerToken: (generation: Int, jwt: String)?
     private let tokenStore: ProviderTokenStore
+    private let broadcasts: BroadcastService
     /// Sends waiting for the provider token of their generation.
     private var waitingForToken: [(job: PushJob, prepared: Prepared, generation: Int)] = []
     private var timers: [Timer] = []
@@ -68,6 +69,8 @@ final class PushService {
         tokenStore = ProviderTokenStore(db: db, settings: settings, signer: signer, vault: vault,
                                         policy: machine.settings.providerToken, log: log)
         metrics = PushMetrics()
+        broadcasts = BroadcastService(db: db, curl: curl, settings: settings, tokenStore: tokenStore, metrics: metrics,
+                                      dismissalSeconds: Int64(dismissalSeconds), leaseMs: leaseMs, requestTimeout: requestTimeout, log: log)
         metrics.connections = { [curl] in curl.openConnections }
     }
 
@@ -82,10 +85,12 @@ final class PushService {
         db.onReady = { [unowned self] in
             self.db.execute(Self.sessionSettings) { _ in }
             self.perform(self.machine.tick(now: Self.now()))
+            self.broadcasts.poll()
         }
         db.start()
         timers.append(loop.timer(after: Self.pollInterval, repeating: true) { [unowned self] in
             self.perform(self.machine.tick(now: Self.now()))
+            self.broadcasts.poll()
         })
         timers.append(loop.timer(after: 0.05) { [unowned self] in self.readDepth() })
         timers.append(loop.timer(after: Self.depthInterval, repeating: true) { [unowned self] in self.readDepth() })
@@ -97,6 +102,7 @@ final class PushService {
     func kick() {
         guard !closed else { return }
         perform(machine.kick(now: Self.now()))
+        broadcasts.poll()
     }
 
     /// Arms the wake-up timer for `at` unless it fires sooner already.
@@ -121,6 +127,7 @@ final class PushService {
     func close() {
         guard !closed else { return }
         closed = true
+        broadcasts.close()
         for t in timers { t.cancel() }
         timers.removeAll()
         curl.close()
@@ -189,8 +196,13 @@ final class PushService {
     /// A claimed row becomes a request, or is settled without one.
     private func prepare(_ row: PushOutboxRepository.ClaimedRow) -> Machine.Claimed {
         var job = row.job
+        // A broadcast activity's push-to-start names its channel: it waits while the channel is made.
+        if job.kind == .start, let a = row.snapshot, a.broadcast, a.channelId == nil, row.channelPhase == .create, !a.state.isTerminal {
+            return .settle(.retry(job, afterSeconds: 0.2, status: "waiting for the channel", countsAsAttempt: false))
+        }
         switch PushPlan.make(kind: job.kind, snapshot: row.snapshot, hasToken: row.tokenSealed != nil, lastTimestamp: row.lastTimestamp,
-                             priority: row.priority, dismissalDelaySeconds: dismissalSeconds, staleDeadlineMs: row.staleDeadlineMs) {
+                             priority: row.priority, dismissalDelaySeconds: dismissalSeconds, staleDeadlineMs: row.staleDeadlineMs,
+                             channelID: row.snapshot?.channelId) {
         case .drop:
             return .settle(.drop(job))
         case .skip:

@@ -42,7 +42,7 @@ struct StoredActivity {
                             cancelURL: r["cancel_url"], state: state, progress: r.double("progress"), status: r["status"],
                             attempt: attempt, seq: seq, cancelRequested: r.bool("cancel_requested") ?? false,
                             liveActivity: r.bool("live_activity") ?? false, createdAt: created, updatedAt: updated, endedAt: r.int64("ended_ms"), error: r["error"],
-                            cancelReason: r["cancel_reason"])
+                            cancelReason: r["cancel_reason"], broadcast: r.bool("broadcast") ?? false, channelId: r["channel_id"])
         self.lastEvent = lastEvent
         ownerKeyID = r.int64("owner_key_id")
         startFingerprint = startFP
@@ -77,7 +77,7 @@ struct ActivityRepository {
     let db: Database
 
     /// The columns `StoredActivity(row:)` reads, from `activities a`.
-    static let columns = "a.activity_id, a.task_name, a.system_image, a.machine, a.cancel_url, a.state, a.progress, a.status, a.attempt, a.seq, a.cancel_requested, a.created_ms, a.updated_ms, a.ended_ms, a.error, a.last_event, a.owner_key_id, a.start_fingerprint, a.end_fingerprint, a.live_activity, a.stale_after_s, a.touched_ms, a.cancel_reason"
+    static let columns = "a.activity_id, a.task_name, a.system_image, a.machine, a.cancel_url, a.state, a.progress, a.status, a.attempt, a.seq, a.cancel_requested, a.created_ms, a.updated_ms, a.ended_ms, a.error, a.last_event, a.owner_key_id, a.start_fingerprint, a.end_fingerprint, a.live_activity, a.stale_after_s, a.touched_ms, a.cancel_reason, a.broadcast, a.channel_id"
 
     func read(_ id: String, _ completion: @escaping (Result<StoredActivity?, DispatchError>) -> Void) {
         db.read(PGQuery("SELECT \(Self.columns) FROM activities a WHERE a.activity_id = $1", [id], name: "read_activity")) { result in
@@ -215,21 +215,22 @@ struct ActivityRepository {
         return PGQuery("""
             INSERT INTO activities (activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
                                     attempt, seq, last_event, created_ms, updated_ms, owner_key_id, start_fingerprint,
-                                    live_activity, stale_after_s, stale_at_ms)
+                                    live_activity, stale_after_s, stale_at_ms, broadcast)
             SELECT n.activity_id, n.task_name, n.system_image, n.machine, n.cancel_url, n.state, n.progress, n.status,
                    1, 1, n.state, n.created_ms, n.created_ms, n.owner_key_id, n.start_fingerprint,
-                   n.live_activity, n.stale_after_s, n.stale_at_ms
+                   n.live_activity, n.stale_after_s, n.stale_at_ms, n.broadcast
             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::float8[], $8::text[],
-                        $9::bigint[], $10::bigint[], $11::text[], $12::boolean[], $13::integer[], $14::bigint[])
+                        $9::bigint[], $10::bigint[], $11::text[], $12::boolean[], $13::integer[], $14::bigint[], $15::boolean[])
               AS n(activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
-                   created_ms, owner_key_id, start_fingerprint, live_activity, stale_after_s, stale_at_ms)
+                   created_ms, owner_key_id, start_fingerprint, live_activity, stale_after_s, stale_at_ms, broadcast)
             ON CONFLICT (activity_id) DO NOTHING RETURNING activity_id
             """, [PGArray.text(a.map(\.activityId)), PGArray.text(a.map(\.taskName)), PGArray.text(a.map(\.systemImage)),
                   PGArray.text(a.map(\.machine)), PGArray.text(a.map(\.cancelURL)), PGArray.text(a.map(\.state.rawValue)),
                   PGArray.text(a.map { $0.progress.map { "\($0)" } }), PGArray.text(a.map(\.status)),
                   PGArray.numbers(a.map(\.createdAt)), PGArray.numbers(starts.map(\.ownerKeyID)),
                   PGArray.text(starts.map(\.fingerprint)), PGArray.text(a.map { $0.liveActivity ? "true" : "false" }),
-                  PGArray.numbers(starts.map { Int64($0.staleAfter) }), PGArray.numbers(staleAt)],
+                  PGArray.numbers(starts.map { Int64($0.staleAfter) }), PGArray.numbers(staleAt),
+                  PGArray.text(a.map { $0.broadcast ? "true" : "false" })],
             name: "publish_starts")
     }
 
@@ -349,9 +350,26 @@ struct ActivityRepository {
               ORDER BY p.activity_id, d.id
               ON CONFLICT (activity_id, device_id, kind) DO NOTHING
               RETURNING 1
+            ), channels AS (
+              INSERT INTO broadcast_outbox (activity_id)
+              SELECT p.activity_id FROM placed p CROSS JOIN LATERAL (
+                SELECT 1 FROM activities x WHERE x.activity_id = p.activity_id AND x.broadcast LIMIT 1) a
+              WHERE p.seq = 1
+              ON CONFLICT (activity_id) DO NOTHING
+              RETURNING 1
+            ), casts AS (
+              UPDATE broadcast_outbox b SET wanted_seq = GREATEST(b.wanted_seq, p.seq),
+                priority = CASE WHEN b.wanted_seq > b.sent_seq THEN GREATEST(b.priority, p.priority) ELSE p.priority END,
+                pending_since_ms = CASE WHEN b.wanted_seq > b.sent_seq THEN b.pending_since_ms ELSE $8::bigint END,
+                due_at = CASE WHEN p.priority = 10 AND b.lease_id IS NULL AND b.attempts = 0 AND b.phase = 'live'
+                              THEN GREATEST(now(), LEAST(b.due_at, to_timestamp(b.last_timestamp)))
+                              WHEN b.wanted_seq > b.sent_seq THEN b.due_at ELSE GREATEST(b.due_at, now()) END
+              FROM (SELECT activity_id, max(seq) AS seq, max(priority) AS priority FROM placed WHERE seq > 1 GROUP BY activity_id) p
+              WHERE b.activity_id = p.activity_id
+              RETURNING 1
             )
             """ : ""
-        let counted = pushes ? ", (SELECT count(*) FROM marks) + (SELECT count(*) FROM starts) AS pushes" : ", 0 AS pushes"
+        let counted = pushes ? ", (SELECT count(*) FROM marks) + (SELECT count(*) FROM starts) + (SELECT count(*) FROM channels) + (SELECT count(*) FROM casts) AS pushes" : ", 0 AS pushes"
         return PGQuery("""
             WITH c AS (
               SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::smallint[])

@@ -170,7 +170,10 @@ final class Publisher {
             enqueueWrite(op)
             return
         }
-        if op.attempts == 0, op.staleTouch == nil, let current = cache[op.activityID] {
+        // A broadcast activity waiting for its channel is read afresh: the channel's arrival
+        // is no change, and the next change's snapshot should carry it.
+        if op.attempts == 0, op.staleTouch == nil, let current = cache[op.activityID],
+           !(current.activity.broadcast && current.activity.channelId == nil) {
             decide(op, current)
             return
         }
