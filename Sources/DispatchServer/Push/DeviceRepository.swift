@@ -144,8 +144,9 @@ enum DeviceRepository {
     }
 
     /// The retention job: activity tokens (and their outbox rows) 12 hours after their activity
-    /// ended or vanished, and outbox rows of finished activities that have nothing left to
-    /// send after an hour. At most 5,000 of each per run.
+    /// ended or vanished, outbox rows of finished activities that have nothing left to send
+    /// after an hour, and refused broadcast channels' rows 12 hours after the end. At most
+    /// 5,000 of each per run.
     static func retention(nowMs: Int64) -> PGQuery {
         PGQuery("""
             WITH old_tokens AS (
@@ -162,8 +163,16 @@ enum DeviceRepository {
                    OR (a.ended_ms < $1::bigint - 3600000 AND (x.sent_seq >= x.wanted_seq OR x.failed))
                 LIMIT 5000)
               RETURNING 1
+            ), old_channels AS (
+              -- Channels APNs would not make, kept for `push status` until their activity is long over.
+              DELETE FROM broadcast_outbox b WHERE b.activity_id IN (
+                SELECT x.activity_id FROM broadcast_outbox x LEFT JOIN activities a ON a.activity_id = x.activity_id
+                WHERE x.phase = 'failed' AND (a.activity_id IS NULL OR a.ended_ms < $1::bigint - $2::bigint)
+                LIMIT 5000)
+              RETURNING 1
             )
-            SELECT (SELECT count(*) FROM old_tokens) AS tokens, (SELECT count(*) FROM old_rows) AS rows
+            SELECT (SELECT count(*) FROM old_tokens) AS tokens, (SELECT count(*) FROM old_rows) AS rows,
+                   (SELECT count(*) FROM old_channels) AS channels
             """, [String(nowMs), String(forgetAfterEndMs)], name: "push_retention")
     }
 
