@@ -22,6 +22,8 @@ final class PushService {
     typealias Machine = PushSenderMachine<Prepared>
 
     static let pollInterval = 0.2
+    /// How long a broadcast activity's push-to-start waits for its channel.
+    static let channelWaitMs: Int64 = 30_000
     static let depthInterval = 5.0
 
     let metrics: PushMetrics
@@ -196,8 +198,10 @@ final class PushService {
     /// A claimed row becomes a request, or is settled without one.
     private func prepare(_ row: PushOutboxRepository.ClaimedRow) -> Machine.Claimed {
         var job = row.job
-        // A broadcast activity's push-to-start names its channel: it waits while the channel is made.
-        if job.kind == .start, let a = row.snapshot, a.broadcast, a.channelId == nil, row.channelPhase == .create, !a.state.isTerminal {
+        // A broadcast activity's push-to-start names its channel: it waits while the channel is
+        // made, at most `channelWait` (APNs unreachable: the start goes without one).
+        if job.kind == .start, let a = row.snapshot, a.broadcast, a.channelId == nil, row.channelPhase == .create, !a.state.isTerminal,
+           job.claimedAtMs - a.createdAt < Self.channelWaitMs {
             return .settle(.retry(job, afterSeconds: 0.2, status: "waiting for the channel", countsAsAttempt: false))
         }
         switch PushPlan.make(kind: job.kind, snapshot: row.snapshot, hasToken: row.tokenSealed != nil, lastTimestamp: row.lastTimestamp,
