@@ -91,6 +91,10 @@ enum BroadcastRepository {
         return queries
     }
 
+    /// Whether any channel is being made or in use (then commits wake the broadcast sender).
+    static let inUse = PGQuery("SELECT EXISTS (SELECT 1 FROM broadcast_outbox WHERE phase IN ('create', 'live')) AS in_use",
+                               name: "broadcast_in_use")
+
     /// Every channel, for `dispatchd push status`.
     static let list = PGQuery("""
         SELECT activity_id, phase, environment, channel_id, sent_seq, wanted_seq, last_status FROM broadcast_outbox

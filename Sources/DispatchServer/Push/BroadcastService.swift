@@ -25,9 +25,17 @@ final class BroadcastService {
     private var busy = false
     private var wanted = false
     private var closed = false
+    /// Whether any channel is being made or live, as of the last claim: commits wake the
+    /// service only then (a claim per commit would cost every publish a query for nothing).
+    private var active = false
+    private var lastClaim = 0.0
+    private var wakeArmed = false
+    private let loop: EventLoop
+    static let minClaimInterval = 0.01
 
-    init(db: PGConnection, curl: CurlClient, settings: APNsSettings, tokenStore: ProviderTokenStore, metrics: PushMetrics,
+    init(loop: EventLoop, db: PGConnection, curl: CurlClient, settings: APNsSettings, tokenStore: ProviderTokenStore, metrics: PushMetrics,
          dismissalSeconds: Int64, leaseMs: Int, requestTimeout: Double, log: Logger) {
+        self.loop = loop
         self.db = db
         self.curl = curl
         self.settings = settings
@@ -41,15 +49,35 @@ final class BroadcastService {
 
     func close() { closed = true }
 
-    /// Something may be due: claim unless a cycle runs (then another follows it).
+    /// A commit marked the outbox: a broadcast may be due, if any channel is in use.
+    func kick() {
+        if active { poll() }
+    }
+
+    /// Something may be due: claim unless a cycle runs (then another follows it), at most
+    /// once per `minClaimInterval`.
     func poll() {
         wanted = true
         guard !busy, !closed, db.isReady else { return }
+        let now = Clock.monotonic()
+        if now - lastClaim < Self.minClaimInterval {
+            if !wakeArmed {
+                wakeArmed = true
+                loop.timer(after: Self.minClaimInterval) { [weak self] in
+                    guard let self, !self.closed else { return }
+                    self.wakeArmed = false
+                    if self.wanted { self.poll() }
+                }
+            }
+            return
+        }
+        lastClaim = now
         busy = true
         wanted = false
-        db.execute([BroadcastRepository.claim(limit: Self.claimLimit, leaseMs: leaseMs)]) { [weak self] result in
+        db.execute([BroadcastRepository.claim(limit: Self.claimLimit, leaseMs: leaseMs), BroadcastRepository.inUse]) { [weak self] result in
             guard let self, !self.closed else { return }
-            guard case .success(let rs) = result, rs[0].ok else { return self.idle() }
+            guard case .success(let rs) = result, rs.count == 2, rs[0].ok else { return self.idle() }
+            self.active = rs[1].first?.bool("in_use") ?? true
             let jobs = rs[0].rows.compactMap { BroadcastRepository.decode($0, defaultEnvironment: self.settings.broadcastEnvironment) }
             if jobs.isEmpty { return self.idle() }
             if jobs.count >= Self.claimLimit { self.wanted = true }

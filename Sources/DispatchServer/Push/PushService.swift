@@ -71,7 +71,7 @@ final class PushService {
         tokenStore = ProviderTokenStore(db: db, settings: settings, signer: signer, vault: vault,
                                         policy: machine.settings.providerToken, log: log)
         metrics = PushMetrics()
-        broadcasts = BroadcastService(db: db, curl: curl, settings: settings, tokenStore: tokenStore, metrics: metrics,
+        broadcasts = BroadcastService(loop: loop, db: db, curl: curl, settings: settings, tokenStore: tokenStore, metrics: metrics,
                                       dismissalSeconds: Int64(dismissalSeconds), leaseMs: leaseMs, requestTimeout: requestTimeout, log: log)
         metrics.connections = { [curl] in curl.openConnections }
     }
@@ -104,7 +104,7 @@ final class PushService {
     func kick() {
         guard !closed else { return }
         perform(machine.kick(now: Self.now()))
-        broadcasts.poll()
+        broadcasts.kick()
     }
 
     /// Arms the wake-up timer for `at` unless it fires sooner already.
