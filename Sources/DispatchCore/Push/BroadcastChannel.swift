@@ -24,6 +24,8 @@ public struct BroadcastJob: Equatable, Sendable {
     public var lastTimestamp: Int64
     public var pendingSinceMs: Int64?
     public var claimedAtMs: Int64
+    /// When the change pushed was made (ms; 0 until known): the pace counts from it.
+    public var changedAtMs: Int64 = 0
 
     public init(activityID: String, leaseID: Int64, phase: BroadcastPhase, channelID: String?, environment: APNsEnvironment,
                 attempts: Int, priority: Int, lastTimestamp: Int64, pendingSinceMs: Int64?, claimedAtMs: Int64) {

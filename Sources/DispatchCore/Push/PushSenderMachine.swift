@@ -25,6 +25,9 @@ public struct PushJob: Equatable, Sendable {
     public var environment: APNsEnvironment = .production
     /// This is that retry: when it is delivered, the device's environment is corrected.
     public var switchedEnvironment = false
+    /// When the change pushed was made (ms): the pace counts from it, not from the send, so a
+    /// job reporting exactly once per pace is never held back by its own push's latency.
+    public var changedAtMs: Int64 = 0
 
     public init(outboxID: Int64, leaseID: Int64, kind: PushKind, activityID: String, deviceID: Int64, seq: Int64,
                 timestamp: Int64, attempts: Int, pendingSinceMs: Int64?, claimedAtMs: Int64, tokenMac: [UInt8] = [], tokenHint: String = "") {

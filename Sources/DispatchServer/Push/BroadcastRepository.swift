@@ -74,10 +74,11 @@ enum BroadcastRepository {
                            phase = CASE WHEN $5::bigint IS NULL THEN phase ELSE 'delete' END,
                            due_at = CASE WHEN $5::bigint IS NOT NULL THEN to_timestamp($5::bigint)
                                          WHEN priority = 10 AND wanted_seq > $3::bigint THEN GREATEST(now(), to_timestamp($4::bigint))
-                                         ELSE GREATEST(now(), to_timestamp($6::bigint / 1000.0) + $7::float8 * interval '1 second',
+                                         ELSE GREATEST(now(), to_timestamp($8::bigint / 1000.0) + $7::float8 * interval '1 second',
                                                        to_timestamp($4::bigint)) END,
                            pending_since_ms = CASE WHEN wanted_seq > GREATEST(sent_seq, $3::bigint) THEN $6::bigint END \(fence)
-                    """, key + [String(seq), String(timestamp), deleteAt.map { String($0) }, String(job.claimedAtMs), String(max(0, paceSeconds))],
+                    """, key + [String(seq), String(timestamp), deleteAt.map { String($0) }, String(job.claimedAtMs), String(max(0, paceSeconds)),
+                                            String(job.changedAtMs > 0 ? job.changedAtMs : job.claimedAtMs)],
                     name: "broadcast_mark_pushed"))
             case .deleted:
                 queries.append(PGQuery("DELETE FROM broadcast_outbox \(fence)", key, name: "broadcast_mark_deleted"))

@@ -127,6 +127,7 @@ final class BroadcastService {
             let stored = activities[job.activityID]
             let stale = stored.flatMap { LiveActivityPayload.staleDeadline($0.activity, staleAfterSeconds: $0.staleAfter, touchedMs: $0.touchedMs) }
             if job.phase == .create { job.environment = settings.broadcastEnvironment }
+            job.changedAtMs = stored?.activity.updatedAt ?? job.claimedAtMs
             let request = BroadcastRequest.make(job, snapshot: stored?.activity, staleDeadlineMs: stale, dismissalDelaySeconds: dismissalSeconds)
             guard let jwt, let http = httpRequest(request, job, jwt: jwt) else {
                 let outcome: BroadcastOutcome = request == .forget ? .deleted : .retry(afterSeconds: 1, status: "no provider token")

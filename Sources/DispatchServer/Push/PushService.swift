@@ -213,6 +213,7 @@ final class PushService {
             return .settle(.skipped(job))
         case .send(let body, let timestamp, let priority, let expiration):
             job.timestamp = timestamp
+            job.changedAtMs = row.snapshot?.updatedAt ?? job.claimedAtMs
             guard let sealed = row.tokenSealed, let token = vault.open(sealed, mac: job.tokenMac) else {
                 log.error("push.token_unreadable", [("activity", job.activityID), ("device", job.deviceID), ("kind", job.kind.rawValue),
                                                     ("hint", "DISPATCH_TOKEN_KEY changed? the token is retired; the phone registers it again")])
