@@ -27,7 +27,7 @@ extension PushRun {
                                what: "starting the broadcast activity")
         let created = waitFor(t, timeout: 30) { $0.sum("dispatch_push_broadcasts_total", #"result="created""#) >= 1 }
         guard created else { throw BenchError("the broadcast channel was not created within 30 s; see \(t.logPath)") }
-        let a = try measure(t, prefix: channel, scenario: "one activity x \(watchers) phones, broadcast channel") { before, after in
+        let a = try measure(t, prefix: channel, scenario: "1 x \(watchers) phones, channel") { before, after in
             after.sum("dispatch_push_broadcasts_total", #"result="pushed""#) - before.sum("dispatch_push_broadcasts_total", #"result="pushed""#)
         } latency: { before, after in
             let n = after.sum("dispatch_push_broadcast_latency_seconds_count") - before.sum("dispatch_push_broadcast_latency_seconds_count")
@@ -47,7 +47,7 @@ extension PushRun {
         guard waitDelivered(t, Double(o.watchers), timeout: 120) else {
             throw BenchError("the first push to each of \(watchers) phones did not arrive within 120 s; see \(t.logPath)")
         }
-        let b = try measure(t, prefix: tokens, scenario: "one activity x \(watchers) phones, a token each") { before, after in
+        let b = try measure(t, prefix: tokens, scenario: "1 x \(watchers) phones, tokens") { before, after in
             after.sum("dispatch_push_sent_total", #"result="delivered""#) - before.sum("dispatch_push_sent_total", #"result="delivered""#)
         } latency: { before, after in
             let hist = after.histogram("dispatch_push_latency_seconds").subtracting(before.histogram("dispatch_push_latency_seconds"))
