@@ -540,8 +540,14 @@ final class PushTests: XCTestCase {
         badKey["DISPATCH_APNS_KEY_FILE"] = f.pki + "/ca.pem"
         var noTokenKey = f.serverEnvironment
         noTokenKey["DISPATCH_TOKEN_KEY"] = nil
+        let badEnv = f.serverEnvironment.merging(["DISPATCH_APNS_BROADCAST_ENV": "staging"]) { $1 }
+        let badPace = f.serverEnvironment.merging(["DISPATCH_PUSH_PACE": "61"]) { $1 }
+        let badSandbox = f.serverEnvironment.merging(["DISPATCH_APNS_SANDBOX_URL": "http://127.0.0.1:1"]) { $1 }
         for (env, message) in [(partial, "DISPATCH_APNS_TEAM_ID missing"), (badKey, "not an APNs auth key"),
-                               (noTokenKey, "DISPATCH_TOKEN_KEY is required")] {
+                               (noTokenKey, "DISPATCH_TOKEN_KEY is required"),
+                               (badEnv, "DISPATCH_APNS_BROADCAST_ENV must be production or sandbox"),
+                               (badPace, "DISPATCH_PUSH_PACE must be seconds from 0 to 60"),
+                               (badSandbox, "DISPATCH_APNS_SANDBOX_URL must be https://host[:port]")] {
             do {
                 let s = try TestServer.start(environment: env)
                 s.stop()
