@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
@@ -297,6 +298,7 @@ class Fake:
         self.otherwise = {}   # token or "*" -> answer item once its queue is empty
         self.connections = {}  # connection id -> APNsConnection
         self.connections_opened = 0
+        self.refused_streams = 0
 
     def handle(self, conn, stream_id, raw_headers, body):
         """Check and record one complete request, then answer it."""
@@ -333,6 +335,7 @@ class Fake:
         if rejected:
             raise rejected
         self.take_token(record["jwtHash"], now)
+        self.authenticated_on(record)
         check_headers(headers, self.topic)
         record["body"] = payload = parse_payload(body)
         check_payload(payload)
@@ -349,6 +352,7 @@ class Fake:
         if rejected:
             raise rejected
         self.take_token(record["jwtHash"], now)
+        self.authenticated_on(record)
 
     def bundle_of(self, path, prefix):
         rest = path[len(prefix):]
@@ -456,6 +460,11 @@ class Fake:
             return {"status": 204, "headers": [("apns-request-id", request_id)]}
         raise Rejected(405, "MethodNotAllowed", method)
 
+    def authenticated_on(self, record):
+        conn = self.connections.get(record["connection"])
+        if conn is not None:
+            conn.on_authenticated()
+
     def take_token(self, digest, now):
         if digest in self.tokens_taken:
             return
@@ -515,7 +524,7 @@ class Fake:
         return {}
 
     def snapshot(self):
-        return list(self.requests), self.connections_opened, len(self.connections)
+        return list(self.requests), self.connections_opened, len(self.connections), self.refused_streams
 
     def goaway_all(self, _spec=None):
         conns = [conn for conn in self.connections.values() if conn.serving]
@@ -547,6 +556,16 @@ H2_CONFIG = h2.config.H2Configuration(
     validate_outbound_headers=False, normalize_outbound_headers=False)
 
 
+class AdvertisedSettings(h2.settings.Settings):
+    """Settings whose MAX_CONCURRENT_STREAMS is advertised but not enforced by h2 (which
+    would drop the whole connection); the connection refuses extra streams itself, with
+    RST_STREAM(REFUSED_STREAM), as APNs does."""
+
+    @property
+    def max_concurrent_streams(self):
+        return 2 ** 31 - 1
+
+
 class APNsConnection(asyncio.Protocol):
     """One client connection: HTTP/2 framing with h2, answers per stream."""
 
@@ -556,6 +575,11 @@ class APNsConnection(asyncio.Protocol):
         self.serving = True  # False once closing or after GOAWAY: no more answers
         self.partial = {}  # stream id -> (headers, body bytearray) until END_STREAM
         self.delayed = {}  # stream id -> TimerHandle of a delayed answer
+        # APNs allows one stream on a new connection until a request has authenticated,
+        # then raises the limit: a client that opens more meanwhile gets them refused.
+        self.authenticated = False
+        self.unanswered = set()  # stream ids received and not answered yet
+        self.refused = set()
 
     def connection_made(self, transport):
         self.transport = transport
@@ -570,8 +594,8 @@ class APNsConnection(asyncio.Protocol):
             return
         fake.connections[self.id] = self
         self.h2 = h2.connection.H2Connection(H2_CONFIG)
-        self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.max_streams,
+        self.h2.local_settings = AdvertisedSettings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1,
             h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20,
         })
         self.h2.initiate_connection()
@@ -604,15 +628,25 @@ class APNsConnection(asyncio.Protocol):
     def on_event(self, event):
         kind = type(event)
         if kind is h2.events.RequestReceived:
+            if not self.authenticated and self.unanswered:
+                self.refused.add(event.stream_id)
+                self.fake.refused_streams += 1
+                self.h2.reset_stream(event.stream_id, error_code=h2.errors.ErrorCodes.REFUSED_STREAM)
+                return
+            self.unanswered.add(event.stream_id)
             self.partial[event.stream_id] = (event.headers, bytearray())
         elif kind is h2.events.DataReceived:
-            self.partial[event.stream_id][1].extend(event.data)
             self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            if event.stream_id in self.partial:
+                self.partial[event.stream_id][1].extend(event.data)
         elif kind is h2.events.StreamEnded:
+            if event.stream_id not in self.partial:
+                return
             headers, body = self.partial.pop(event.stream_id)
             self.fake.handle(self, event.stream_id, headers, bytes(body))
         elif kind is h2.events.StreamReset:
             self.partial.pop(event.stream_id, None)
+            self.unanswered.discard(event.stream_id)
             timer = self.delayed.pop(event.stream_id, None)
             if timer:
                 timer.cancel()
@@ -641,7 +675,15 @@ class APNsConnection(asyncio.Protocol):
             self.answer(stream_id, record, item)
             self.flush()
 
+    def on_authenticated(self):
+        """The first request with a valid provider token: the stream limit goes up."""
+        if self.authenticated or not self.serving:
+            return
+        self.authenticated = True
+        self.h2.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.max_streams})
+
     def answer(self, stream_id, record, item):
+        self.unanswered.discard(stream_id)
         status = int(item.get("status", 200))
         apns_id = record["headers"].get("apns-id") or str(uuid.uuid4())
         headers = [(":status", str(status)), ("apns-id", apns_id)]
@@ -741,7 +783,7 @@ def check_config(spec):
                          '"broadcastEnabled": B} (any of them)')
 
 
-def stats(requests, opened, open_now):
+def stats(requests, opened, open_now, refused=0):
     by_status = collections.Counter(str(r["status"]) for r in requests if r["status"] is not None)
     return {
         "total": len(requests),
@@ -750,6 +792,7 @@ def stats(requests, opened, open_now):
         "connectionsOpened": opened,
         "connectionsOpen": open_now,
         "distinctJwts": len({r["jwtHash"] for r in requests if r["jwtHash"]}),
+        "refusedStreams": refused,
     }
 
 
@@ -760,7 +803,7 @@ class ControlHandler(BaseHTTPRequestHandler):
     def do_GET(self):
         url = urlsplit(self.path)
         if url.path == "/requests":
-            requests, _, _ = self.call(Fake.snapshot)
+            requests, _, _, _ = self.call(Fake.snapshot)
             token = parse_qs(url.query).get("token", [None])[0]
             if token is not None:
                 requests = [r for r in requests if r["token"] == token]
