@@ -153,4 +153,34 @@ final class BroadcastTests: XCTestCase {
         XCTAssertTrue(status.output.contains("no-channel\t-\tfailed\tproduction"), status.output)
         XCTAssertTrue(status.output.contains("400 FeatureNotEnabled"), status.output)
     }
+
+    /// The broadcast sender and the token sender of one process need the provider token at
+    /// the same moment (a server starting with both kinds of work due): one JWT, not two (the
+    /// advisory lock is reentrant within the process's session, so it cannot keep them apart).
+    func testTokenAndBroadcastSendersStartingTogetherMakeOneJWT() throws {
+        let f = try fake()
+        let env = f.serverEnvironment.merging(["DISPATCH_WORKERS": "1"]) { $1 }
+        let first = try TestServer.start(environment: env)
+        let conninfo = first.conninfo
+        let t = token()
+        try first.startActivity("both-b", extra: #","broadcast":true"#)
+        try first.startActivity("both-t")
+        XCTAssertEqual(try first.client.post("/v1/activity-tokens", #"{"deviceToken":"\#(token())","activityTokens":{"both-t":"\#(t)"}}"#).status, 200)
+        try f.wait { rs in rs.contains { $0.channel == "create" && $0.status == 201 } && rs.contains { $0.token == t && $0.status == 200 } }
+        first.stop()
+        // Work of both kinds due at the next start, and no stored token.
+        for statement in ["DELETE FROM apns_provider_tokens",
+                          "UPDATE broadcast_outbox SET phase = 'create', channel_id = NULL, due_at = now(), lease_id = NULL",
+                          "UPDATE activities SET channel_id = NULL WHERE activity_id = 'both-b'",
+                          "UPDATE push_outbox SET wanted_seq = sent_seq + 1, due_at = now(), lease_id = NULL WHERE activity_id = 'both-t'"] {
+            _ = try TestPostgres.shared().sql(conninfo, statement)
+        }
+        try f.resetBehavior()
+        try f.clearRequests()
+        let second = try TestServer.start(environment: env, conninfo: conninfo)
+        defer { second.stop() }
+        let seen = try f.wait { rs in rs.contains { $0.channel == "create" && $0.status != nil } && rs.contains { $0.token == t && $0.status != nil } }
+        XCTAssertEqual(seen.filter { $0.status != 200 && $0.status != 201 }.map { "\($0.status ?? 0) \($0.reason ?? "")" }, [])
+        XCTAssertEqual(try f.stat("distinctJwts"), 1)
+    }
 }

@@ -28,6 +28,9 @@ final class ProviderTokenStore {
     private let vault: TokenVault
     private let policy: ProviderTokenPolicy
     private let log: Logger
+    /// Callers waiting on the obtain in flight: one at a time per process (the advisory lock is
+    /// reentrant within a session, so two renewals on this connection would both make a JWT).
+    private var waiting: [(Result<Token, Failure>) -> Void]?
 
     init(db: PGConnection, settings: APNsSettings, signer: ES256Signer, vault: TokenVault, policy: ProviderTokenPolicy, log: Logger) {
         self.db = db
@@ -41,12 +44,23 @@ final class ProviderTokenStore {
     /// The token to send with. `refused`: the JWT APNs just refused (a stored token equal to
     /// it is not usable); `now` in Unix seconds.
     func obtain(refused: String?, now: Int64, completion: @escaping (Result<Token, Failure>) -> Void) {
+        if waiting != nil {
+            waiting?.append(completion)
+            return
+        }
+        waiting = [completion]
+        let finish: (Result<Token, Failure>) -> Void = { [weak self] result in
+            guard let self else { return }
+            let all = self.waiting ?? []
+            self.waiting = nil
+            for c in all { c(result) }
+        }
         db.execute([read]) { [weak self] result in
             guard let self else { return }
             switch self.decode(result) {
-            case .failure(let e): completion(.failure(e))
-            case .success(let row?) where self.usable(row, refused: refused, now: now): completion(.success(row))
-            case .success: self.renew(refused: refused, completion: completion)
+            case .failure(let e): finish(.failure(e))
+            case .success(let row?) where self.usable(row, refused: refused, now: now): finish(.success(row))
+            case .success: self.renew(refused: refused, completion: finish)
             }
         }
     }
