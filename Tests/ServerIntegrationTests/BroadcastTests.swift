@@ -183,4 +183,26 @@ final class BroadcastTests: XCTestCase {
         XCTAssertEqual(seen.filter { $0.status != 200 && $0.status != 201 }.map { "\($0.status ?? 0) \($0.reason ?? "")" }, [])
         XCTAssertEqual(try f.stat("distinctJwts"), 1)
     }
+
+    /// APNs calls the JWT expired on a broadcast: the broadcast sender renews it (it may be
+    /// the only sender at work) and the push goes.
+    func testAnExpiredProviderTokenIsRenewedForBroadcasts() throws {
+        let f = try fake()
+        let s = try TestServer.start(environment: f.serverEnvironment)
+        defer { s.stop() }
+        try s.startActivity("expiring", extra: #","broadcast":true"#)
+        try f.wait { rs in rs.contains { $0.channel == "create" && $0.status == 201 } }
+        try s.update("expiring", #"{"progress":0.2}"#)
+        try f.wait { rs in rs.contains { $0.channel == "push" && $0.status == 200 } }
+        try f.setMinJWTInterval(0)
+        try f.setMaxJWTAge(1)
+        sleep(2)
+        try f.clearRequests()
+        try s.update("expiring", #"{"state":"idle"}"#)
+        let got = try f.wait(timeout: 15) { rs in rs.contains { $0.channel == "push" && $0.status == 200 } }
+        let casts = got.filter { $0.channel == "push" }
+        XCTAssertEqual(casts.first?.reason, "ExpiredProviderToken")
+        XCTAssertEqual(casts.last?.status, 200)
+        XCTAssertNotEqual(casts.first?.jwtHash, casts.last?.jwtHash, "a new JWT")
+    }
 }

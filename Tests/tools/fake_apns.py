@@ -382,6 +382,7 @@ class Fake:
             raise Rejected(405, "MethodNotAllowed", headers.get(":method"))
         if self.bundle_of(headers.get(":path", ""), BROADCAST_PREFIX):
             raise Rejected(404, "BadPath", headers.get(":path"))
+        record["channel"] = "push"
         self.authenticate(record, headers, header_count, now)
         record["channelId"] = channel = self.channel_of(headers)
         push_type = headers.get("apns-push-type")
@@ -412,6 +413,8 @@ class Fake:
         tail = self.bundle_of(path, MANAGE_PREFIX)
         if tail not in ("channels", "all-channels"):
             raise Rejected(404, "BadPath", path)
+        record["channel"] = {"POST": "create", "GET": "read", "DELETE": "delete"}.get(method) \
+            if tail == "channels" else "list"
         self.authenticate(record, headers, header_count, now)
         request_id = headers.get("apns-request-id") or str(uuid.uuid4())
         if tail == "all-channels":

@@ -22,6 +22,8 @@ final class BroadcastService {
     private let requestTimeout: Double
     private let retry = RetryPolicy(initial: 1, maximum: 300)
     private var token: ProviderTokenStore.Token?
+    /// The JWT APNs last called expired: not to be used again.
+    private var refusedJWT: String?
     private var busy = false
     private var wanted = false
     private var closed = false
@@ -98,7 +100,7 @@ final class BroadcastService {
             }
             var byID: [String: StoredActivity] = [:]
             for r in rs[0].rows { if let s = StoredActivity(row: r) { byID[s.activity.activityId] = s } }
-            self.withToken { jwt in self.send(jobs, byID, jwt: jwt) }
+            self.withToken(refused: self.refusedJWT) { jwt in self.send(jobs, byID, jwt: jwt) }
         }
     }
 
@@ -110,7 +112,10 @@ final class BroadcastService {
         }
         tokenStore.obtain(refused: refused, now: now) { [weak self] result in
             guard let self, !self.closed else { return }
-            if case .success(let t) = result { self.token = t }
+            if case .success(let t) = result {
+                self.token = t
+                if t.jwt != refused { self.refusedJWT = nil }
+            }
             body(self.token?.jwt)
         }
     }
@@ -145,7 +150,10 @@ final class BroadcastService {
                     answer = .transport(APNsRequest.failure(f.kind))
                     channel = nil
                 }
-                if case .status(403, "ExpiredProviderToken"?, _) = answer { self.token = nil }
+                if case .status(403, "ExpiredProviderToken"?, _) = answer, let t = self.token, t.jwt == jwt {
+                    self.refusedJWT = t.jwt
+                    self.token = nil
+                }
                 let outcome = BroadcastOutcome.decide(request, answer, channelHeader: channel, attempts: job.attempts, policy: self.retry,
                                                       random: Double.random(in: 0..<1))
                 self.report(job, request, outcome, answer)
