@@ -61,10 +61,12 @@ public struct CLIStartOptions: Equatable, Sendable {
     public var staleAfter: Int?
     /// Ask for a Live Activity on registered iPhones (push-to-start, contract §5.2).
     public var liveActivity: Bool
+    /// Ask for an APNs broadcast channel (contract §5.5): one push per change for every phone.
+    public var broadcast: Bool
 
     public init(activityID: String? = nil, name: String, symbol: String? = nil, machine: String? = nil,
                 cancelURL: String? = nil, status: String? = nil, state: String? = nil, progress: Double? = nil,
-                staleAfter: Int? = nil, liveActivity: Bool = false) {
+                staleAfter: Int? = nil, liveActivity: Bool = false, broadcast: Bool = false) {
         self.activityID = activityID
         self.name = name
         self.symbol = symbol
@@ -75,6 +77,7 @@ public struct CLIStartOptions: Equatable, Sendable {
         self.progress = progress
         self.staleAfter = staleAfter
         self.liveActivity = liveActivity
+        self.broadcast = broadcast
     }
 }
 
@@ -326,7 +329,8 @@ public enum CLIArguments {
                 activityID: values["id"], name: try required("name"), symbol: values["symbol"],
                 machine: machine, cancelURL: values["cancel-url"], status: values["status"],
                 state: try state(startStates), progress: try progress(values, command: command),
-                staleAfter: try staleAfter(values, command: command), liveActivity: switches.contains("live-activity"))
+                staleAfter: try staleAfter(values, command: command), liveActivity: switches.contains("live-activity"),
+                broadcast: switches.contains("broadcast"))
             return .command(global, .start(opts))
         case "progress":
             var updateState = try state(updateStates)
@@ -408,7 +412,7 @@ public enum CLIArguments {
                 activityID: values["id"], name: name, symbol: values["symbol"], machine: machine,
                 cancelURL: values["cancel-url"], status: values["status"], state: "processing", progress: nil,
                 staleAfter: try staleAfter(values, command: command) ?? CLIRunCancel.defaultStaleAfter,
-                liveActivity: switches.contains("live-activity"))
+                liveActivity: switches.contains("live-activity"), broadcast: switches.contains("broadcast"))
             var killAfter = CLIRunCancel.defaultKillAfter
             if let text = values["kill-after"] {
                 guard let v = DurationText.seconds(text), v <= 86_400 else {

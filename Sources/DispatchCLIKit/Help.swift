@@ -99,6 +99,7 @@ public enum CLIHelp {
                            10s to 7d, e.g. 90, 10m, 2h  [default: the server's, usually 1d]
                            """),
                            CLIOption("live-activity", nil, "start a Live Activity on iPhones registered for push-to-start"),
+                           CLIOption("broadcast", nil, "update its Live Activities through an APNs broadcast channel (iOS 18): one push per change for every phone"),
                        ],
                        details: """
                        Prints only the new activity's id on stdout (with --json: the snapshot), so
@@ -200,6 +201,7 @@ public enum CLIHelp {
                            removed, cut to 200 characters)
                            """),
                            CLIOption("live-activity", nil, "start a Live Activity on iPhones registered for push-to-start"),
+                           CLIOption("broadcast", nil, "update its Live Activities through an APNs broadcast channel (iOS 18): one push per change for every phone"),
                            CLIOption("progress-regex", "RE", """
                            read progress with this regular expression instead of the usual
                            shapes: exactly one capture group holding a percentage,

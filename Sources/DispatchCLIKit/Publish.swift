@@ -18,6 +18,7 @@ public enum CLIRequestBody {
         if let v = o.state { w.field("state", v) }
         if let v = o.staleAfter { w.field("staleAfter", Int64(v)) }
         if o.liveActivity { w.field("liveActivity", true) }
+        if o.broadcast { w.field("broadcast", true) }
         w.endObject()
         return w.bytes
     }

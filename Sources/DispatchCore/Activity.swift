@@ -32,6 +32,10 @@ public struct Activity: Equatable, Sendable {
     public var cancelReason: String?
     /// The start asked for a Live Activity on registered iPhones (push-to-start).
     public var liveActivity: Bool
+    /// The start asked for an APNs broadcast channel (contract §5.5).
+    public var broadcast: Bool
+    /// That channel's id once it exists (base64, as APNs gave it).
+    public var channelId: String?
     public var createdAt: Int64
     public var updatedAt: Int64
     public var endedAt: Int64?
@@ -40,7 +44,8 @@ public struct Activity: Equatable, Sendable {
     public init(activityId: String, taskName: String, systemImage: String? = nil, machine: String? = nil,
                 cancelURL: String? = nil, state: ActivityState, progress: Double? = nil, status: String? = nil,
                 attempt: Int64 = 1, seq: Int64 = 1, cancelRequested: Bool = false, liveActivity: Bool = false, createdAt: Int64,
-                updatedAt: Int64, endedAt: Int64? = nil, error: String? = nil, cancelReason: String? = nil) {
+                updatedAt: Int64, endedAt: Int64? = nil, error: String? = nil, cancelReason: String? = nil,
+                broadcast: Bool = false, channelId: String? = nil) {
         self.activityId = activityId
         self.taskName = taskName
         self.systemImage = systemImage
@@ -53,6 +58,8 @@ public struct Activity: Equatable, Sendable {
         self.seq = seq
         self.cancelRequested = cancelRequested
         self.liveActivity = liveActivity
+        self.broadcast = broadcast
+        self.channelId = channelId
         self.createdAt = createdAt
         self.updatedAt = updatedAt
         self.endedAt = endedAt
@@ -79,6 +86,8 @@ public struct Activity: Equatable, Sendable {
         // the publisher (`dispatch run`) and people watching learn why from the stream itself.
         if cancelRequested { w.field("cancelReason", cancelReason) }
         w.field("liveActivity", liveActivity)
+        w.field("broadcast", broadcast)
+        w.field("channelId", channelId)
         w.field("createdAt", Timestamp.format(milliseconds: createdAt))
         w.field("updatedAt", Timestamp.format(milliseconds: updatedAt))
         w.field("endedAt", endedAt.map { Timestamp.format(milliseconds: $0) })
@@ -122,10 +131,14 @@ public struct Activity: Equatable, Sendable {
         }
         var reason: String?
         if case .string(let r)? = value["cancelReason"] { reason = r }
+        // Absent in snapshots stored before broadcast channels existed.
+        var broadcast = false, channel: String?
+        if case .bool(let b)? = value["broadcast"] { broadcast = b }
+        if case .string(let c)? = value["channelId"] { channel = c }
         return Activity(activityId: id, taskName: name, systemImage: image, machine: machine, cancelURL: url,
                         state: state, progress: progress, status: status, attempt: attempt, seq: seq,
                         cancelRequested: cancel, liveActivity: live, createdAt: createdAt, updatedAt: updatedAt, endedAt: endedAt,
-                        error: error, cancelReason: reason)
+                        error: error, cancelReason: reason, broadcast: broadcast, channelId: channel)
     }
 }
 

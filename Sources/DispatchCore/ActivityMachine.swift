@@ -12,6 +12,8 @@ public struct StartCommand: Equatable, Sendable {
     public var liveActivity: Bool
     /// Seconds without a change before the server ends it as stale; nil: the server's default.
     public var staleAfter: Int?
+    /// Ask for an APNs broadcast channel (contract §5.5).
+    public var broadcast = false
 
     public init(activityId: String? = nil, taskName: String, systemImage: String? = nil, machine: String? = nil,
                 cancelURL: String? = nil, initialProgress: Double? = nil, status: String? = nil,
@@ -38,6 +40,7 @@ public struct StartCommand: Equatable, Sendable {
         w.field2(status); w.string(state.rawValue)
         if liveActivity || staleAfter != nil { w.bool(liveActivity) }
         if let staleAfter { w.int(Int64(staleAfter)) }
+        if broadcast { w.string("broadcast") }
         w.endArray()
         return w.string
     }
@@ -117,7 +120,7 @@ public enum ActivityMachine {
         let snapshot = Activity(activityId: id, taskName: cmd.taskName, systemImage: cmd.systemImage,
                                 machine: cmd.machine, cancelURL: cmd.cancelURL, state: cmd.state,
                                 progress: cmd.initialProgress, status: cmd.status, attempt: 1, seq: 1,
-                                liveActivity: cmd.liveActivity, createdAt: now, updatedAt: now)
+                                liveActivity: cmd.liveActivity, createdAt: now, updatedAt: now, broadcast: cmd.broadcast)
         return ActivityEvent(name: cmd.state.rawValue, snapshot: snapshot)
     }
 

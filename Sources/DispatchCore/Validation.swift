@@ -115,7 +115,7 @@ public enum Validation {
 
     public static func start(_ body: [UInt8]) throws(DispatchError) -> StartCommand {
         let f = try object(body, allowed: ["activityId", "taskName", "systemImage", "machine", "cancelURL",
-                                           "initialProgress", "status", "state", "liveActivity", "staleAfter"])
+                                           "initialProgress", "status", "state", "liveActivity", "staleAfter", "broadcast"])
         var cmd = StartCommand(taskName: "")
         if let v = try optionalString(f, "activityId"), let id = v { cmd.activityId = try activityID(id) }
         guard let nameValue = try optionalString(f, "taskName"), let rawName = nameValue else {
@@ -147,6 +147,11 @@ public enum Validation {
         case nil, .null?: break
         case .bool(let b)?: cmd.liveActivity = b
         case let other?: throw DispatchError(.invalidField, "liveActivity must be true or false, not \(other.typeName)")
+        }
+        switch f["broadcast"] {
+        case nil, .null?: break
+        case .bool(let b)?: cmd.broadcast = b
+        case let other?: throw DispatchError(.invalidField, "broadcast must be true or false, not \(other.typeName)")
         }
         switch f["staleAfter"] {
         case nil, .null?: break

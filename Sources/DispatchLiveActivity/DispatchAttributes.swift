@@ -58,3 +58,48 @@ public struct DispatchAttributes: Codable, Hashable, Sendable {
 @available(iOS 16.1, *)
 extension DispatchAttributes: ActivityAttributes {}
 #endif
+
+/// A whole push as the server sends it (contract §5.2, §5.5): the `aps` dictionary's Live
+/// Activity keys, for an app or a test that wants to read a push itself (ActivityKit reads
+/// them on its own). Decode `LiveActivityPush.Envelope` with a default `JSONDecoder`.
+public struct LiveActivityPush: Decodable, Hashable, Sendable {
+    /// Unix seconds; grows push after push for one activity (the phone keeps the newest).
+    public var timestamp: Int
+    /// `start`, `update` or `end`.
+    public var event: String
+    public var contentState: DispatchAttributes.ContentState
+    /// `"DispatchAttributes"`, with `start` only.
+    public var attributesType: String?
+    /// With `start` only.
+    public var attributes: DispatchAttributes?
+    /// With `start`, and with an `end` in `error` or `rejected`.
+    public var alert: Alert?
+    /// `1` on a `start` (iOS 18): the started Live Activity gets an update token at once.
+    public var inputPushToken: Int?
+    /// On the `start` of a broadcast activity (iOS 18): the channel the Live Activity subscribes to.
+    public var inputPushChannel: String?
+    /// On updates of an activity with a stale deadline: Unix seconds from which it shows as stale.
+    public var staleDate: Int?
+    /// With `end` only: Unix seconds until which the ended Live Activity stays on the Lock Screen.
+    public var dismissalDate: Int?
+
+    public struct Alert: Decodable, Hashable, Sendable {
+        public var title: String
+        public var body: String
+    }
+
+    /// The JSON body of a push: `{"aps": {...}}`.
+    public struct Envelope: Decodable, Hashable, Sendable {
+        public var aps: LiveActivityPush
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case timestamp, event, attributes, alert
+        case contentState = "content-state"
+        case attributesType = "attributes-type"
+        case inputPushToken = "input-push-token"
+        case inputPushChannel = "input-push-channel"
+        case staleDate = "stale-date"
+        case dismissalDate = "dismissal-date"
+    }
+}

@@ -13,6 +13,8 @@ public final class FakeAPNs: @unchecked Sendable {
     public static let tokenKey = String(repeating: "5e", count: 32)
 
     public let port: Int
+    /// Where its channel management API listens (Apple's api-manage-broadcast host).
+    public let managePort: Int
     public let controlPort: Int
     public let pki: String
     public let logPath: String
@@ -28,7 +30,8 @@ public final class FakeAPNs: @unchecked Sendable {
         return dir
     }
 
-    public static func start() throws -> FakeAPNs {
+    /// `environment`: the APNs environment this instance plays (production or sandbox).
+    public static func start(environment: String = "production") throws -> FakeAPNs {
         guard access("/usr/bin/python3", X_OK) == 0,
               Subprocess.run(["/usr/bin/python3", "-c", "import h2, jwt, cryptography"]).status == 0 else {
             throw TestError("the fake APNs needs Debian's python3 with python3-h2, python3-jwt and python3-cryptography (make test-deps)")
@@ -50,7 +53,7 @@ public final class FakeAPNs: @unchecked Sendable {
             "/usr/bin/python3", TestPaths.repositoryRoot + "/Tests/tools/fake_apns.py",
             "--cert", pki + "/server.pem", "--key", pki + "/server-key.pem",
             "--auth-key-pub", pki + "/AuthKey_\(keyID).pub.pem", "--team-id", teamID, "--key-id", keyID,
-            "--topic", topic, "--port", "0", "--control-port", "0",
+            "--topic", topic, "--port", "0", "--control-port", "0", "--environment", environment,
         ], options)
         close(input[0])
         close(output[1])
@@ -73,19 +76,22 @@ public final class FakeAPNs: @unchecked Sendable {
             line += buf[0..<n]
         }
         guard let json = try? JSONParser.parse(Array(line.prefix { $0 != 10 })),
-              case .number(let port)? = json["port"], case .number(let controlPort)? = json["controlPort"] else {
+              case .number(let port)? = json["port"], case .number(let controlPort)? = json["controlPort"],
+              case .number(let managePort)? = json["managePort"] else {
             kill(pid, SIGKILL)
             _ = Subprocess.wait(pid)
             close(input[1])
             throw TestError("fake_apns.py did not start: \(Files.read(logPath) ?? "")")
         }
-        return FakeAPNs(pid: pid, stdinFD: input[1], port: Int(port), controlPort: Int(controlPort), pki: pki, logPath: logPath)
+        return FakeAPNs(pid: pid, stdinFD: input[1], port: Int(port), managePort: Int(managePort), controlPort: Int(controlPort),
+                        pki: pki, logPath: logPath)
     }
 
-    init(pid: pid_t, stdinFD: Int32, port: Int, controlPort: Int, pki: String, logPath: String) {
+    init(pid: pid_t, stdinFD: Int32, port: Int, managePort: Int, controlPort: Int, pki: String, logPath: String) {
         self.pid = pid
         self.stdinFD = stdinFD
         self.port = port
+        self.managePort = managePort
         self.controlPort = controlPort
         self.pki = pki
         self.logPath = logPath
@@ -107,6 +113,9 @@ public final class FakeAPNs: @unchecked Sendable {
         ["DISPATCH_APNS_KEY_FILE": pki + "/AuthKey_\(Self.keyID).p8", "DISPATCH_APNS_KEY_ID": Self.keyID,
          "DISPATCH_APNS_TEAM_ID": Self.teamID, "DISPATCH_APNS_TOPIC": Self.topic,
          "DISPATCH_APNS_URL": "https://127.0.0.1:\(port)", "DISPATCH_APNS_CA_FILE": pki + "/ca.pem",
+         // Every APNs host at this fake: a test never reaches Apple.
+         "DISPATCH_APNS_SANDBOX_URL": "https://127.0.0.1:\(port)", "DISPATCH_APNS_MANAGE_URL": "https://127.0.0.1:\(managePort)",
+         "DISPATCH_APNS_MANAGE_SANDBOX_URL": "https://127.0.0.1:\(managePort)",
          "DISPATCH_TOKEN_KEY": Self.tokenKey]
     }
 
@@ -127,6 +136,13 @@ public final class FakeAPNs: @unchecked Sendable {
         public var bodyBytes: [UInt8]
         public var jwtHash: String?
         public var jwtIat: Int?
+        /// `push` or `manage`: the listener that took it.
+        public var listener: String
+        /// For channel requests: `create`, `read`, `delete` (management) or `push` (a broadcast).
+        public var channel: String?
+        public var channelID: String?
+        public var method: String? { headers[":method"] }
+        public var path: String? { headers[":path"] }
 
         public var event: String? { if case .string(let e)? = body?["aps"]?["event"] { return e }; return nil }
         public var seq: Int? { if case .number(let n)? = body?["aps"]?["content-state"]?["seq"] { return Int(n) }; return nil }
@@ -147,7 +163,8 @@ public final class FakeAPNs: @unchecked Sendable {
             return Recorded(time: num("time") ?? 0, connection: Int(num("connection") ?? 0), token: str("token") ?? "",
                             status: num("status").map { Int($0) }, reason: str("reason"), detail: str("detail"), action: str("action"),
                             headers: headers, body: body, bodyBytes: body.map(Self.encode) ?? [], jwtHash: str("jwtHash"),
-                            jwtIat: num("jwtIat").map { Int($0) })
+                            jwtIat: num("jwtIat").map { Int($0) }, listener: str("listener") ?? "push", channel: str("channel"),
+                            channelID: str("channelId"))
         }
     }
 
@@ -176,6 +193,23 @@ public final class FakeAPNs: @unchecked Sendable {
 
     public func setMaxJWTAge(_ seconds: Double) throws {
         _ = try control.post("/config", #"{"maxJwtAgeSeconds":\#(seconds)}"#)
+    }
+
+    /// Declares `token` a token of `environment` (production, sandbox, or none): an instance
+    /// of another environment answers it 400 BadDeviceToken.
+    public func declare(token: String, environment: String) throws {
+        let r = try control.post("/tokens", #"{"token":"\#(token)","environment":"\#(environment)"}"#)
+        guard r.status == 200 else { throw TestError("declaration refused: \(r.text)") }
+    }
+
+    /// The channel management knobs: broadcast enabled for the App ID, and the channel limit.
+    public func configureChannels(enabled: Bool = true, max: Int = 10_000) throws {
+        _ = try control.post("/config", #"{"broadcastEnabled":\#(enabled),"maxChannels":\#(max)}"#)
+    }
+
+    /// Shortens (or lengthens) Apple's 20 minutes between provider token updates.
+    public func setMinJWTInterval(_ seconds: Double) throws {
+        _ = try control.post("/config", #"{"minJwtIntervalSeconds":\#(seconds)}"#)
     }
 
     public func goawayAll() throws { _ = try control.post("/goaway-all", "{}") }

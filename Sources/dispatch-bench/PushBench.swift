@@ -35,6 +35,11 @@ enum PushBench {
         var dispatchd = ""
         var json: String?
         var mode = "push"
+        /// Broadcast vs tokens (PushBroadcastBench.swift): phones watching one activity.
+        var broadcast = true
+        var broadcastOnly = false
+        var watchers = 10_000
+        var broadcastRate = 1.0
     }
 
     static let usage = """
@@ -50,6 +55,10 @@ enum PushBench {
       --server-workers N    DISPATCH_WORKERS (default 2)
       --dispatchd PATH      dispatchd binary (default: next to dispatch-bench)
       --json PATH           results JSON (default bench/results/<time>-push.json)
+      --watchers N          phones watching the one activity of the broadcast scenario (default 10000)
+      --broadcast-rate R    its changes per second (default 1)
+      --no-broadcast        skip broadcast vs tokens
+      --broadcast-only      run only broadcast vs tokens
       --smoke               tiny sizes, seconds (for the tests)
     """
 
@@ -71,10 +80,15 @@ enum PushBench {
             case "--server-workers": o.workers = max(1, Int(value() ?? "") ?? 2)
             case "--dispatchd": o.dispatchd = value() ?? o.dispatchd
             case "--json": o.json = value()
+            case "--watchers": o.watchers = max(1, Int(value() ?? "") ?? o.watchers)
+            case "--broadcast-rate": o.broadcastRate = max(0.1, Double(value() ?? "") ?? o.broadcastRate)
+            case "--no-broadcast": o.broadcast = false
+            case "--broadcast-only": o.broadcastOnly = true
             case "--smoke":
                 o.mode = "push-smoke"
                 o.activities = 20; o.devices = 2; o.rate = 40; o.seconds = 2
                 o.tpActivities = 20; o.tpSubscribers = 40; o.tpPublishers = 4; o.tpSeconds = 1.5; o.repeats = 1
+                o.watchers = 20
             case "--help", "-h":
                 log(usage)
                 return 0
@@ -137,8 +151,11 @@ final class PushRun {
             throw BenchError("Tests/tools/make_test_pki.sh failed (run from the repository root; needs openssl)")
         }
         orchestrator.publisher = try WorkerHandle(name: "pub")
-        for kind in o.standIns { try steady(kind) }
-        if o.throughput { try throughputOnOff() }
+        if !o.broadcastOnly {
+            for kind in o.standIns { try steady(kind) }
+            if o.throughput { try throughputOnOff() }
+        }
+        if o.broadcast || o.broadcastOnly { try broadcastVsTokens() }
         let elapsed = Double(Clock.monotonicNanoseconds() - started) / 1e9
         let table = render(elapsed: elapsed)
         print(table)
@@ -167,12 +184,15 @@ final class PushRun {
 
     // MARK: - Servers
 
-    func startDispatch(name: String, standIn: APNsStandIn?) throws -> Target {
-        var env: [String: String] = [:]
+    func startDispatch(name: String, standIn: APNsStandIn?, extra: [String: String] = [:]) throws -> Target {
+        var env = extra
         if let s = standIn {
-            env = ["DISPATCH_APNS_KEY_FILE": pki + "/AuthKey_TESTKEY123.p8", "DISPATCH_APNS_KEY_ID": "TESTKEY123",
-                   "DISPATCH_APNS_TEAM_ID": "TEAM123456", "DISPATCH_APNS_TOPIC": "com.example.dispatch",
-                   "DISPATCH_APNS_URL": "https://127.0.0.1:\(s.port)", "DISPATCH_APNS_CA_FILE": pki + "/ca.pem"]
+            // Every APNs host at the stand-in: the bench never reaches Apple.
+            let url = "https://127.0.0.1:\(s.port)", manage = "https://127.0.0.1:\(s.managePort ?? s.port)"
+            env.merge(["DISPATCH_APNS_KEY_FILE": pki + "/AuthKey_TESTKEY123.p8", "DISPATCH_APNS_KEY_ID": "TESTKEY123",
+                       "DISPATCH_APNS_TEAM_ID": "TEAM123456", "DISPATCH_APNS_TOPIC": "com.example.dispatch",
+                       "DISPATCH_APNS_URL": url, "DISPATCH_APNS_SANDBOX_URL": url, "DISPATCH_APNS_MANAGE_URL": manage,
+                       "DISPATCH_APNS_MANAGE_SANDBOX_URL": manage, "DISPATCH_APNS_CA_FILE": pki + "/ca.pem"]) { $1 }
         }
         let sub = dir + "/" + name
         try? Files.makeDirectory(sub)
@@ -455,6 +475,8 @@ final class APNsStandIn {
     let port: UInt16
     let pid: pid_t
     let controlPort: UInt16?
+    /// The fake's channel management listener (nginx answers channel calls on `port`).
+    var managePort: UInt16?
     private let stdinFD: Int32?
     private var stopped = false
 
@@ -493,7 +515,9 @@ final class APNsStandIn {
             Proc.stop(pid)
             throw BenchError("fake_apns.py did not start; see \(dir)/fake_apns.log")
         }
-        return APNsStandIn(kind: "fake", port: UInt16(port), pid: pid, controlPort: UInt16(control), stdinFD: input[1])
+        let standIn = APNsStandIn(kind: "fake", port: UInt16(port), pid: pid, controlPort: UInt16(control), stdinFD: input[1])
+        standIn.managePort = v.int("managePort").map { UInt16($0) }
+        return standIn
     }
 
     static let echoModule = "/usr/lib/nginx/modules/ngx_http_echo_module.so"
@@ -529,6 +553,12 @@ final class APNsStandIn {
                 ssl_certificate_key \(pki)/server-key.pem;
                 location / {
                     echo_read_request_body;
+                    echo -n '';
+                }
+                # Channel management: every creation gets the same id (enough for the bench).
+                location /1/apps/ {
+                    echo_read_request_body;
+                    add_header apns-channel-id YmVuY2hjaGFubmVsMDAwMQ== always;
                     echo -n '';
                 }
             }

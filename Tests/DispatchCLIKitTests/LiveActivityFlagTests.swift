@@ -21,4 +21,15 @@ final class LiveActivityFlagTests: XCTestCase {
         XCTAssertNil(try JSONParser.parse(CLIRequestBody.start(off))["liveActivity"], "not sent unless asked")
         XCTAssertEqual(try start(["run", "--live-activity", "--", "true"])?.liveActivity, true)
     }
+
+    /// `--broadcast` asks for an APNs broadcast channel (contract §5.5).
+    func testTheBroadcastFlagReachesTheStartBody() throws {
+        let on = try XCTUnwrap(start(["start", "--name", "Release", "--broadcast", "--live-activity"]))
+        XCTAssertTrue(on.broadcast)
+        let body = try JSONParser.parse(CLIRequestBody.start(on))
+        XCTAssertEqual(body["broadcast"], .bool(true))
+        XCTAssertEqual(body["liveActivity"], .bool(true))
+        XCTAssertNil(try JSONParser.parse(CLIRequestBody.start(try XCTUnwrap(start(["start", "--name", "x"]))))["broadcast"])
+        XCTAssertEqual(try start(["run", "--broadcast", "--", "true"])?.broadcast, true)
+    }
 }

@@ -206,7 +206,7 @@ final class JSONTests: XCTestCase {
         XCTAssertEqual(text(Self.full.json()), #"{"activityId":"TEST-RTORRENT-01","taskName":"Debian 13 Trixie ISO","#
             + #""systemImage":"arrow.down.circle.fill","machine":"shodan","cancelURL":"https://actions.shodan.example/cancel","#
             + #""state":"processing","progress":0.68,"status":"Downloading at 18.4 MB/s (68%)","attempt":1,"seq":5,"#
-            + #""cancelRequested":false,"liveActivity":false,"createdAt":"2026-11-29T22:53:26.123Z","updatedAt":"2026-11-29T22:55:01.004Z","#
+            + #""cancelRequested":false,"liveActivity":false,"broadcast":false,"channelId":null,"createdAt":"2026-11-29T22:53:26.123Z","updatedAt":"2026-11-29T22:55:01.004Z","#
             + #""endedAt":null,"error":null}"#)
     }
 

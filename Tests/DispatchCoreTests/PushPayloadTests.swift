@@ -48,7 +48,8 @@ final class PushPayloadTests: XCTestCase {
 
     func testStartCarriesAttributesTypeAttributesAndAlert() {
         let a = aps(LiveActivityPayload.build(activity(), event: .start, timestamp: 7))
-        XCTAssertEqual(keys(a), ["timestamp", "event", "content-state", "attributes-type", "attributes", "alert"])
+        XCTAssertEqual(keys(a), ["timestamp", "event", "content-state", "attributes-type", "attributes", "alert", "input-push-token"])
+        XCTAssertEqual(a["input-push-token"], .number(1), "iOS 18: the started Live Activity gets its update token at once")
         XCTAssertEqual(a["attributes-type"], .string("DispatchAttributes"))
         XCTAssertEqual(keys(a["attributes"]), ["activityId", "taskName", "machine", "systemImage"])
         XCTAssertEqual(a["attributes"]?["machine"], .string("shodan"))
@@ -80,6 +81,31 @@ final class PushPayloadTests: XCTestCase {
         }
         let failed = aps(LiveActivityPayload.build(activity(.error, error: "disk full"), event: .end, timestamp: 9))
         XCTAssertEqual(failed["alert"]?["body"], .string("disk full"), "the error says why")
+    }
+
+    /// §5.2/§5.5: a broadcast start names its channel instead of asking for a token; only
+    /// updates carry the stale deadline; the stale deadline follows the last change or touch.
+    func testInputPushChannelAndStaleDate() {
+        let extras = LiveActivityPayload.Extras(staleDate: 1_796_070_900, channelID: "Y2hhbm5lbA==")
+        let start = aps(LiveActivityPayload.build(activity(), event: .start, timestamp: 7, extras: extras))
+        XCTAssertEqual(start["input-push-channel"], .string("Y2hhbm5lbA=="))
+        XCTAssertNil(start["input-push-token"])
+        XCTAssertNil(start["stale-date"])
+        let update = aps(LiveActivityPayload.build(activity(), event: .update, timestamp: 8, extras: extras))
+        XCTAssertEqual(keys(update), ["timestamp", "event", "content-state", "stale-date"])
+        XCTAssertEqual(update["stale-date"], .number(1_796_070_900))
+        let end = aps(LiveActivityPayload.build(activity(.completed), event: .end, timestamp: 9, extras: extras))
+        XCTAssertNil(end["stale-date"])
+        XCTAssertNil(end["input-push-channel"])
+        XCTAssertEqual(LiveActivityPayload.staleDeadline(activity(), staleAfterSeconds: 600, touchedMs: 0), Self.t0 + 600_000)
+        XCTAssertEqual(LiveActivityPayload.staleDeadline(activity(), staleAfterSeconds: 600, touchedMs: Self.t0 + 5000), Self.t0 + 605_000)
+        XCTAssertNil(LiveActivityPayload.staleDeadline(activity(), staleAfterSeconds: 0, touchedMs: 0))
+        XCTAssertNil(LiveActivityPayload.staleDeadline(activity(.completed), staleAfterSeconds: 600, touchedMs: 0))
+        guard case .send(let body, _, _, _) = PushPlan.make(kind: .update, snapshot: activity(), hasToken: true, lastTimestamp: 0, priority: 5,
+                                                            dismissalDelaySeconds: 0, staleDeadlineMs: Self.t0 + 600_000) else {
+            return XCTFail("no push")
+        }
+        XCTAssertEqual(aps(body)["stale-date"], .number(1_796_070_600))
     }
 
     func testDismissalDelayIsConfigurable() {

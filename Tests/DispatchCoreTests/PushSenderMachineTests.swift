@@ -25,11 +25,12 @@ final class PushSenderMachineTests: XCTestCase {
         actions.map { a in
             switch a {
             case .claim(let n): return "claim \(n)"
-            case .mintProviderToken(let g): return "mint \(g)"
+            case .obtainProviderToken(let g, let renew): return "token \(g)\(renew ? " renew" : "")"
             case .send(let j, let p, let g): return "send \(j.outboxID) \(p) jwt\(g)"
             case .mark(let marks): return "mark " + marks.map(markName).joined(separator: ",")
             case .report(.answered(let j, let r, _, _)): return "report \(j.outboxID) \(r.rawValue)"
             case .report(.sendingStopped(let until, _)): return "report stopped until \(until)"
+            case .report(.triedOtherEnvironment): return "report triedOtherEnvironment"
             case .report(let r): return "report \(r)"
             case .wake(let at): return "wake \(at)"
             }
@@ -56,7 +57,7 @@ final class PushSenderMachineTests: XCTestCase {
         XCTAssertEqual(names(m.tick(now: 10)), ["claim 4"])
         XCTAssertEqual(names(m.tick(now: 10.1)), [], "one claim at a time")
         XCTAssertEqual(names(m.claimed([.send(job(1), "p1"), .send(job(2), "p2")], requested: 4, now: 10.2)),
-                       ["mint 1", "send 1 p1 jwt1", "send 2 p2 jwt1"])
+                       ["token 1", "send 1 p1 jwt1", "send 2 p2 jwt1"])
         XCTAssertEqual(m.inFlightCount, 2)
         XCTAssertEqual(names(m.answered(1, ok, now: 10.3, random: 0)), ["report 1 delivered", "mark delivered 1"])
         XCTAssertEqual(names(m.answered(2, ok, now: 10.4, random: 0)), ["report 2 delivered"], "waits for the mark in flight")
@@ -112,8 +113,29 @@ final class PushSenderMachineTests: XCTestCase {
         XCTAssertEqual(names(m.answered(1, .status(410, reason: "Unregistered", timestampMs: 555), now: 1, random: 0)),
                        ["report 1 retired", "mark retire 1 since 555"])
         _ = m.marked(ok: true, now: 1)
-        XCTAssertEqual(marks(m.answered(2, .status(400, reason: "BadDeviceToken", timestampMs: nil), now: 1, random: 0)),
-                       ["mark retire 2 since 1000100"])
+        let bad = APNsAnswer.status(400, reason: "BadDeviceToken", timestampMs: nil)
+        XCTAssertEqual(names(m.answered(2, bad, now: 1, random: 0)), ["report triedOtherEnvironment", "send 2 b jwt1"],
+                       "bad token or wrong environment: once in the other environment first")
+        XCTAssertEqual(marks(m.answered(2, bad, now: 1, random: 0)), ["mark retire 2 since 1000100"], "bad there too: retired")
+    }
+
+    /// A device registered in the wrong environment: the retry in the other one works, and the
+    /// delivered mark carries the environment to correct the device with.
+    func testBadDeviceTokenIsTriedInTheOtherEnvironmentBeforeTheTokenGoes() {
+        var m = machine()
+        _ = m.tick(now: 0)
+        _ = m.claimed([.send(job(1), "a")], requested: 4, now: 0)
+        var sent: PushJob?
+        for a in m.answered(1, .status(400, reason: "BadDeviceToken", timestampMs: nil), now: 1, random: 0) {
+            if case .send(let j, _, _) = a { sent = j }
+        }
+        XCTAssertEqual(sent?.environment, .sandbox)
+        XCTAssertEqual(sent?.switchedEnvironment, true)
+        var marked: [PushMark] = []
+        for a in m.answered(1, ok, now: 1, random: 0) { if case .mark(let ms) = a { marked = ms } }
+        guard case .delivered(let j)? = marked.first else { return XCTFail("\(marked)") }
+        XCTAssertEqual(j.environment, .sandbox)
+        XCTAssertTrue(j.switchedEnvironment)
     }
 
     func testThrottlingAndServerErrorsBackOffAndALostConnectionRetriesAtOnce() {
@@ -135,13 +157,52 @@ final class PushSenderMachineTests: XCTestCase {
         _ = m.tick(now: 0)
         _ = m.claimed([.send(job(1), "a"), .send(job(2), "b")], requested: 4, now: 0)
         let expired = APNsAnswer.status(403, reason: "ExpiredProviderToken", timestampMs: nil)
-        XCTAssertEqual(names(m.answered(1, expired, now: 100, random: 0)), ["mint 2", "send 1 a jwt2", "report 1 jwt_expired"])
+        XCTAssertEqual(names(m.answered(1, expired, now: 100, random: 0)), ["token 2 renew", "send 1 a jwt2", "report 1 jwt_expired"])
         XCTAssertEqual(names(m.answered(2, expired, now: 100, random: 0)), ["send 2 b jwt2", "report 2 jwt_expired"],
                        "sent with the old token: resend with the new one, no second mint")
         XCTAssertEqual(names(m.answered(1, expired, now: 101, random: 0)),
                        ["report providerTokenStillExpired", "report 1 jwt_expired", "mark retry 1 +0.5"],
                        "expired again at once: back off, do not mint per request")
         XCTAssertEqual(m.tokenGeneration, 2)
+    }
+
+    /// One token per deployment: its age is the shared token's `iat`, not this process's
+    /// start; `TooManyProviderTokenUpdates` pauses everything until a token may change again
+    /// (20 minutes after that `iat`), and the pause read from the database pauses too.
+    func testTooManyProviderTokenUpdatesPausesSendingUntilATokenMayBeMade() {
+        var m = machine()
+        _ = m.tick(now: 1000)
+        XCTAssertEqual(names(m.claimed([.send(job(1), "a"), .send(job(2), "b")], requested: 4, now: 1000)),
+                       ["token 1", "send 1 a jwt1", "send 2 b jwt1"])
+        XCTAssertEqual(names(m.providerTokenReady(generation: 1, issuedAt: 700, pausedUntil: nil, now: 1000)), [])
+        let tooMany = APNsAnswer.status(429, reason: "TooManyProviderTokenUpdates", timestampMs: nil)
+        XCTAssertEqual(names(m.answered(1, tooMany, now: 1001, random: 0)),
+                       ["report sendingPaused(until: 1900.0)", "report 1 jwt_throttled", "mark retry 1 +899.0 uncounted"],
+                       "until iat 700 + 20 min, not counted against the push")
+        _ = m.marked(ok: true, now: 1001)
+        XCTAssertEqual(names(m.answered(2, tooMany, now: 1002, random: 0)), ["report 2 jwt_throttled", "mark retry 2 +898.0 uncounted"])
+        _ = m.marked(ok: true, now: 1002)
+        XCTAssertEqual(names(m.tick(now: 1500)), [], "paused: no claims")
+        XCTAssertEqual(names(m.tick(now: 1900)), ["report sendingResumed", "claim 4"])
+        XCTAssertEqual(names(m.claimed([.send(job(3), "c")], requested: 4, now: 1900)), ["token 2", "send 3 c jwt2"],
+                       "the stored token again (not a renewal: that is what was refused)")
+        XCTAssertEqual(names(m.providerTokenReady(generation: 2, issuedAt: 1890, pausedUntil: 2500, now: 1900)),
+                       ["report sendingPaused(until: 2500.0)"], "another process was told to pause: so is this one")
+        XCTAssertEqual(names(m.answered(3, ok, now: 1901, random: 0)).filter { $0.hasPrefix("claim") }, [])
+        XCTAssertEqual(names(m.providerTokenReady(generation: 1, issuedAt: 1, pausedUntil: nil, now: 1901)), [], "a stale answer")
+    }
+
+    func testAProviderTokenThatCannotBeHadIsAskedForAgainAfterAPause() {
+        var m = machine()
+        _ = m.tick(now: 0)
+        _ = m.claimed([.send(job(1), "a")], requested: 4, now: 0)
+        XCTAssertEqual(names(m.providerTokenFailed(generation: 1, now: 0)), ["wake 1.0"])
+        XCTAssertEqual(names(m.answered(1, .transport(.cancelled), now: 0, random: 0)).filter { $0.hasPrefix("mark") },
+                       ["mark retry 1 +0.0 uncounted"])
+        _ = m.marked(ok: true, now: 0)
+        XCTAssertEqual(names(m.tick(now: 0.5)), [], "not before the database retry")
+        XCTAssertEqual(names(m.tick(now: 1)), ["claim 4"])
+        XCTAssertEqual(names(m.claimed([.send(job(1), "a")], requested: 4, now: 1)), ["token 2", "send 1 a jwt2"])
     }
 
     func testAnInvalidProviderTokenStopsSendingUntilThePauseEnds() {
@@ -156,7 +217,7 @@ final class PushSenderMachineTests: XCTestCase {
         XCTAssertEqual(names(m.marked(ok: true, now: 11)), [])
         XCTAssertEqual(names(m.tick(now: 12)), [], "stopped: no claims, no loop")
         XCTAssertEqual(names(m.tick(now: 611)), ["report sendingResumed", "claim 4"])
-        XCTAssertEqual(names(m.claimed([.send(job(3), "c")], requested: 4, now: 611)), ["mint 2", "send 3 c jwt2"],
+        XCTAssertEqual(names(m.claimed([.send(job(3), "c")], requested: 4, now: 611)), ["token 2 renew", "send 3 c jwt2"],
                        "a new token after the pause")
     }
 
@@ -243,7 +304,7 @@ final class PushSenderMachineTests: XCTestCase {
                     case .claim(let n): XCTAssertNil(pendingClaim); pendingClaim = n
                     case .send(let j, _, _): XCTAssertFalse(inFlight.contains(j.outboxID)); inFlight.insert(j.outboxID)
                     case .mark(let batch): XCTAssertNil(markBatch); markBatch = batch
-                    case .mintProviderToken, .report, .wake: break
+                    case .obtainProviderToken, .report, .wake: break
                     }
                 }
             }

@@ -37,8 +37,35 @@ final class PayloadDecodingTests: XCTestCase {
                     XCTAssertNil(decoded.attributes)
                 }
                 XCTAssertEqual(decoded.dismissalDate != nil, event == .end)
+                XCTAssertEqual(decoded.inputPushToken, event == .start ? 1 : nil)
+                XCTAssertNil(decoded.inputPushChannel)
+                XCTAssertNil(decoded.staleDate, "no stale deadline given")
             }
         }
+    }
+
+    /// iOS 18's keys: a broadcast start names its channel instead of asking for a token, and
+    /// updates carry the stale deadline (never a start or an end).
+    func testTheIOS18KeysDecode() throws {
+        let t: Int64 = 1_796_070_000_000
+        let a = Activity(activityId: "j", taskName: "Build", state: .processing, progress: 0.5, seq: 2, createdAt: t, updatedAt: t)
+        let extras = LiveActivityPayload.Extras(staleDate: 1_796_070_600, channelID: "dHdpbGlnaHQ=")
+        let start = try LiveActivityPush.decode(Data(LiveActivityPayload.build(a, event: .start, timestamp: 1, extras: extras)))
+        XCTAssertEqual(start.inputPushChannel, "dHdpbGlnaHQ=")
+        XCTAssertNil(start.inputPushToken)
+        XCTAssertNil(start.staleDate)
+        XCTAssertEqual(start.alert?.title, "Build")
+        let update = try LiveActivityPush.decode(Data(LiveActivityPayload.build(a, event: .update, timestamp: 2, extras: extras)))
+        XCTAssertEqual(update.staleDate, 1_796_070_600)
+        XCTAssertNil(update.inputPushChannel)
+        XCTAssertNil(update.alert)
+        var ended = a
+        ended.state = .error
+        ended.endedAt = t
+        let end = try LiveActivityPush.decode(Data(LiveActivityPayload.build(ended, event: .end, timestamp: 3, extras: extras)))
+        XCTAssertNil(end.staleDate)
+        XCTAssertNotNil(end.alert)
+        XCTAssertEqual(end.dismissalDate, 1_796_070_000 + 4 * 3600)
     }
 
     func testTheContractsExampleDecodes() throws {
@@ -70,25 +97,7 @@ final class PayloadDecodingTests: XCTestCase {
     }
 }
 
-/// A push as ActivityKit reads it: the `aps` dictionary's Live Activity keys, decoded with a
-/// default JSONDecoder into the app's own types.
-struct LiveActivityPush: Decodable {
-    var timestamp: Int
-    var event: String
-    var contentState: DispatchAttributes.ContentState
-    var attributesType: String?
-    var attributes: DispatchAttributes?
-    var dismissalDate: Int?
-
-    enum CodingKeys: String, CodingKey {
-        case timestamp, event, attributes
-        case contentState = "content-state"
-        case attributesType = "attributes-type"
-        case dismissalDate = "dismissal-date"
-    }
-
-    struct Envelope: Decodable { var aps: LiveActivityPush }
-
+extension LiveActivityPush {
     static func decode(_ data: Data) throws -> LiveActivityPush {
         try JSONDecoder().decode(Envelope.self, from: data).aps
     }

@@ -14,10 +14,13 @@ import XCTest
 /// checks the JWT, headers and payload of every request and answers as scripted.
 final class PushTests: XCTestCase {
     nonisolated(unsafe) static var shared: FakeAPNs?
+    nonisolated(unsafe) static var sandbox: FakeAPNs?
 
     override class func tearDown() {
         shared?.stop()
         shared = nil
+        sandbox?.stop()
+        sandbox = nil
         super.tearDown()
     }
 
@@ -25,6 +28,15 @@ final class PushTests: XCTestCase {
     func fake() throws -> FakeAPNs {
         if Self.shared == nil { Self.shared = try FakeAPNs.start() }
         let f = Self.shared!
+        try f.resetBehavior()
+        try f.clearRequests()
+        return f
+    }
+
+    /// A second fake playing the sandbox, fresh like `fake()`.
+    func sandboxFake() throws -> FakeAPNs {
+        if Self.sandbox == nil { Self.sandbox = try FakeAPNs.start(environment: "sandbox") }
+        let f = Self.sandbox!
         try f.resetBehavior()
         try f.clearRequests()
         return f
@@ -42,8 +54,9 @@ final class PushTests: XCTestCase {
 
     @discardableResult
     func register(_ s: TestServer, device: String, pushToStart: String?? = nil, tokens: [(String, String?)] = [],
-                  key: String? = nil) throws -> HTTPClient.Response {
+                  key: String? = nil, environment: String? = nil) throws -> HTTPClient.Response {
         var body = #"{"deviceToken":"\#(device)""#
+        if let environment { body += #","environment":"\#(environment)""# }
         switch pushToStart {
         case .some(.some(let t)): body += #","pushToStartToken":"\#(t)""#
         case .some(.none): body += #","pushToStartToken":null"#
@@ -98,6 +111,8 @@ final class PushTests: XCTestCase {
                                                          systemImage: "arrow.down.circle.fill"))
         XCTAssertEqual(aps.contentState.state, "processing")
         XCTAssertEqual(aps.contentState.seq, 1)
+        XCTAssertEqual(aps.inputPushToken, 1, "iOS 18: the push-started Live Activity asks for its update token")
+        XCTAssertNil(aps.inputPushChannel)
         // Operations: the figures an operator looks at first.
         XCTAssertEqual(try s.metric("dispatch_push_sent_total", labels: #"result="delivered""#), 1)
         XCTAssertEqual(try s.metric("dispatch_apns_connections"), 1)
@@ -127,6 +142,54 @@ final class PushTests: XCTestCase {
         let after = try f.wait(token: t) { self.delivered($0).count == 2 }
         XCTAssertEqual(delivered(after).map(\.seq), [6, 7])
         XCTAssertLessThan(after[0].timestamp ?? 0, after[1].timestamp ?? 0, "timestamps increase")
+    }
+
+    /// §5.2: updates of an activity with a stale deadline say when it goes stale (the last
+    /// change or touch + staleAfter, Unix seconds); an activity without one carries no key.
+    func testUpdatesCarryTheStaleDate() throws {
+        let f = try fake()
+        let s = try server(f, ["DISPATCH_STALE_AFTER": "0"])
+        defer { s.stop() }
+        try s.startActivity("staling", extra: #","staleAfter":600"#)
+        try s.startActivity("fresh")
+        let t1 = token(), t2 = token()
+        try register(s, device: token(), tokens: [("staling", t1), ("fresh", t2)])
+        try f.wait { self.delivered($0).count >= 2 }
+        let before = Int(Clock.nowMilliseconds() / 1000)
+        try s.update("staling", #"{"progress":0.7}"#)
+        let got = try f.wait(token: t1) { self.delivered($0).count >= 2 }
+        let pushed = try JSONDecoder().decode(APS.self, from: Data(got.last!.bodyBytes)).aps
+        XCTAssertEqual(pushed.contentState.progress, 0.7)
+        let stale = try XCTUnwrap(pushed.staleDate)
+        XCTAssertTrue((before + 600...before + 602).contains(stale), "\(stale) vs \(before) + 600")
+        let plain = try f.requests(token: t2)
+        XCTAssertFalse(plain.isEmpty)
+        for r in plain { XCTAssertNil(r.body?["aps"]?["stale-date"]) }
+    }
+
+    /// §5.2: progress-only pushes of one activity go at most once per DISPATCH_PUSH_PACE
+    /// (the newest state), a state change cuts the pace short.
+    func testProgressIsPacedAndAStateChangeIsNot() throws {
+        let f = try fake()
+        let s = try server(f, ["DISPATCH_PUSH_PACE": "8"])
+        defer { s.stop() }
+        try s.startActivity("paced")
+        let t = token()
+        try register(s, device: token(), tokens: [("paced", t)])
+        let first = try f.wait(token: t) { !self.delivered($0).isEmpty }
+        let t0 = try XCTUnwrap(first.first?.time)
+        for i in 1...4 { try s.update("paced", #"{"progress":0.\#(i)}"#) }
+        usleep(2_500_000)
+        XCTAssertEqual(delivered(try f.requests(token: t)).count, 1, "progress waits for the pace")
+        try s.update("paced", #"{"state":"idle","status":"waiting for disk"}"#)
+        let got = try f.wait(token: t) { self.delivered($0).count >= 2 }
+        let second = try XCTUnwrap(delivered(got).dropFirst().first)
+        XCTAssertEqual(second.seq, 6, "the newest state, once")
+        XCTAssertEqual(second.state, "idle")
+        XCTAssertEqual(second.body?["aps"]?["content-state"]?["progress"], .number(0.4))
+        XCTAssertEqual(second.priority, 10)
+        XCTAssertLessThan(second.time - t0, 7.5, "a state change does not wait for the pace")
+        XCTAssertEqual(got.count, 2)
     }
 
     func testPrioritiesAndTheEndWithItsDismissalDate() throws {
@@ -186,16 +249,17 @@ final class PushTests: XCTestCase {
         XCTAssertTrue(s.log().contains("msg=push.token_retired"), "a log line per retirement")
         XCTAssertFalse(s.log().contains(gone), "never the token itself")
 
-        // A push-to-start token answered with BadDeviceToken is retired from the device.
+        // A push-to-start token answered with BadDeviceToken (in both environments: the first
+        // answer may mean "wrong environment") is retired from the device.
         let pts = token()
-        try f.script(token: pts, respond: [#"{"status":400,"reason":"BadDeviceToken"}"#])
+        try f.script(token: pts, respond: [#"{"status":400,"reason":"BadDeviceToken"}"#, #"{"status":400,"reason":"BadDeviceToken"}"#])
         try register(s, device: device, pushToStart: pts)
         try s.startActivity("live-1", extra: #","liveActivity":true"#)
         try f.wait(token: pts) { $0.contains { $0.status == 400 } }
         XCTAssertTrue(try waitUntil(5) { try self.count(s, "SELECT count(*) FROM devices WHERE push_to_start_mac IS NOT NULL") == 0 })
         try s.startActivity("live-2", extra: #","liveActivity":true"#)
         usleep(600_000)
-        XCTAssertEqual(try f.requests(token: pts).count, 1)
+        XCTAssertEqual(try f.requests(token: pts).count, 2, "once in each environment, then nothing more")
     }
 
     func testThrottlingAndServerErrorsAreRetriedWithBackoffAndArriveOnce() throws {
@@ -271,7 +335,9 @@ final class PushTests: XCTestCase {
         let many = try f.wait { self.delivered($0).filter { ($0.seq ?? 0) == 3 }.count >= 10 }
         XCTAssertGreaterThanOrEqual(delivered(many).count, 20)
         XCTAssertEqual(Set(many.compactMap(\.jwtHash)).count, 1, "one JWT for every push")
-        // APNs now calls that JWT expired: a new one, and the push again.
+        // APNs now calls that JWT expired: a new one, and the push again (APNs called it
+        // expired, so the 20 minutes between updates are not waited for: the fake's are cut).
+        try f.setMinJWTInterval(0)
         try f.setMaxJWTAge(1)
         sleep(2)
         try f.clearRequests()
@@ -474,8 +540,14 @@ final class PushTests: XCTestCase {
         badKey["DISPATCH_APNS_KEY_FILE"] = f.pki + "/ca.pem"
         var noTokenKey = f.serverEnvironment
         noTokenKey["DISPATCH_TOKEN_KEY"] = nil
+        let badEnv = f.serverEnvironment.merging(["DISPATCH_APNS_BROADCAST_ENV": "staging"]) { $1 }
+        let badPace = f.serverEnvironment.merging(["DISPATCH_PUSH_PACE": "61"]) { $1 }
+        let badSandbox = f.serverEnvironment.merging(["DISPATCH_APNS_SANDBOX_URL": "http://127.0.0.1:1"]) { $1 }
         for (env, message) in [(partial, "DISPATCH_APNS_TEAM_ID missing"), (badKey, "not an APNs auth key"),
-                               (noTokenKey, "DISPATCH_TOKEN_KEY is required")] {
+                               (noTokenKey, "DISPATCH_TOKEN_KEY is required"),
+                               (badEnv, "DISPATCH_APNS_BROADCAST_ENV must be production or sandbox"),
+                               (badPace, "DISPATCH_PUSH_PACE must be seconds from 0 to 60"),
+                               (badSandbox, "DISPATCH_APNS_SANDBOX_URL must be https://host[:port]")] {
             do {
                 let s = try TestServer.start(environment: env)
                 s.stop()
@@ -489,14 +561,4 @@ final class PushTests: XCTestCase {
 }
 
 /// A push as the phone's ActivityKit reads it, with a default JSONDecoder.
-struct APS: Decodable {
-    struct Body: Decodable {
-        var contentState: DispatchAttributes.ContentState
-        var attributes: DispatchAttributes?
-        enum CodingKeys: String, CodingKey {
-            case contentState = "content-state"
-            case attributes
-        }
-    }
-    var aps: Body
-}
+typealias APS = LiveActivityPush.Envelope

@@ -12,6 +12,7 @@ See README.md beside this file.
 
 import argparse
 import asyncio
+import base64
 import collections
 import concurrent.futures
 import hashlib
@@ -30,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
@@ -39,7 +41,11 @@ import jwt
 log = logging.getLogger("fake_apns")
 
 PATH_PREFIX = "/3/device/"
+BROADCAST_PREFIX = "/4/broadcasts/apps/"
+MANAGE_PREFIX = "/1/apps/"
 MAX_PAYLOAD = 4096
+MAX_BROADCAST_PAYLOAD = 5120
+MAX_CHANNELS = 10000  # per app and environment
 MAX_FUTURE_IAT = 60  # seconds a JWT's iat may lie ahead of our clock
 GOAWAY_GRACE = 1.0  # seconds from our GOAWAY until we close the connection
 HEX = re.compile(r"[0-9a-fA-F]*")
@@ -133,10 +139,10 @@ def check_headers(headers, topic):
         raise Rejected(400, "BadMessageId", apns_id)
 
 
-def parse_payload(body):
+def parse_payload(body, limit=MAX_PAYLOAD):
     if not body:
         raise Rejected(400, "PayloadEmpty")
-    if len(body) > MAX_PAYLOAD:
+    if len(body) > limit:
         raise Rejected(413, "PayloadTooLarge", f"{len(body)} bytes")
     try:
         return json.loads(body, parse_constant=reject_constant)
@@ -165,7 +171,18 @@ def check_payload(payload):
     for key in ("stale-date", "dismissal-date"):
         require(key not in aps or is_int(aps[key]), f"{key} is not an int")
     require((event == "end") == ("dismissal-date" in aps), "dismissal-date goes with end only")
+    require(event == "update" or "stale-date" not in aps, "stale-date goes with update only")
     is_start = event == "start"
+    # iOS 18: a start asks for an update token, or subscribes to a broadcast channel.
+    if is_start:
+        require(("input-push-token" in aps) != ("input-push-channel" in aps),
+                "start carries input-push-token or input-push-channel, one of them")
+        require("input-push-token" not in aps or aps["input-push-token"] == 1, "input-push-token is not 1")
+        require("input-push-channel" not in aps or (isinstance(aps["input-push-channel"], str)
+                                                   and aps["input-push-channel"]), "input-push-channel is not a string")
+    else:
+        require("input-push-token" not in aps and "input-push-channel" not in aps,
+                "input-push-token and input-push-channel go with start only")
     require(is_start == ("attributes-type" in aps), "attributes-type goes with start only")
     require(is_start == ("attributes" in aps), "attributes go with start only")
     if is_start:
@@ -261,18 +278,33 @@ class Fake:
         self.topic = args.topic
         self.default_max_age = args.max_jwt_age
         self.max_age = args.max_jwt_age
+        self.default_min_interval = args.min_jwt_interval
+        self.min_interval = args.min_jwt_interval
+        # The team's provider tokens APNs took: JWT hash -> when first taken.  A new one
+        # sooner than min_interval after the last one taken is refused (Apple: at most one
+        # token update every 20 minutes).
+        self.tokens_taken = {}
+        # This instance's APNs environment, and the environment of tokens the tests declared:
+        # a token of another environment (or of none) is a BadDeviceToken here, as with Apple.
+        self.environment = args.environment
+        self.token_environments = {}
+        # Broadcast channels of this environment: id -> {"message-storage-policy", ...}.
+        self.channels = {}
+        self.broadcast_enabled = True
+        self.max_channels = MAX_CHANNELS
         self.verifier = verifier
         self.requests = []
         self.scripts = {}     # token or "*" -> deque of answer items
         self.otherwise = {}   # token or "*" -> answer item once its queue is empty
         self.connections = {}  # connection id -> APNsConnection
         self.connections_opened = 0
+        self.refused_streams = 0
 
     def handle(self, conn, stream_id, raw_headers, body):
         """Check and record one complete request, then answer it."""
         now = time.time()
         headers = {name.lower(): value for name, value in raw_headers}
-        record = new_record(conn.id, stream_id, headers, now)
+        record = new_record(conn.id, stream_id, headers, now, conn.listener)
         self.requests.append(record)
         try:
             item = self.admit(record, len(raw_headers), body, now)
@@ -289,6 +321,10 @@ class Fake:
         """Run APNs' checks; return the scripted answer for the token, if any."""
         headers = record["headers"]
         path = headers.get(":path", "")
+        if record["listener"] == "manage":
+            return self.admit_management(record, header_count, body, now)
+        if path.startswith(BROADCAST_PREFIX):
+            return self.admit_broadcast(record, header_count, body, now)
         if path.startswith(PATH_PREFIX):  # recorded even when malformed
             record["token"] = path[len(PATH_PREFIX):]
         token = check_path(headers.get(":method"), path)
@@ -298,10 +334,148 @@ class Fake:
             headers.get("authorization"), now, self.max_age)
         if rejected:
             raise rejected
+        self.take_token(record["jwtHash"], now)
+        self.authenticated_on(record)
         check_headers(headers, self.topic)
         record["body"] = payload = parse_payload(body)
         check_payload(payload)
+        declared = self.token_environments.get(token.lower())
+        if declared is not None and declared != self.environment:
+            raise Rejected(400, "BadDeviceToken", f"a {declared} token sent to {self.environment}")
         return self.next_answer(token)
+
+    def authenticate(self, record, headers, header_count, now):
+        if len(headers) != header_count:
+            raise Rejected(400, "DuplicateHeaders")
+        record["jwtHash"], record["jwtIat"], rejected = self.verifier.check(
+            headers.get("authorization"), now, self.max_age)
+        if rejected:
+            raise rejected
+        self.take_token(record["jwtHash"], now)
+        self.authenticated_on(record)
+
+    def bundle_of(self, path, prefix):
+        rest = path[len(prefix):]
+        bundle, _, tail = rest.partition("/")
+        if bundle != self.topic:
+            raise Rejected(400, "BadTopic", f"bundle id {bundle!r}")
+        return tail
+
+    def channel_of(self, headers, required=True):
+        channel = headers.get("apns-channel-id")
+        if channel is None:
+            raise Rejected(400, "MissingChannelId")
+        try:
+            valid = len(base64.b64decode(channel, validate=True)) > 0
+        except ValueError:
+            valid = False
+        if not valid:
+            raise Rejected(400, "BadChannelId", channel)
+        if channel not in self.channels:
+            raise Rejected(400, "ChannelNotRegistered", channel)
+        return channel
+
+    def admit_broadcast(self, record, header_count, body, now):
+        """POST /4/broadcasts/apps/<bundle id>: one push to every phone on a channel."""
+        headers = record["headers"]
+        if headers.get(":method") != "POST":
+            raise Rejected(405, "MethodNotAllowed", headers.get(":method"))
+        if self.bundle_of(headers.get(":path", ""), BROADCAST_PREFIX):
+            raise Rejected(404, "BadPath", headers.get(":path"))
+        record["channel"] = "push"
+        self.authenticate(record, headers, header_count, now)
+        record["channelId"] = channel = self.channel_of(headers)
+        push_type = headers.get("apns-push-type")
+        if push_type is None:
+            raise Rejected(400, "MissingPushType")
+        if push_type != "liveactivity":
+            raise Rejected(400, "InvalidPushType", push_type)
+        if headers.get("apns-priority") not in ("1", "5", "10"):
+            raise Rejected(400, "BadPriority", headers.get("apns-priority"))
+        expiration = headers.get("apns-expiration")
+        if expiration is None or not expiration.isdigit():
+            raise Rejected(400, "BadExpirationDate", expiration)
+        if self.channels[channel]["message-storage-policy"] == 0 and expiration != "0":
+            raise Rejected(400, "BadExpirationDate", "a channel that stores nothing takes apns-expiration 0 only")
+        record["body"] = payload = parse_payload(body, MAX_BROADCAST_PAYLOAD)
+        check_payload(payload)
+        require(payload["aps"]["event"] != "start", "a channel cannot start a Live Activity")
+        record["channel"] = "push"
+        return self.next_answer(channel) or {"status": 200, "headers": [
+            ("apns-request-id", str(uuid.uuid4())), ("apns-unique-id", str(uuid.uuid4()))]}
+
+    def admit_management(self, record, header_count, body, now):
+        """The channel management API: create, read, list, delete."""
+        headers = record["headers"]
+        method, path = headers.get(":method"), headers.get(":path", "")
+        if not path.startswith(MANAGE_PREFIX):
+            raise Rejected(404, "BadPath", path)
+        tail = self.bundle_of(path, MANAGE_PREFIX)
+        if tail not in ("channels", "all-channels"):
+            raise Rejected(404, "BadPath", path)
+        record["channel"] = {"POST": "create", "GET": "read", "DELETE": "delete"}.get(method) \
+            if tail == "channels" else "list"
+        self.authenticate(record, headers, header_count, now)
+        request_id = headers.get("apns-request-id") or str(uuid.uuid4())
+        if tail == "all-channels":
+            if method != "GET":
+                raise Rejected(405, "MethodNotAllowed", method)
+            return {"status": 200, "headers": [("apns-request-id", request_id)],
+                    "body": {"channels": sorted(self.channels)}}
+        if method == "POST":
+            record["channel"] = "create"
+            try:
+                spec = json.loads(body or b"null")
+            except ValueError:
+                raise Rejected(400, "BadPayload", "not JSON") from None
+            if not isinstance(spec, dict):
+                raise Rejected(400, "BadPayload", "not an object")
+            record["body"] = spec
+            if "push-type" not in spec:
+                raise Rejected(400, "MissingPushType")
+            if spec["push-type"] != "LiveActivity":
+                raise Rejected(400, "InvalidPushType", spec["push-type"])
+            policy = spec.get("message-storage-policy")
+            if policy not in (0, 1) or isinstance(policy, bool):
+                raise Rejected(400, "BadMessageStoragePolicy", repr(policy))
+            scripted = self.next_answer("create")
+            if scripted:
+                return scripted
+            if not self.broadcast_enabled:
+                raise Rejected(400, "FeatureNotEnabled", "broadcast is not enabled for the App ID")
+            if len(self.channels) >= self.max_channels:
+                raise Rejected(400, "CannotCreateChannelConfig", f"{len(self.channels)} channels")
+            channel = base64.b64encode(os.urandom(16)).decode()
+            self.channels[channel] = {"message-storage-policy": policy, "push-type": "LiveActivity",
+                                      "created": now}
+            record["channelId"] = channel
+            return {"status": 201, "headers": [("apns-request-id", request_id), ("apns-channel-id", channel)]}
+        if method == "GET":
+            record["channel"] = "read"
+            record["channelId"] = channel = self.channel_of(headers)
+            info = self.channels[channel]
+            return {"status": 200, "headers": [("apns-request-id", request_id)],
+                    "body": {"message-storage-policy": info["message-storage-policy"], "push-type": info["push-type"]}}
+        if method == "DELETE":
+            record["channel"] = "delete"
+            record["channelId"] = channel = self.channel_of(headers)
+            del self.channels[channel]
+            return {"status": 204, "headers": [("apns-request-id", request_id)]}
+        raise Rejected(405, "MethodNotAllowed", method)
+
+    def authenticated_on(self, record):
+        conn = self.connections.get(record["connection"])
+        if conn is not None:
+            conn.on_authenticated()
+
+    def take_token(self, digest, now):
+        if digest in self.tokens_taken:
+            return
+        last = max(self.tokens_taken.values(), default=None)
+        if last is not None and now - last < self.min_interval:
+            raise Rejected(429, "TooManyProviderTokenUpdates",
+                           f"a new provider token {now - last:.0f} s after the last one")
+        self.tokens_taken[digest] = now
 
     def next_answer(self, token):
         for key in (token, "*"):
@@ -319,23 +493,41 @@ class Fake:
         self.otherwise[token] = spec.get("otherwise")
         return {"token": token, "queued": len(self.scripts[token])}
 
+    def declare_token(self, spec):
+        self.token_environments[spec["token"].lower()] = spec["environment"]
+        return {"token": spec["token"], "environment": spec["environment"]}
+
     def reset(self, _spec=None):
+        self.token_environments.clear()
+        self.channels.clear()
+        self.broadcast_enabled = True
+        self.max_channels = MAX_CHANNELS
         self.scripts.clear()
         self.otherwise.clear()
         self.max_age = self.default_max_age
+        self.min_interval = self.default_min_interval
+        self.tokens_taken.clear()
         return {}
 
     def configure(self, spec):
         if "maxJwtAgeSeconds" in spec:
             self.max_age = spec["maxJwtAgeSeconds"]
-        return {"maxJwtAgeSeconds": self.max_age}
+        if "minJwtIntervalSeconds" in spec:
+            self.min_interval = spec["minJwtIntervalSeconds"]
+        if "broadcastEnabled" in spec:
+            self.broadcast_enabled = bool(spec["broadcastEnabled"])
+        if "maxChannels" in spec:
+            self.max_channels = int(spec["maxChannels"])
+        return {"maxJwtAgeSeconds": self.max_age, "minJwtIntervalSeconds": self.min_interval,
+                "broadcastEnabled": self.broadcast_enabled, "maxChannels": self.max_channels,
+                "channels": sorted(self.channels)}
 
     def clear_requests(self, _spec=None):
         self.requests = []
         return {}
 
     def snapshot(self):
-        return list(self.requests), self.connections_opened, len(self.connections)
+        return list(self.requests), self.connections_opened, len(self.connections), self.refused_streams
 
     def goaway_all(self, _spec=None):
         conns = [conn for conn in self.connections.values() if conn.serving]
@@ -344,11 +536,12 @@ class Fake:
         return {"connections": len(conns)}
 
 
-def new_record(conn_id, stream_id, headers, now):
+def new_record(conn_id, stream_id, headers, now, listener="push"):
     # Every key exists from the start: the control thread may serialize a
     # record while the loop fills it in, and a dict must not grow meanwhile.
     return {
-        "time": now, "connection": conn_id, "streamId": stream_id,
+        "time": now, "connection": conn_id, "streamId": stream_id, "listener": listener,
+        "channel": None, "channelId": None,
         "token": None, "headers": headers,
         "body": None, "jwtIat": None, "jwtHash": None, "status": None,
         "reason": None, "detail": None, "action": None, "scripted": False,
@@ -366,15 +559,30 @@ H2_CONFIG = h2.config.H2Configuration(
     validate_outbound_headers=False, normalize_outbound_headers=False)
 
 
+class AdvertisedSettings(h2.settings.Settings):
+    """Settings whose MAX_CONCURRENT_STREAMS is advertised but not enforced by h2 (which
+    would drop the whole connection); the connection refuses extra streams itself, with
+    RST_STREAM(REFUSED_STREAM), as APNs does."""
+
+    @property
+    def max_concurrent_streams(self):
+        return 2 ** 31 - 1
+
+
 class APNsConnection(asyncio.Protocol):
     """One client connection: HTTP/2 framing with h2, answers per stream."""
 
-    def __init__(self, fake, max_streams):
-        self.fake, self.max_streams = fake, max_streams
+    def __init__(self, fake, max_streams, listener="push"):
+        self.fake, self.max_streams, self.listener = fake, max_streams, listener
         self.transport = self.h2 = None
         self.serving = True  # False once closing or after GOAWAY: no more answers
         self.partial = {}  # stream id -> (headers, body bytearray) until END_STREAM
         self.delayed = {}  # stream id -> TimerHandle of a delayed answer
+        # APNs allows one stream on a new connection until a request has authenticated,
+        # then raises the limit: a client that opens more meanwhile gets them refused.
+        self.authenticated = False
+        self.unanswered = set()  # stream ids received and not answered yet
+        self.refused = set()
 
     def connection_made(self, transport):
         self.transport = transport
@@ -389,8 +597,8 @@ class APNsConnection(asyncio.Protocol):
             return
         fake.connections[self.id] = self
         self.h2 = h2.connection.H2Connection(H2_CONFIG)
-        self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.max_streams,
+        self.h2.local_settings = AdvertisedSettings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1,
             h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20,
         })
         self.h2.initiate_connection()
@@ -423,15 +631,25 @@ class APNsConnection(asyncio.Protocol):
     def on_event(self, event):
         kind = type(event)
         if kind is h2.events.RequestReceived:
+            if not self.authenticated and self.unanswered:
+                self.refused.add(event.stream_id)
+                self.fake.refused_streams += 1
+                self.h2.reset_stream(event.stream_id, error_code=h2.errors.ErrorCodes.REFUSED_STREAM)
+                return
+            self.unanswered.add(event.stream_id)
             self.partial[event.stream_id] = (event.headers, bytearray())
         elif kind is h2.events.DataReceived:
-            self.partial[event.stream_id][1].extend(event.data)
             self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            if event.stream_id in self.partial:
+                self.partial[event.stream_id][1].extend(event.data)
         elif kind is h2.events.StreamEnded:
+            if event.stream_id not in self.partial:
+                return
             headers, body = self.partial.pop(event.stream_id)
             self.fake.handle(self, event.stream_id, headers, bytes(body))
         elif kind is h2.events.StreamReset:
             self.partial.pop(event.stream_id, None)
+            self.unanswered.discard(event.stream_id)
             timer = self.delayed.pop(event.stream_id, None)
             if timer:
                 timer.cancel()
@@ -460,14 +678,29 @@ class APNsConnection(asyncio.Protocol):
             self.answer(stream_id, record, item)
             self.flush()
 
+    def on_authenticated(self):
+        """The first request with a valid provider token: the stream limit goes up."""
+        if self.authenticated or not self.serving:
+            return
+        self.authenticated = True
+        self.h2.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.max_streams})
+
     def answer(self, stream_id, record, item):
+        self.unanswered.discard(stream_id)
         status = int(item.get("status", 200))
         apns_id = record["headers"].get("apns-id") or str(uuid.uuid4())
         headers = [(":status", str(status)), ("apns-id", apns_id)]
         record["apnsId"], record["status"] = apns_id, status
         try:
-            if status == 200:
-                self.h2.send_headers(stream_id, headers, end_stream=True)
+            if 200 <= status < 300:
+                headers += [(k.lower(), v) for k, v in item.get("headers", [])]
+                if "body" in item:
+                    body = json.dumps(item["body"]).encode()
+                    headers += [("content-type", "application/json"), ("content-length", str(len(body)))]
+                    self.h2.send_headers(stream_id, headers)
+                    self.h2.send_data(stream_id, body, end_stream=True)
+                else:
+                    self.h2.send_headers(stream_id, headers, end_stream=True)
                 return
             record["reason"] = reason = item.get("reason") or DEFAULT_REASONS.get(status, "Error")
             error = {"reason": reason}
@@ -540,13 +773,20 @@ def check_script(spec):
         check_answer_item(item)
 
 
+def check_declaration(spec):
+    if not isinstance(spec, dict) or not isinstance(spec.get("token"), str) or \
+            spec.get("environment") not in ("production", "sandbox", "none"):
+        raise ValueError('expected {"token": T, "environment": "production"|"sandbox"|"none"}')
+
+
 def check_config(spec):
-    age = spec.get("maxJwtAgeSeconds", 0) if isinstance(spec, dict) else None
-    if not is_number(age):
-        raise ValueError('expected {"maxJwtAgeSeconds": N}')
+    if not isinstance(spec, dict) or not all(
+            is_number(spec.get(k, 0)) for k in ("maxJwtAgeSeconds", "minJwtIntervalSeconds", "maxChannels")):
+        raise ValueError('expected {"maxJwtAgeSeconds": N, "minJwtIntervalSeconds": M, "maxChannels": C, '
+                         '"broadcastEnabled": B} (any of them)')
 
 
-def stats(requests, opened, open_now):
+def stats(requests, opened, open_now, refused=0):
     by_status = collections.Counter(str(r["status"]) for r in requests if r["status"] is not None)
     return {
         "total": len(requests),
@@ -555,6 +795,7 @@ def stats(requests, opened, open_now):
         "connectionsOpened": opened,
         "connectionsOpen": open_now,
         "distinctJwts": len({r["jwtHash"] for r in requests if r["jwtHash"]}),
+        "refusedStreams": refused,
     }
 
 
@@ -565,7 +806,7 @@ class ControlHandler(BaseHTTPRequestHandler):
     def do_GET(self):
         url = urlsplit(self.path)
         if url.path == "/requests":
-            requests, _, _ = self.call(Fake.snapshot)
+            requests, _, _, _ = self.call(Fake.snapshot)
             token = parse_qs(url.query).get("token", [None])[0]
             if token is not None:
                 requests = [r for r in requests if r["token"] == token]
@@ -578,6 +819,7 @@ class ControlHandler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.route({"/behavior": (Fake.script, check_script),
                     "/config": (Fake.configure, check_config),
+                    "/tokens": (Fake.declare_token, check_declaration),
                     "/goaway-all": (Fake.goaway_all, None)})
 
     def do_DELETE(self):
@@ -646,11 +888,18 @@ def parse_args(argv):
     parser.add_argument("--team-id", required=True, help="expected JWT iss")
     parser.add_argument("--key-id", required=True, help="expected JWT kid")
     parser.add_argument("--topic", required=True, help="app bundle id")
+    parser.add_argument("--environment", choices=("production", "sandbox"), default="production",
+                        help="the APNs environment this instance plays")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="APNs port (0: any free)")
     parser.add_argument("--control-port", type=int, default=0, help="control port (0: any free)")
+    parser.add_argument("--manage-port", type=int, default=0,
+                        help="channel management API port (0: any free)")
     parser.add_argument("--max-jwt-age", type=float, default=3600,
                         help="seconds after iat before ExpiredProviderToken")
+    parser.add_argument("--min-jwt-interval", type=float, default=1200,
+                        help="seconds after a new provider token before another new one is taken "
+                             "(else 429 TooManyProviderTokenUpdates)")
     parser.add_argument("--max-concurrent-streams", type=int, default=1000)
     parser.add_argument("--ignore-stdin", action="store_true",
                         help="do not exit when stdin reaches EOF (for manual runs)")
@@ -686,6 +935,10 @@ async def serve(args):
     server = await loop.create_server(
         lambda: APNsConnection(fake, args.max_concurrent_streams),
         args.host, args.port, ssl=tls_context(args.cert, args.key))
+    # Apple's channel management API lives on its own host and port.
+    manage = await loop.create_server(
+        lambda: APNsConnection(fake, args.max_concurrent_streams, "manage"),
+        args.host, args.manage_port, ssl=tls_context(args.cert, args.key))
     control = ControlServer(args.control_port, fake, loop)
     threading.Thread(target=control.serve_forever, kwargs={"poll_interval": 0.1},
                      name="control", daemon=True).start()
@@ -697,13 +950,15 @@ async def serve(args):
         exit_on_stdin_eof(loop, stop)
 
     port = server.sockets[0].getsockname()[1]
-    print(json.dumps({"port": port, "controlPort": control.server_address[1]}), flush=True)
+    print(json.dumps({"port": port, "managePort": manage.sockets[0].getsockname()[1],
+                      "controlPort": control.server_address[1]}), flush=True)
     log.info("APNs on %s:%d, control on 127.0.0.1:%d", args.host, port, control.server_address[1])
     await stop.wait()
     log.info("stopping")
     control.shutdown()
     control.server_close()
     server.close()
+    manage.close()
     for conn in list(fake.connections.values()):
         conn.close()
 

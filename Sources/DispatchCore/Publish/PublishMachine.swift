@@ -271,7 +271,10 @@ public struct PublishMachine {
                                       previousState: nil, endFingerprint: nil, webhook: nil))
             return nil
         }
-        if pending.attempts == 0, op.access.staleTouch == nil, let current = cache[op.activityID] {
+        // A broadcast activity waiting for its channel is read afresh: the channel's arrival is
+        // no change, and the next change's snapshot should carry it.
+        if pending.attempts == 0, op.access.staleTouch == nil, let current = cache[op.activityID],
+           !(current.activity.broadcast && current.activity.channelId == nil) {
             return decide(pending, current, now: now)
         }
         reading[pending.id] = pending

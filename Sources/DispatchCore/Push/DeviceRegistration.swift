@@ -23,6 +23,20 @@ public enum PushToken {
     public static func hint(_ hex: String) -> String { "…" + hex.suffix(4) }
 }
 
+/// The APNs environment of an app build (contract §5.1): a development build's tokens work
+/// only in the sandbox, a TestFlight or App Store build's only in production.
+public enum APNsEnvironment: String, Sendable, CaseIterable {
+    case production, sandbox
+
+    /// Where a token APNs called bad in this environment is tried once more.
+    public var other: APNsEnvironment {
+        switch self {
+        case .production: return .sandbox
+        case .sandbox: return .production
+        }
+    }
+}
+
 /// A `POST /v1/activity-tokens` body, validated: the device, and what changes for it.
 public struct DeviceRegistration: Equatable, Sendable {
     public enum Change: Equatable, Sendable {
@@ -50,6 +64,8 @@ public struct DeviceRegistration: Equatable, Sendable {
     public var pushToStart: Change?
     /// In the body's order; an activity named twice is refused (JSON objects' keys are unique).
     public var activityTokens: [ActivityToken]
+    /// nil: production for a new device, unchanged for a known one.
+    public var environment: APNsEnvironment?
 
     public init(deviceToken: String, pushToStart: Change? = nil, activityTokens: [ActivityToken] = []) {
         self.deviceToken = deviceToken
@@ -58,7 +74,7 @@ public struct DeviceRegistration: Equatable, Sendable {
     }
 
     public static func parse(_ body: [UInt8]) throws(DispatchError) -> DeviceRegistration {
-        let fields = try Validation.object(body, allowed: ["deviceToken", "pushToStartToken", "activityTokens"])
+        let fields = try Validation.object(body, allowed: ["deviceToken", "pushToStartToken", "activityTokens", "environment"])
         guard case .string(let device)? = fields["deviceToken"] else {
             if fields["deviceToken"] == nil { throw DispatchError(.missingField, "deviceToken is required") }
             throw DispatchError(.invalidField, "deviceToken must be a hex string")
@@ -69,6 +85,15 @@ public struct DeviceRegistration: Equatable, Sendable {
         case .null?: registration.pushToStart = .forget
         case .string(let t)?: registration.pushToStart = .set(try PushToken.validate(t, field: "pushToStartToken"))
         case let other?: throw DispatchError(.invalidField, "pushToStartToken must be a hex string or null, not \(other.typeName)")
+        }
+        switch fields["environment"] {
+        case nil, .null?: break
+        case .string(let e)?:
+            guard let env = APNsEnvironment(rawValue: e) else {
+                throw DispatchError(.invalidField, "environment must be production or sandbox (the app build's APNs environment), not \(e)")
+            }
+            registration.environment = env
+        case let other?: throw DispatchError(.invalidField, "environment must be production or sandbox, not \(other.typeName)")
         }
         switch fields["activityTokens"] {
         case nil, .null?: break

@@ -5,8 +5,10 @@ public enum PushKind: String, Sendable, CaseIterable {
 }
 
 /// The `aps` payload of a Live Activity push (contract §5.2), exactly the contract's keys:
-/// `content-state` always; `attributes-type`, `attributes` and `alert` with `start`;
-/// `dismissal-date` with `end`, and `alert` with an `end` in `error` or `rejected`. Times
+/// `content-state` always; `attributes-type`, `attributes`, `alert` and `input-push-token: 1`
+/// (or `input-push-channel` for a broadcast activity) with `start`; `stale-date` with `update`
+/// when the activity has a stale deadline; `dismissal-date` with `end`, and `alert` with an
+/// `end` in `error` or `rejected`. Times
 /// are Unix seconds (numbers). At most 4096 bytes: a long status (then the error text, then
 /// the task name) is shortened to fit, never refused.
 public enum LiveActivityPayload {
@@ -22,6 +24,20 @@ public enum LiveActivityPayload {
         case start, update, end
     }
 
+    /// What a payload carries beyond the snapshot.
+    public struct Extras: Equatable, Sendable {
+        /// When the server would end the activity as stale (Unix seconds): `stale-date` on updates.
+        public var staleDate: Int64?
+        /// The activity's broadcast channel: a start then asks the phone to subscribe to it
+        /// (`input-push-channel`) instead of asking for an update token (`input-push-token`).
+        public var channelID: String?
+
+        public init(staleDate: Int64? = nil, channelID: String? = nil) {
+            self.staleDate = staleDate
+            self.channelID = channelID
+        }
+    }
+
     public static func event(kind: PushKind, state: ActivityState) -> Event {
         switch kind {
         case .start: return .start
@@ -34,9 +50,9 @@ public enum LiveActivityPayload {
 
     /// The payload for `snapshot` as `event`; `timestamp` is the push's `aps.timestamp`.
     public static func build(_ snapshot: Activity, event: Event, timestamp: Int64,
-                             dismissalDelaySeconds: Int64 = defaultDismissalDelaySeconds) -> [UInt8] {
+                             dismissalDelaySeconds: Int64 = defaultDismissalDelaySeconds, extras: Extras = Extras()) -> [UInt8] {
         var texts = Texts(status: snapshot.status, error: snapshot.error, taskName: snapshot.taskName)
-        var out = render(snapshot, texts, event: event, timestamp: timestamp, dismissalDelay: dismissalDelaySeconds)
+        var out = render(snapshot, texts, event: event, timestamp: timestamp, dismissalDelay: dismissalDelaySeconds, extras: extras)
         if out.count <= maxBytes { return out }
         // Too long: shorten one text after another, each as little as needed.
         for field in Texts.Field.allCases {
@@ -48,20 +64,20 @@ public enum LiveActivityPayload {
                 let mid = (low + high + 1) / 2
                 var trial = texts
                 trial[field] = String(characters[..<mid]) + ellipsis
-                if render(snapshot, trial, event: event, timestamp: timestamp, dismissalDelay: dismissalDelaySeconds).count <= maxBytes {
+                if render(snapshot, trial, event: event, timestamp: timestamp, dismissalDelay: dismissalDelaySeconds, extras: extras).count <= maxBytes {
                     low = mid
                 } else {
                     high = mid - 1
                 }
             }
             texts[field] = low == characters.count ? full : String(characters[..<low]) + ellipsis
-            out = render(snapshot, texts, event: event, timestamp: timestamp, dismissalDelay: dismissalDelaySeconds)
+            out = render(snapshot, texts, event: event, timestamp: timestamp, dismissalDelay: dismissalDelaySeconds, extras: extras)
             if out.count <= maxBytes { return out }
         }
         // Unreachable with the contract's field limits (ids, machine and symbol are short
         // ASCII), kept so that no input can ever produce an oversized body.
         texts = Texts(status: nil, error: nil, taskName: ellipsis)
-        return render(snapshot, texts, event: event, timestamp: timestamp, dismissalDelay: dismissalDelaySeconds)
+        return render(snapshot, texts, event: event, timestamp: timestamp, dismissalDelay: dismissalDelaySeconds, extras: extras)
     }
 
     /// The texts that may be shortened, in the order they are.
@@ -89,7 +105,7 @@ public enum LiveActivityPayload {
         }
     }
 
-    static func render(_ a: Activity, _ texts: Texts, event: Event, timestamp: Int64, dismissalDelay: Int64) -> [UInt8] {
+    static func render(_ a: Activity, _ texts: Texts, event: Event, timestamp: Int64, dismissalDelay: Int64, extras: Extras) -> [UInt8] {
         var w = JSONWriter(capacity: 512)
         w.beginObject()
         w.key("aps")
@@ -116,8 +132,13 @@ public enum LiveActivityPayload {
             w.field("systemImage", a.systemImage)
             w.endObject()
             alert(&w, title: texts.taskName, body: texts.status ?? stateText(a))
+            if let channel = extras.channelID {
+                w.field("input-push-channel", channel)
+            } else {
+                w.field("input-push-token", Int64(1))
+            }
         case .update:
-            break
+            if let stale = extras.staleDate { w.field("stale-date", stale) }
         case .end:
             w.field("dismissal-date", seconds(a.endedAt ?? a.updatedAt) + max(0, dismissalDelay))
             if alertsOnEnd(a.state) {
@@ -135,6 +156,13 @@ public enum LiveActivityPayload {
         w.field("title", title)
         w.field("body", body)
         w.endObject()
+    }
+
+    /// When an activity that changed at `updatedMs` and was touched at `touchedMs` (0: never)
+    /// would be ended as stale (contract §5.4), nil when it has no stale deadline or has ended.
+    public static func staleDeadline(_ a: Activity, staleAfterSeconds: Int, touchedMs: Int64) -> Int64? {
+        guard staleAfterSeconds > 0, !a.state.isTerminal else { return nil }
+        return max(a.updatedAt, touchedMs) + Int64(staleAfterSeconds) * 1000
     }
 
     /// Unix seconds of a millisecond time (whole seconds, as APNs and the contract show them).
@@ -172,13 +200,16 @@ public enum PushPlan: Equatable, Sendable {
 
     /// `snapshot` is the activity at claim time (nil: gone), `lastTimestamp` the row's last
     /// pushed timestamp, `priority` the row's (changes' highest since the last push).
+    /// `staleDeadlineMs` is when the server would end the activity as stale (nil: never).
     public static func make(kind: PushKind, snapshot: Activity?, hasToken: Bool, lastTimestamp: Int64, priority: Int,
-                            dismissalDelaySeconds: Int64) -> PushPlan {
+                            dismissalDelaySeconds: Int64, staleDeadlineMs: Int64? = nil, channelID: String? = nil) -> PushPlan {
         guard let snapshot, hasToken else { return .drop }
         if kind == .start && snapshot.state.isTerminal { return .skip }
         let event = LiveActivityPayload.event(kind: kind, state: snapshot.state)
         let timestamp = PushTimestamp.next(changeMs: snapshot.updatedAt, last: lastTimestamp)
-        let body = LiveActivityPayload.build(snapshot, event: event, timestamp: timestamp, dismissalDelaySeconds: dismissalDelaySeconds)
+        let extras = LiveActivityPayload.Extras(staleDate: staleDeadlineMs.map(LiveActivityPayload.seconds), channelID: channelID)
+        let body = LiveActivityPayload.build(snapshot, event: event, timestamp: timestamp, dismissalDelaySeconds: dismissalDelaySeconds,
+                                             extras: extras)
         switch event {
         case .start:
             return .send(body: body, timestamp: timestamp, priority: 10, expiration: timestamp + expirationSeconds)

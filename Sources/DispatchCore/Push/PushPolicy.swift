@@ -46,6 +46,8 @@ public enum PushResult: String, Sendable, CaseIterable {
     case providerTokenExpired = "jwt_expired"
     /// 403 `InvalidProviderToken`/`MissingProviderToken`/other 403: misconfiguration, sending stops.
     case providerTokenRejected = "jwt_rejected"
+    /// 429 `TooManyProviderTokenUpdates`: the team's token changed too often; sending pauses.
+    case providerTokenThrottled = "jwt_throttled"
     /// Any other 4xx: a payload or header APNs refused, i.e. our bug. Not retried.
     case rejected
 }
@@ -62,6 +64,8 @@ public enum PushDecision: Equatable, Sendable {
     case renewProviderToken
     /// The provider token is refused: stop sending, say so loudly, no retry loop.
     case stopSending
+    /// The team's provider token changed too often: no sending until a token may be made.
+    case pauseForProviderToken
     /// Our bug: log loudly, mark the push failed, never retry it.
     case reject
     /// Not attempted (shutdown): due again at once, the attempt not counted.
@@ -79,6 +83,8 @@ public enum PushDecision: Equatable, Sendable {
             return .renewProviderToken
         case .status(403, _, _):
             return .stopSending
+        case .status(429, "TooManyProviderTokenUpdates"?, _):
+            return .pauseForProviderToken
         case .status(429, _, _):
             return .retry(.throttled)
         case .status(let s, _, _) where s >= 500:
@@ -105,6 +111,7 @@ public enum PushDecision: Equatable, Sendable {
         case .retry(let r): return r
         case .renewProviderToken: return .providerTokenExpired
         case .stopSending: return .providerTokenRejected
+        case .pauseForProviderToken: return .providerTokenThrottled
         case .reject: return .rejected
         case .release: return .connectionError
         }
@@ -136,12 +143,16 @@ public enum PushTimestamp {
     public static func nextAllowed(after timestamp: Int64) -> Int64 { timestamp + 1 - maxLead }
 }
 
-/// When the provider token (the ES256 JWT) is minted again: reused for `renewAfter` (inside
-/// Apple's 20–60 minute window), renewed early when APNs answers `ExpiredProviderToken` for
-/// the current token, but never twice within `minRenewInterval` for that reason (a clock that
-/// is wrong would otherwise mint one per request, which APNs answers with 429).
+/// When the provider token (the ES256 JWT) is made again. One token serves the whole
+/// deployment (shared through the database): it is used for `renewAfter` after its `iat`
+/// (inside the contract's 20–50 minutes), renewed early only when APNs answers
+/// `ExpiredProviderToken` for it, but never twice within `minRenewInterval` for that reason
+/// (a clock that is wrong would otherwise make one per request, which APNs answers with 429).
+/// After `429 TooManyProviderTokenUpdates` nothing is sent until `minRenewAge` after the
+/// current token's `iat`: the earliest a token may change again.
 public struct ProviderTokenPolicy: Equatable, Sendable {
     public var renewAfter: Double = 40 * 60
+    public var minRenewAge: Double = 20 * 60
     public var minRenewInterval: Double = 60
 
     public init() {}

@@ -20,6 +20,14 @@ public struct PushJob: Equatable, Sendable {
     public var tokenMac: [UInt8]
     /// The token's last digits, for logs.
     public var tokenHint: String
+    /// The APNs environment this push goes to (the device's, or the other one on the retry
+    /// after `BadDeviceToken`).
+    public var environment: APNsEnvironment = .production
+    /// This is that retry: when it is delivered, the device's environment is corrected.
+    public var switchedEnvironment = false
+    /// When the change pushed was made (ms): the pace counts from it, not from the send, so a
+    /// job reporting exactly once per pace is never held back by its own push's latency.
+    public var changedAtMs: Int64 = 0
 
     public init(outboxID: Int64, leaseID: Int64, kind: PushKind, activityID: String, deviceID: Int64, seq: Int64,
                 timestamp: Int64, attempts: Int, pendingSinceMs: Int64?, claimedAtMs: Int64, tokenMac: [UInt8] = [], tokenHint: String = "") {
@@ -101,8 +109,11 @@ public struct PushSenderMachine<Payload> {
 
     public enum Action {
         case claim(limit: Int)
-        /// Make a new provider token (JWT) for this generation and send with it from now on.
-        case mintProviderToken(generation: Int)
+        /// Get the deployment's provider token (JWT) for this generation and send with it from
+        /// now on (sends of this generation wait for it); `renew`: the current one was refused
+        /// (expired, or invalid before a pause), so a newer one is needed. Answer with
+        /// `providerTokenReady` or `providerTokenFailed`.
+        case obtainProviderToken(generation: Int, renew: Bool)
         case send(PushJob, Payload, tokenGeneration: Int)
         /// Write these marks in one transaction; answer with `marked(ok:)`.
         case mark([PushMark])
@@ -116,9 +127,13 @@ public struct PushSenderMachine<Payload> {
         case answered(PushJob, PushResult, APNsAnswer, latency: Double?)
         /// APNs refused the provider token: nothing is sent until `until`.
         case sendingStopped(until: Double, APNsAnswer)
+        /// APNs said the team's token changed too often: nothing is sent until `until`.
+        case sendingPaused(until: Double)
         case sendingResumed
         /// A renewal for `ExpiredProviderToken` came back expired again at once.
         case providerTokenStillExpired
+        /// `BadDeviceToken` in the device's environment: tried once in the other one.
+        case triedOtherEnvironment(PushJob)
         case claimFailed
         case markFailed(count: Int)
     }
@@ -138,6 +153,8 @@ public struct PushSenderMachine<Payload> {
     public private(set) var tokenGeneration = 0
     private var tokenMintedAt: Double?
     private var tokenRenewedForExpiry = false
+    /// The pause was for a refused token: resume with a new one, not the stored one.
+    private var renewOnResume = false
     private var lastClaimAt = -Double.infinity
     private var lastClaimFull = false
     private var lastMarkAt = -Double.infinity
@@ -205,6 +222,15 @@ public struct PushSenderMachine<Payload> {
             pendingMarks.append(.delivered(job))
             if let since = job.pendingSinceMs { latency = max(0, now - Double(since) / 1000) }
         case .retire(let since):
+            // "Bad token" also means "wrong environment": one try in the other before the
+            // token goes (a device registered with the wrong environment keeps its tokens).
+            if case .status(400, _, _) = answer, !job.switchedEnvironment, running {
+                var other = job
+                other.environment = job.environment.other
+                other.switchedEnvironment = true
+                inFlight[outboxID] = (other, entry.payload, tokenGeneration)
+                return [.report(.triedOtherEnvironment(job)), .send(other, entry.payload, tokenGeneration: tokenGeneration)]
+            }
             pendingMarks.append(.retire(job, invalidSinceMs: since ?? job.claimedAtMs, status: Self.label(answer)))
         case .retry(let result):
             let delay = PushDecision.retryDelay(result, attempts: job.attempts, policy: settings.retry, random: random)
@@ -234,7 +260,18 @@ public struct PushSenderMachine<Payload> {
             } else {
                 until = now + settings.rejectedTokenPause
                 stoppedUntil = until
+                renewOnResume = true
                 actions.append(.report(.sendingStopped(until: until, answer)))
+            }
+            pendingMarks.append(.retry(job, afterSeconds: until - now, status: Self.label(answer), countsAsAttempt: false))
+        case .pauseForProviderToken:
+            let until: Double
+            if let s = stoppedUntil, s > now {
+                until = s
+            } else {
+                until = max(now + settings.databaseRetry, (tokenMintedAt ?? now) + settings.providerToken.minRenewAge)
+                stoppedUntil = until
+                actions.append(.report(.sendingPaused(until: until)))
             }
             pendingMarks.append(.retry(job, afterSeconds: until - now, status: Self.label(answer), countsAsAttempt: false))
         case .reject:
@@ -264,6 +301,25 @@ public struct PushSenderMachine<Payload> {
         return actions + flushMarks(now: now) + maybeClaim(now: now)
     }
 
+    /// The provider token of `generation` is there: made at `issuedAt` (its `iat`, which may be
+    /// older than this process), and sending is paused until `pausedUntil` deployment-wide.
+    public mutating func providerTokenReady(generation: Int, issuedAt: Double, pausedUntil: Double?, now: Double) -> [Action] {
+        guard generation == tokenGeneration else { return [] }
+        tokenMintedAt = issuedAt
+        guard let pausedUntil, pausedUntil > now, (stoppedUntil ?? 0) < pausedUntil else { return [] }
+        stoppedUntil = pausedUntil
+        return [.report(.sendingPaused(until: pausedUntil))]
+    }
+
+    /// The provider token of `generation` could not be had (the database): the sends waiting
+    /// for it come back answered `.transport(.cancelled)`; the next claim tries again.
+    public mutating func providerTokenFailed(generation: Int, now: Double) -> [Action] {
+        guard generation == tokenGeneration else { return [] }
+        tokenMintedAt = nil
+        claimRetryAt = now + settings.databaseRetry
+        return [.wake(at: claimRetryAt)]
+    }
+
     /// Shutting down: no more claims; what is answered is still marked.
     public mutating func stop(now: Double) -> [Action] {
         running = false
@@ -277,7 +333,7 @@ public struct PushSenderMachine<Payload> {
         if let until = stoppedUntil {
             guard now >= until else { return [] }
             stoppedUntil = nil
-            // The token was refused: the next send starts with a new one.
+            // The next send gets the token again (a new one if the old one was refused).
             tokenMintedAt = nil
             return [.report(.sendingResumed)] + maybeClaim(now: now)
         }
@@ -305,14 +361,16 @@ public struct PushSenderMachine<Payload> {
 
     private mutating func ensureProviderToken(now: Double) -> [Action] {
         guard settings.providerToken.isDue(mintedAt: tokenMintedAt, now: now) else { return [] }
-        return [mint(now: now, forExpiry: false)]
+        let renew = renewOnResume
+        renewOnResume = false
+        return [mint(now: now, forExpiry: false, renew: renew)]
     }
 
-    private mutating func mint(now: Double, forExpiry: Bool) -> Action {
+    private mutating func mint(now: Double, forExpiry: Bool, renew: Bool? = nil) -> Action {
         tokenGeneration += 1
         tokenMintedAt = now
         tokenRenewedForExpiry = forExpiry
-        return .mintProviderToken(generation: tokenGeneration)
+        return .obtainProviderToken(generation: tokenGeneration, renew: renew ?? forExpiry)
     }
 
     static func mayBeDueAgain(_ mark: PushMark) -> Bool {

@@ -14,9 +14,9 @@ enum APNsRequest {
         return input + "." + Base64.urlEncode(try signer.sign(Array(input.utf8)))
     }
 
-    static func make(_ settings: APNsSettings, token: String, providerToken: String, body: [UInt8], priority: Int,
-                     expiration: Int64, timeout: Double) -> CurlClient.Request {
-        CurlClient.Request(url: settings.url + "/3/device/" + token, method: "POST", headers: [
+    static func make(_ settings: APNsSettings, environment: APNsEnvironment, token: String, providerToken: String, body: [UInt8],
+                     priority: Int, expiration: Int64, timeout: Double) -> CurlClient.Request {
+        CurlClient.Request(url: settings.pushURL(environment) + "/3/device/" + token, method: "POST", headers: [
             ("authorization", "bearer " + providerToken),
             ("apns-topic", settings.apnsTopic),
             ("apns-push-type", "liveactivity"),

@@ -40,19 +40,20 @@ enum DeviceRepository {
         var queries = [PGQuery("SELECT pg_advisory_xact_lock(7345111, ($1::bigint % 2147483647)::integer)", [key], name: "device_key_lock")]
         queries.append(PGQuery("""
             INSERT INTO devices AS d (key_id, token_mac, token_sealed, token_hint, push_to_start_mac, push_to_start_sealed,
-                                      push_to_start_hint, push_to_start_at)
-            SELECT $8::bigint, $1::bytea, $2::bytea, $3, $4::bytea, $5::bytea, $6, CASE WHEN $4::bytea IS NULL THEN NULL ELSE now() END
+                                      push_to_start_hint, push_to_start_at, environment)
+            SELECT $8::bigint, $1::bytea, $2::bytea, $3, $4::bytea, $5::bytea, $6, CASE WHEN $4::bytea IS NULL THEN NULL ELSE now() END,
+                   coalesce($10::text, 'production')
             WHERE $9::integer <= 0
                OR EXISTS (SELECT 1 FROM devices x WHERE x.key_id = $8::bigint AND x.token_mac = $1::bytea)
                OR (SELECT count(*) FROM devices x WHERE x.key_id = $8::bigint) < $9::integer
-            ON CONFLICT (key_id, token_mac) DO UPDATE SET updated_at = now(),
+            ON CONFLICT (key_id, token_mac) DO UPDATE SET updated_at = now(), environment = coalesce($10::text, d.environment),
               push_to_start_mac = CASE WHEN $7::text = 'keep' THEN d.push_to_start_mac ELSE EXCLUDED.push_to_start_mac END,
               push_to_start_sealed = CASE WHEN $7::text = 'keep' THEN d.push_to_start_sealed ELSE EXCLUDED.push_to_start_sealed END,
               push_to_start_hint = CASE WHEN $7::text = 'keep' THEN d.push_to_start_hint ELSE EXCLUDED.push_to_start_hint END,
               push_to_start_at = CASE WHEN $7::text = 'keep' THEN d.push_to_start_at ELSE EXCLUDED.push_to_start_at END
             RETURNING d.id
             """, [mac, Bytea.literal(device.sealed), device.hint, pts.sealed.map { Bytea.literal($0.mac) },
-                  pts.sealed.map { Bytea.literal($0.sealed) }, pts.sealed?.hint, pts.mode, key, String(maxDevices)],
+                  pts.sealed.map { Bytea.literal($0.sealed) }, pts.sealed?.hint, pts.mode, key, String(maxDevices), r.environment?.rawValue],
             name: "device_upsert"))
         if pts.mode == "forget" {
             queries.append(PGQuery("""
@@ -145,7 +146,7 @@ enum DeviceRepository {
 
     static func summaryQuery(mac: String, keyID: Int64) -> PGQuery {
         PGQuery("""
-            SELECT d.token_hint, d.push_to_start_hint, t.activity_id, t.token_hint AS activity_hint
+            SELECT d.token_hint, d.push_to_start_hint, d.environment, t.activity_id, t.token_hint AS activity_hint
             FROM devices d LEFT JOIN activity_tokens t ON t.device_id = d.id
             WHERE d.key_id = $2::bigint AND d.token_mac = $1::bytea ORDER BY t.activity_id
             """, [mac, String(keyID)], name: "device_summary")
@@ -157,6 +158,7 @@ enum DeviceRepository {
         w.beginObject()
         w.field("deviceToken", r.first?["token_hint"])
         w.field("pushToStartToken", r.first?["push_to_start_hint"])
+        w.field("environment", r.first?["environment"])
         w.key("activityTokens")
         w.beginObject()
         for row in r.rows {
@@ -177,9 +179,9 @@ enum DeviceRepository {
 
     /// The retention job: activity tokens (and their outbox rows) 12 hours after their activity
     /// ended or vanished, outbox rows of finished activities that have nothing left to send
-    /// after an hour, and devices nobody refreshed (registered again) for `deviceRetentionS`
-    /// seconds or whose key was revoked, with their tokens and pushes. At most 5,000 of each
-    /// per run.
+    /// after an hour, devices nobody refreshed (registered again) for `deviceRetentionS`
+    /// seconds or whose key was revoked, with their tokens and pushes, and refused broadcast
+    /// channels' rows 12 hours after the end. At most 5,000 of each per run.
     static func retention(nowMs: Int64, deviceRetentionS: Int64) -> PGQuery {
         PGQuery("""
             WITH old_tokens AS (
@@ -203,9 +205,16 @@ enum DeviceRepository {
                 SELECT x.id FROM devices x JOIN api_keys k ON k.id = x.key_id WHERE k.revoked_at IS NOT NULL
                 LIMIT 5000)
               RETURNING 1
+            ), old_channels AS (
+              -- Channels APNs would not make, kept for `push status` until their activity is long over.
+              DELETE FROM broadcast_outbox b WHERE b.activity_id IN (
+                SELECT x.activity_id FROM broadcast_outbox x LEFT JOIN activities a ON a.activity_id = x.activity_id
+                WHERE x.phase = 'failed' AND (a.activity_id IS NULL OR a.ended_ms < $1::bigint - $2::bigint)
+                LIMIT 5000)
+              RETURNING 1
             )
             SELECT (SELECT count(*) FROM old_tokens) AS tokens, (SELECT count(*) FROM old_rows) AS rows,
-                   (SELECT count(*) FROM old_devices) AS devices
+                   (SELECT count(*) FROM old_devices) AS devices, (SELECT count(*) FROM old_channels) AS channels
             """, [String(nowMs), String(forgetAfterEndMs), String(deviceRetentionS)], name: "push_retention")
     }
 

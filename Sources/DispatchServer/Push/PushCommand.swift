@@ -20,6 +20,16 @@ enum PushCommand {
                 + "\(n("failed")) failed, \(n("settled")) up to date")
             print("tokens: \(n("devices")) devices, \(n("push_to_start")) push-to-start, \(n("activity_tokens")) activity tokens")
             let rows = try db.query(DeviceRepository.perDevice)
+            let channels = try db.query(BroadcastRepository.list)
+            if !channels.rows.isEmpty {
+                // Channel ids are no secret (every subscribed phone holds one): shown whole.
+                print("")
+                print(["ACTIVITY", "CHANNEL", "PHASE", "ENVIRONMENT", "PUSHED SEQ", "WANTED SEQ", "LAST STATUS"].joined(separator: "\t"))
+                for r in channels.rows {
+                    print([r["activity_id"] ?? "-", r["channel_id"] ?? "-", r["phase"] ?? "-", r["environment"] ?? "-",
+                           r["sent_seq"] ?? "0", r["wanted_seq"] ?? "0", r["last_status"] ?? "-"].joined(separator: "\t"))
+                }
+            }
             guard !rows.rows.isEmpty else { return 0 }
             print("")
             print(["DEVICE", "PUSH-TO-START", "ACTIVITY TOKENS", "PENDING", "WAITING FOR TOKEN", "FAILED", "LAST STATUS", "LAST SENT"]

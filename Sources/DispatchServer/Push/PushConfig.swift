@@ -1,3 +1,4 @@
+import DispatchCore
 import DispatchCrypto
 import DispatchSystem
 
@@ -11,23 +12,55 @@ public struct APNsSettings: Equatable, Sendable {
     /// The app's bundle id; requests carry `<topic>.push-type.liveactivity`.
     public var topic: String
     public var url = "https://api.push.apple.com"
+    public var sandboxURL = "https://api.sandbox.push.apple.com"
+    /// Broadcast channel management (contract §5.5), per environment.
+    public var manageURL = "https://api-manage-broadcast.push.apple.com:2196"
+    public var manageSandboxURL = "https://api-manage-broadcast.sandbox.push.apple.com:2195"
+    /// The environment broadcast channels live in.
+    public var broadcastEnvironment: APNsEnvironment = .production
+    /// Seconds between two pushes of one activity to one phone when the second only moves
+    /// progress or status (state changes and ends go at once): the phone shows only the
+    /// newest, and APNs throttles floods. 0: no pace beyond whole-second timestamps.
+    public var pace: Double = 1
     /// Extra trusted CAs (a local stand-in for APNs in tests).
     public var caFile: String?
 
     public var apnsTopic: String { topic + ".push-type.liveactivity" }
 
+    /// The push host of `environment`.
+    public func pushURL(_ environment: APNsEnvironment) -> String {
+        switch environment {
+        case .production: return url
+        case .sandbox: return sandboxURL
+        }
+    }
+
+    /// The channel management host of `environment`.
+    public func manageHost(_ environment: APNsEnvironment) -> String {
+        switch environment {
+        case .production: return manageURL
+        case .sandbox: return manageSandboxURL
+        }
+    }
+
     static let required = ["DISPATCH_APNS_KEY_FILE", "DISPATCH_APNS_KEY_ID", "DISPATCH_APNS_TEAM_ID", "DISPATCH_APNS_TOPIC"]
-    static let optional = ["DISPATCH_APNS_URL", "DISPATCH_APNS_CA_FILE"]
+    static let optional = ["DISPATCH_APNS_URL", "DISPATCH_APNS_SANDBOX_URL", "DISPATCH_APNS_MANAGE_URL", "DISPATCH_APNS_MANAGE_SANDBOX_URL",
+                           "DISPATCH_APNS_BROADCAST_ENV", "DISPATCH_APNS_CA_FILE"]
 
     static let settings: [ServerConfig.Setting] = [
         .init(env: "DISPATCH_APNS_KEY_FILE", flag: "--apns-key-file", help: "APNs auth key (.p8 from the Apple Developer account); with the three below turns Live Activity pushes on"),
         .init(env: "DISPATCH_APNS_KEY_ID", flag: "--apns-key-id", help: "the .p8 key's id (10 characters, the JWT's kid)"),
         .init(env: "DISPATCH_APNS_TEAM_ID", flag: "--apns-team-id", help: "the Apple developer team id (the JWT's iss)"),
         .init(env: "DISPATCH_APNS_TOPIC", flag: "--apns-topic", help: "the iOS app's bundle id (.push-type.liveactivity is appended)"),
-        .init(env: "DISPATCH_APNS_URL", flag: "--apns-url", help: "APNs base URL (default https://api.push.apple.com; development builds: https://api.sandbox.push.apple.com)"),
+        .init(env: "DISPATCH_APNS_URL", flag: "--apns-url", help: "APNs production push host (default https://api.push.apple.com)"),
+        .init(env: "DISPATCH_APNS_SANDBOX_URL", flag: "--apns-sandbox-url", help: "APNs sandbox push host, for devices registered with environment sandbox (default https://api.sandbox.push.apple.com)"),
+        .init(env: "DISPATCH_APNS_MANAGE_URL", flag: "--apns-manage-url", help: "APNs broadcast channel management host (default https://api-manage-broadcast.push.apple.com:2196)"),
+        .init(env: "DISPATCH_APNS_MANAGE_SANDBOX_URL", flag: "--apns-manage-sandbox-url", help: "the sandbox's channel management host (default https://api-manage-broadcast.sandbox.push.apple.com:2195)"),
+        .init(env: "DISPATCH_APNS_BROADCAST_ENV", flag: "--apns-broadcast-env", help: "the APNs environment of broadcast channels: production (default) or sandbox"),
         .init(env: "DISPATCH_APNS_CA_FILE", flag: "--apns-ca-file", help: "extra trusted CA certificates (PEM) for the APNs connection (tests)"),
         .init(env: "DISPATCH_TOKEN_KEY", flag: "--token-key", help: "32 bytes (64 hex digits or base64) sealing device tokens at rest; embedded default: generated under the data dir"),
         .init(env: "DISPATCH_PUSH_DISMISSAL", flag: "--push-dismissal", help: "seconds an ended Live Activity stays on the Lock Screen, 0-14400 (default 14400)"),
+        .init(env: "DISPATCH_PUSH_PACE", flag: "--push-pace", help: "seconds between progress-only pushes of one activity to a phone, 0-60 (default 1; state changes and ends go at once)"),
         .init(env: "DISPATCH_PUSH_LEASE", flag: "--push-lease", help: "seconds a claimed push stays reserved for its sender before another may send it, 4-600 (default 60)"),
     ]
 
@@ -53,14 +86,23 @@ public struct APNsSettings: Equatable, Sendable {
             throw ConfigError("DISPATCH_APNS_TOPIC is the bare bundle id; the server appends .push-type.liveactivity itself")
         }
         var s = APNsSettings(keyFile: values["DISPATCH_APNS_KEY_FILE"]!, keyID: keyID, teamID: teamID, topic: topic)
-        if let url = values["DISPATCH_APNS_URL"], !url.isEmpty {
+        for (name, path) in [("DISPATCH_APNS_URL", \APNsSettings.url), ("DISPATCH_APNS_SANDBOX_URL", \APNsSettings.sandboxURL),
+                             ("DISPATCH_APNS_MANAGE_URL", \APNsSettings.manageURL),
+                             ("DISPATCH_APNS_MANAGE_SANDBOX_URL", \APNsSettings.manageSandboxURL)] {
+            guard let url = values[name], !url.isEmpty else { continue }
             var u = url
             while u.hasSuffix("/") { u.removeLast() }
             guard u.lowercased().hasPrefix("https://"), u.utf8.count > 8, u.utf8.allSatisfy({ (0x21...0x7E).contains($0) }),
                   !u.dropFirst(8).contains("/") else {
-                throw ConfigError("DISPATCH_APNS_URL must be https://host[:port] (APNs speaks HTTP/2 over TLS only), not \(url)")
+                throw ConfigError("\(name) must be https://host[:port] (APNs speaks HTTP/2 over TLS only), not \(url)")
             }
-            s.url = u
+            s[keyPath: path] = u
+        }
+        if let v = values["DISPATCH_APNS_BROADCAST_ENV"], !v.isEmpty {
+            guard let env = APNsEnvironment(rawValue: v) else {
+                throw ConfigError("DISPATCH_APNS_BROADCAST_ENV must be production or sandbox, not \(v)")
+            }
+            s.broadcastEnvironment = env
         }
         if let ca = values["DISPATCH_APNS_CA_FILE"], !ca.isEmpty { s.caFile = ca }
         return s
@@ -105,6 +147,12 @@ extension APNsSettings {
                 throw ConfigError("DISPATCH_PUSH_DISMISSAL must be seconds from 0 to 14400 (iOS removes an ended Live Activity after 4 hours anyway), not \(v)")
             }
             c.pushDismissalSeconds = n
+        }
+        if let v = values["DISPATCH_PUSH_PACE"], !v.isEmpty {
+            guard let n = Double(v), n.isFinite, (0...60).contains(n) else {
+                throw ConfigError("DISPATCH_PUSH_PACE must be seconds from 0 to 60, not \(v)")
+            }
+            c.apns?.pace = n
         }
         if let v = values["DISPATCH_PUSH_LEASE"] {
             guard let n = Int(v), (4...600).contains(n) else { throw ConfigError("DISPATCH_PUSH_LEASE must be seconds from 4 to 600, not \(v)") }

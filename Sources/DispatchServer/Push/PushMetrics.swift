@@ -7,6 +7,11 @@ final class PushMetrics {
     /// the max over the label, not the sum). -1 until first read.
     var outboxDepth = -1
     var inFlight = 0
+    /// Broadcast channel requests by outcome (contract §5.5).
+    var broadcasts: [String: Int] = [:]
+    static let broadcastOutcomes = ["created", "refused", "pushed", "deleted", "failed", "retry"]
+    private var broadcastLatencySum = 0.0
+    private var broadcastLatencyCount = 0
     /// Open connections to APNs, read when rendered.
     var connections: () -> Int = { 0 }
     static let bounds: [Double] = [0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
@@ -20,6 +25,11 @@ final class PushMetrics {
         for (i, b) in Self.bounds.enumerated() where seconds <= b { buckets[i] += 1 }
         latencySum += seconds
         latencyCount += 1
+    }
+
+    func observeBroadcastLatency(_ seconds: Double) {
+        broadcastLatencySum += seconds
+        broadcastLatencyCount += 1
     }
 
     func render(worker w: String) -> String {
@@ -36,6 +46,13 @@ final class PushMetrics {
         for (i, b) in Self.bounds.enumerated() { s += "dispatch_push_latency_seconds_bucket{\(w),le=\"\(b)\"} \(buckets[i])\n" }
         s += "dispatch_push_latency_seconds_bucket{\(w),le=\"+Inf\"} \(latencyCount)\n"
         s += "dispatch_push_latency_seconds_sum{\(w)} \(latencySum)\ndispatch_push_latency_seconds_count{\(w)} \(latencyCount)\n"
+        s += "# HELP dispatch_push_broadcasts_total Broadcast channel requests (create, push, delete) by outcome.\n"
+        s += "# TYPE dispatch_push_broadcasts_total counter\n"
+        for r in Self.broadcastOutcomes { s += "dispatch_push_broadcasts_total{\(w),result=\"\(r)\"} \(broadcasts[r] ?? 0)\n" }
+        s += "# HELP dispatch_push_broadcast_latency_seconds Change committed to APNs answered, per broadcast push.\n"
+        s += "# TYPE dispatch_push_broadcast_latency_seconds summary\n"
+        s += "dispatch_push_broadcast_latency_seconds_sum{\(w)} \(broadcastLatencySum)\n"
+        s += "dispatch_push_broadcast_latency_seconds_count{\(w)} \(broadcastLatencyCount)\n"
         return s
     }
 }

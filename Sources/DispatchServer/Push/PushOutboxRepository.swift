@@ -39,9 +39,11 @@ enum PushOutboxRepository {
         PGQuery("""
             SELECT k.activity_id AS outbox_activity_id, k.device_id AS outbox_device_id, k.kind AS outbox_kind,
                    \(ActivityRepository.columns),
-                   tok.mac AS token_mac, tok.sealed AS token_sealed, tok.hint AS token_hint
+                   tok.mac AS token_mac, tok.sealed AS token_sealed, tok.hint AS token_hint, dev.environment AS device_environment,
+                   (SELECT b.phase FROM broadcast_outbox b WHERE b.activity_id = k.activity_id) AS channel_phase
             FROM unnest($1::text[], $2::bigint[], $3::text[]) AS k(activity_id, device_id, kind)
             LEFT JOIN LATERAL (SELECT * FROM activities x WHERE x.activity_id = k.activity_id LIMIT 1) a ON true
+            LEFT JOIN LATERAL (SELECT environment FROM devices d WHERE d.id = k.device_id LIMIT 1) dev ON true
             LEFT JOIN LATERAL (
               SELECT t.token_mac AS mac, t.token_sealed AS sealed, t.token_hint AS hint FROM activity_tokens t
               WHERE k.kind = 'update' AND t.device_id = k.device_id AND t.activity_id = k.activity_id
@@ -58,6 +60,10 @@ enum PushOutboxRepository {
         var priority: Int
         var lastTimestamp: Int64
         var snapshot: Activity?
+        /// When the server would end the activity as stale (ms), nil: never.
+        var staleDeadlineMs: Int64?
+        /// The broadcast channel's phase, for a broadcast activity.
+        var channelPhase: BroadcastPhase?
         var tokenSealed: [UInt8]?
 
         var key: String { Self.key(job.activityID, job.deviceID, job.kind.rawValue) }
@@ -78,11 +84,17 @@ enum PushOutboxRepository {
 
     /// Completes `row` with its row of `read`.
     static func complete(_ row: inout ClaimedRow, with r: PGRow) {
-        row.snapshot = StoredActivity(row: r)?.activity
+        let stored = StoredActivity(row: r)
+        row.snapshot = stored?.activity
+        row.staleDeadlineMs = stored.flatMap {
+            LiveActivityPayload.staleDeadline($0.activity, staleAfterSeconds: $0.staleAfter, touchedMs: $0.touchedMs)
+        }
         row.job.seq = row.snapshot?.seq ?? 0
         row.job.tokenMac = Bytea.decode(r["token_mac"]) ?? []
         row.job.tokenHint = r["token_hint"] ?? "…"
         row.tokenSealed = Bytea.decode(r["token_sealed"])
+        row.channelPhase = r["channel_phase"].flatMap(BroadcastPhase.init(rawValue:))
+        row.job.environment = r["device_environment"].flatMap(APNsEnvironment.init(rawValue:)) ?? .production
     }
 
     static func readKey(_ r: PGRow) -> String? {
@@ -93,7 +105,9 @@ enum PushOutboxRepository {
     /// The statements that write `marks`, as one pipeline batch (one transaction). The rows
     /// are locked first in the order the publish path's upserts take them (activity, device,
     /// kind), so a batch of marks and a publish batch never deadlock.
-    static func marks(_ marks: [PushMark]) -> [PGQuery] {
+    /// `paceSeconds`: how long after a push the next progress-only push of the row waits (a
+    /// state change or an end lowers it again: ActivityRepository.finalizeStatement).
+    static func marks(_ marks: [PushMark], paceSeconds: Double = 0) -> [PGQuery] {
         var queries = [PGQuery("""
             SELECT 1 FROM push_outbox o JOIN unnest($1::text[], $2::bigint[], $3::text[]) AS m(activity_id, device_id, kind)
               ON o.activity_id = m.activity_id AND o.device_id = m.device_id AND o.kind = m.kind
@@ -117,21 +131,25 @@ enum PushOutboxRepository {
         let match = "o.activity_id = m.activity_id AND o.device_id = m.device_id AND o.kind = m.kind AND o.lease_id = m.lease"
         if !sent.isEmpty {
             // The next push of the row waits until its timestamp may grow without running ahead
-            // of the clock (PushTimestamp); a change that came meanwhile makes it due again.
+            // of the clock (PushTimestamp), and for the pace unless a state change is already
+            // waiting; a change that came meanwhile makes it due again.
             let jobs = sent.map(\.0)
             queries.append(PGQuery("""
                 UPDATE push_outbox o SET sent_seq = GREATEST(o.sent_seq, m.seq), last_timestamp = GREATEST(o.last_timestamp, m.ts),
                        last_status = CASE WHEN m.pushed THEN '200' ELSE 'skipped' END,
                        sent_at = CASE WHEN m.pushed THEN now() ELSE o.sent_at END,
                        attempts = 0, failed = false, lease_id = NULL, lease_until = NULL,
-                       due_at = GREATEST(now(), to_timestamp(m.not_before)),
+                       due_at = CASE WHEN m.pushed AND NOT (o.priority = 10 AND o.wanted_seq > m.seq)
+                                     THEN GREATEST(now(), to_timestamp(m.changed_ms / 1000.0) + $10::float8 * interval '1 second', to_timestamp(m.not_before))
+                                     ELSE GREATEST(now(), to_timestamp(m.not_before)) END,
                        pending_since_ms = CASE WHEN o.wanted_seq > GREATEST(o.sent_seq, m.seq) THEN m.claimed_ms END
                 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[],
-                            $9::boolean[]) AS m(activity_id, device_id, kind, lease, seq, ts, not_before, claimed_ms, pushed)
+                            $9::boolean[], $11::bigint[]) AS m(activity_id, device_id, kind, lease, seq, ts, not_before, claimed_ms, pushed, changed_ms)
                 WHERE \(match)
                 """, keys(jobs) + [PGArray.numbers(jobs.map(\.leaseID)), PGArray.numbers(jobs.map(\.seq)), PGArray.numbers(jobs.map(\.timestamp)),
                                    PGArray.numbers(jobs.map { PushTimestamp.nextAllowed(after: $0.timestamp) }), PGArray.numbers(jobs.map(\.claimedAtMs)),
-                                   "{" + sent.map { $0.pushed ? "t" : "f" }.joined(separator: ",") + "}"],
+                                   "{" + sent.map { $0.pushed ? "t" : "f" }.joined(separator: ",") + "}", String(max(0, paceSeconds)),
+                                   PGArray.numbers(jobs.map { $0.changedAtMs > 0 ? $0.changedAtMs : $0.claimedAtMs })],
                 name: "push_mark_sent"))
         }
         if !retries.isEmpty {
@@ -162,6 +180,17 @@ enum PushOutboxRepository {
         }
         for r in retired {
             queries.append(retire(r.0, sinceMs: r.sinceMs, status: r.status))
+        }
+        // Delivered in the other environment than the device's: the device was registered in
+        // the wrong one; from now on its pushes go where they work.
+        let corrected = sent.map(\.0).filter(\.switchedEnvironment)
+        if !corrected.isEmpty {
+            queries.append(PGQuery("""
+                UPDATE devices d SET environment = m.environment, updated_at = now()
+                FROM unnest($1::bigint[], $2::text[]) AS m(device_id, environment)
+                WHERE d.id = m.device_id AND d.environment <> m.environment
+                """, [PGArray.numbers(corrected.map(\.deviceID)), PGArray.text(corrected.map(\.environment.rawValue))],
+                name: "push_mark_environment"))
         }
         return queries
     }

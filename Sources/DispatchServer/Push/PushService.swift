@@ -22,6 +22,8 @@ final class PushService {
     typealias Machine = PushSenderMachine<Prepared>
 
     static let pollInterval = 0.2
+    /// How long a broadcast activity's push-to-start waits for its channel.
+    static let channelWaitMs: Int64 = 30_000
     static let depthInterval = 5.0
 
     let metrics: PushMetrics
@@ -37,6 +39,10 @@ final class PushService {
     private let requestTimeout: Double
     private var machine: Machine
     private var providerToken: (generation: Int, jwt: String)?
+    private let tokenStore: ProviderTokenStore
+    private let broadcasts: BroadcastService
+    /// Sends waiting for the provider token of their generation.
+    private var waitingForToken: [(job: PushJob, prepared: Prepared, generation: Int)] = []
     private var timers: [Timer] = []
     private var rng = SystemRandomNumberGenerator()
     /// Per answer class: when it was last logged, and how many went unlogged since.
@@ -62,7 +68,11 @@ final class PushService {
         db = PGConnection(loop: loop, conninfo: conninfo, name: "push", log: log)
         curl = CurlClient(loop: loop, options: .apns(caFile: settings.caFile))
         machine = Machine()
+        tokenStore = ProviderTokenStore(db: db, settings: settings, signer: signer, vault: vault,
+                                        policy: machine.settings.providerToken, log: log)
         metrics = PushMetrics()
+        broadcasts = BroadcastService(loop: loop, db: db, curl: curl, settings: settings, tokenStore: tokenStore, metrics: metrics,
+                                      dismissalSeconds: Int64(dismissalSeconds), leaseMs: leaseMs, requestTimeout: requestTimeout, log: log)
         metrics.connections = { [curl] in curl.openConnections }
     }
 
@@ -77,14 +87,16 @@ final class PushService {
         db.onReady = { [unowned self] in
             self.db.execute(Self.sessionSettings) { _ in }
             self.perform(self.machine.tick(now: Self.now()))
+            self.broadcasts.poll()
         }
         db.start()
         timers.append(loop.timer(after: Self.pollInterval, repeating: true) { [unowned self] in
             self.perform(self.machine.tick(now: Self.now()))
+            self.broadcasts.poll()
         })
         timers.append(loop.timer(after: 0.05) { [unowned self] in self.readDepth() })
         timers.append(loop.timer(after: Self.depthInterval, repeating: true) { [unowned self] in self.readDepth() })
-        log.info("push.started", [("apns", settings.url), ("topic", settings.apnsTopic), ("key_id", settings.keyID),
+        log.info("push.started", [("apns", settings.url), ("apns_sandbox", settings.sandboxURL), ("topic", settings.apnsTopic), ("key_id", settings.keyID),
                                   ("lease_s", leaseMs / 1000)])
     }
 
@@ -92,6 +104,7 @@ final class PushService {
     func kick() {
         guard !closed else { return }
         perform(machine.kick(now: Self.now()))
+        broadcasts.kick()
     }
 
     /// Arms the wake-up timer for `at` unless it fires sooner already.
@@ -116,6 +129,7 @@ final class PushService {
     func close() {
         guard !closed else { return }
         closed = true
+        broadcasts.close()
         for t in timers { t.cancel() }
         timers.removeAll()
         curl.close()
@@ -130,7 +144,7 @@ final class PushService {
         for action in actions {
             switch action {
             case .claim(let limit): claim(limit)
-            case .mintProviderToken(let generation): mint(generation)
+            case .obtainProviderToken(let generation, let renew): obtainToken(generation, renew: renew)
             case .send(let job, let prepared, let generation): send(job, prepared, generation: generation)
             case .mark(let marks): mark(marks)
             case .report(let report): self.report(report)
@@ -184,14 +198,22 @@ final class PushService {
     /// A claimed row becomes a request, or is settled without one.
     private func prepare(_ row: PushOutboxRepository.ClaimedRow) -> Machine.Claimed {
         var job = row.job
+        // A broadcast activity's push-to-start names its channel: it waits while the channel is
+        // made, at most `channelWait` (APNs unreachable: the start goes without one).
+        if job.kind == .start, let a = row.snapshot, a.broadcast, a.channelId == nil, row.channelPhase == .create, !a.state.isTerminal,
+           job.claimedAtMs - a.createdAt < Self.channelWaitMs {
+            return .settle(.retry(job, afterSeconds: 0.2, status: "waiting for the channel", countsAsAttempt: false))
+        }
         switch PushPlan.make(kind: job.kind, snapshot: row.snapshot, hasToken: row.tokenSealed != nil, lastTimestamp: row.lastTimestamp,
-                             priority: row.priority, dismissalDelaySeconds: dismissalSeconds) {
+                             priority: row.priority, dismissalDelaySeconds: dismissalSeconds, staleDeadlineMs: row.staleDeadlineMs,
+                             channelID: row.snapshot?.channelId) {
         case .drop:
             return .settle(.drop(job))
         case .skip:
             return .settle(.skipped(job))
         case .send(let body, let timestamp, let priority, let expiration):
             job.timestamp = timestamp
+            job.changedAtMs = row.snapshot?.updatedAt ?? job.claimedAtMs
             guard let sealed = row.tokenSealed, let token = vault.open(sealed, mac: job.tokenMac) else {
                 log.error("push.token_unreadable", [("activity", job.activityID), ("device", job.deviceID), ("kind", job.kind.rawValue),
                                                     ("hint", "DISPATCH_TOKEN_KEY changed? the token is retired; the phone registers it again")])
@@ -201,20 +223,47 @@ final class PushService {
         }
     }
 
-    private func mint(_ generation: Int) {
-        do {
-            let jwt = try APNsRequest.providerToken(keyID: settings.keyID, teamID: settings.teamID,
-                                                    issuedAt: Clock.nowMilliseconds() / 1000, signer: signer)
-            providerToken = (generation, jwt)
-            log.info("apns.provider_token", [("generation", generation)])
-        } catch {
-            log.error("apns.provider_token_failed", [("error", "\(error)")])
+    /// The deployment's token for `generation` (ProviderTokenStore); the sends of that
+    /// generation wait for it.
+    private func obtainToken(_ generation: Int, renew: Bool) {
+        let refused = renew ? providerToken?.jwt : nil
+        tokenStore.obtain(refused: refused, now: Clock.nowMilliseconds() / 1000) { [weak self] result in
+            guard let self, !self.closed else { return }
+            switch result {
+            case .success(let token):
+                if (self.providerToken?.generation ?? 0) < generation { self.providerToken = (generation, token.jwt) }
+                self.perform(self.machine.providerTokenReady(generation: generation, issuedAt: Double(token.issuedAt),
+                                                             pausedUntil: token.pausedUntil.map(Double.init), now: Self.now()))
+            case .failure(let failure):
+                self.log.error("apns.provider_token_failed", [("error", "\(failure)")])
+                self.perform(self.machine.providerTokenFailed(generation: generation, now: Self.now()))
+            }
+            self.sendWaiting(failed: { if case .failure = result { return true } else { return false } }())
+        }
+    }
+
+    /// Sends what waited for a token now there; with `failed`, answers what cannot be sent.
+    private func sendWaiting(failed: Bool) {
+        let have = providerToken?.generation ?? 0
+        let waiting = waitingForToken
+        waitingForToken = []
+        for w in waiting {
+            if w.generation <= have {
+                send(w.job, w.prepared, generation: w.generation)
+            } else if failed {
+                perform(machine.answered(w.job.outboxID, .transport(.cancelled), now: Self.now(), random: 0))
+            } else {
+                waitingForToken.append(w)
+            }
         }
     }
 
     private func send(_ job: PushJob, _ p: Prepared, generation: Int) {
-        let jwt = providerToken?.jwt ?? ""
-        let request = APNsRequest.make(settings, token: p.token, providerToken: jwt, body: p.body, priority: p.priority,
+        guard let token = providerToken, token.generation >= generation else {
+            return waitingForToken.append((job, p, generation))
+        }
+        let jwt = token.jwt
+        let request = APNsRequest.make(settings, environment: job.environment, token: p.token, providerToken: jwt, body: p.body, priority: p.priority,
                                        expiration: p.expiration, timeout: requestTimeout)
         curl.send(request) { [weak self] result in
             guard let self else { return }
@@ -229,7 +278,7 @@ final class PushService {
     }
 
     private func mark(_ marks: [PushMark]) {
-        db.execute(PushOutboxRepository.marks(marks)) { [weak self] result in
+        db.execute(PushOutboxRepository.marks(marks, paceSeconds: settings.pace)) { [weak self] result in
             guard let self, !self.closed else { return }
             var ok = false
             switch result {
@@ -266,7 +315,7 @@ final class PushService {
                 log.info("push.token_retired", fields)
             case .rejected:
                 log.error("push.rejected", fields + [("hint", "APNs refused the request itself: a bug in the payload or headers; not retried")])
-            case .throttled, .serverError, .connectionError, .providerTokenExpired, .providerTokenRejected:
+            case .throttled, .serverError, .connectionError, .providerTokenExpired, .providerTokenRejected, .providerTokenThrottled:
                 gatedLog(result.rawValue, fields)
             }
         case .sendingStopped(let until, let answer):
@@ -274,8 +323,15 @@ final class PushService {
                 ("status", Machine.label(answer)), ("paused_s", Int(until - Self.now())),
                 ("check", "DISPATCH_APNS_KEY_ID, DISPATCH_APNS_TEAM_ID and DISPATCH_APNS_KEY_FILE must belong together and the key must allow APNs"),
             ])
+        case .sendingPaused(let until):
+            tokenStore.pause(until: Int64(until.rounded(.up)))
+            log.error("apns.sending_paused", [("paused_s", Int(until - Self.now())),
+                                              ("why", "429 TooManyProviderTokenUpdates: the team's provider token changed too often; is another deployment using this key?")])
         case .sendingResumed:
             log.info("apns.sending_resumed")
+        case .triedOtherEnvironment(let job):
+            log.info("push.other_environment", [("activity", job.activityID), ("device", job.deviceID), ("token", job.tokenHint),
+                                                ("registered", job.environment.rawValue), ("trying", job.environment.other.rawValue)])
         case .providerTokenStillExpired:
             log.warning("apns.provider_token_expired_again", [("hint", "a fresh token was called expired: is this machine's clock right?")])
         case .claimFailed:

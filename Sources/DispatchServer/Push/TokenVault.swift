@@ -30,6 +30,17 @@ final class TokenVault {
         return Sealed(mac: mac, sealed: try AESGCM.seal(key: sealKey, plaintext: raw, aad: mac), hint: PushToken.hint(token))
     }
 
+    /// Any other secret text (the shared provider token), sealed the same way.
+    func sealText(_ text: String) throws(CryptoError) -> Sealed {
+        let mac = mac(text)
+        return Sealed(mac: mac, sealed: try AESGCM.seal(key: sealKey, plaintext: Array(text.utf8), aad: mac), hint: "")
+    }
+
+    func openText(_ sealed: [UInt8], mac: [UInt8]) -> String? {
+        guard let raw = try? AESGCM.open(key: sealKey, sealed: sealed, aad: mac) else { return nil }
+        return String(decoding: raw, as: UTF8.self)
+    }
+
     /// The token in lower-case hex, or nil when the blob does not open under this key (the
     /// key changed, or the row was tampered with).
     func open(_ sealed: [UInt8], mac: [UInt8]) -> String? {

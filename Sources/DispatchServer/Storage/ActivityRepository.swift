@@ -13,7 +13,8 @@ extension StoredActivity {
                                 cancelURL: r["cancel_url"], state: state, progress: r.double("progress"), status: r["status"],
                                 attempt: attempt, seq: seq, cancelRequested: r.bool("cancel_requested") ?? false,
                                 liveActivity: r.bool("live_activity") ?? false, createdAt: created, updatedAt: updated, endedAt: r.int64("ended_ms"),
-                                error: r["error"], cancelReason: r["cancel_reason"])
+                                error: r["error"], cancelReason: r["cancel_reason"],
+                                broadcast: r.bool("broadcast") ?? false, channelId: r["channel_id"])
         self.init(activity: activity, lastEvent: lastEvent, ownerKeyID: r.int64("owner_key_id"), startFingerprint: startFP,
                   endFingerprint: r["end_fingerprint"], staleAfter: r.int("stale_after_s") ?? 0, touchedMs: r.int64("touched_ms") ?? 0)
     }
@@ -44,7 +45,7 @@ struct ActivityRepository {
     let db: Database
 
     /// The columns `StoredActivity(row:)` reads, from `activities a`.
-    static let columns = "a.activity_id, a.task_name, a.system_image, a.machine, a.cancel_url, a.state, a.progress, a.status, a.attempt, a.seq, a.cancel_requested, a.created_ms, a.updated_ms, a.ended_ms, a.error, a.last_event, a.owner_key_id, a.start_fingerprint, a.end_fingerprint, a.live_activity, a.stale_after_s, a.touched_ms, a.cancel_reason"
+    static let columns = "a.activity_id, a.task_name, a.system_image, a.machine, a.cancel_url, a.state, a.progress, a.status, a.attempt, a.seq, a.cancel_requested, a.created_ms, a.updated_ms, a.ended_ms, a.error, a.last_event, a.owner_key_id, a.start_fingerprint, a.end_fingerprint, a.live_activity, a.stale_after_s, a.touched_ms, a.cancel_reason, a.broadcast, a.channel_id"
 
     func read(_ id: String, _ completion: @escaping (Result<StoredActivity?, DispatchError>) -> Void) {
         db.read(PGQuery("SELECT \(Self.columns) FROM activities a WHERE a.activity_id = $1", [id], name: "read_activity")) { result in
@@ -177,14 +178,14 @@ struct ActivityRepository {
         return PGQuery("""
             WITH n AS (
               SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::float8[], $8::text[],
-                                   $9::bigint[], $10::bigint[], $11::text[], $12::boolean[], $13::integer[], $14::bigint[])
+                                   $9::bigint[], $10::bigint[], $11::text[], $12::boolean[], $13::integer[], $14::bigint[], $15::boolean[])
                 WITH ORDINALITY AS n(activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
-                                     created_ms, owner_key_id, start_fingerprint, live_activity, stale_after_s, stale_at_ms, ord)
+                                     created_ms, owner_key_id, start_fingerprint, live_activity, stale_after_s, stale_at_ms, broadcast, ord)
             ), wanted AS (
               SELECT owner_key_id, count(*)::integer AS starts FROM n WHERE owner_key_id IS NOT NULL GROUP BY owner_key_id
             ), quota AS (
               SELECT * FROM dispatch_live_quota(ARRAY(SELECT owner_key_id FROM wanted ORDER BY owner_key_id),
-                                                ARRAY(SELECT starts FROM wanted ORDER BY owner_key_id), $15::integer)
+                                                ARRAY(SELECT starts FROM wanted ORDER BY owner_key_id), $16::integer)
             ), refused AS (
               SELECT r.activity_id FROM (
                 SELECT n.activity_id, n.owner_key_id, row_number() OVER (PARTITION BY n.owner_key_id ORDER BY n.ord) AS rank FROM n
@@ -192,10 +193,10 @@ struct ActivityRepository {
             ), created AS (
               INSERT INTO activities (activity_id, task_name, system_image, machine, cancel_url, state, progress, status,
                                       attempt, seq, last_event, created_ms, updated_ms, owner_key_id, start_fingerprint,
-                                      live_activity, stale_after_s, stale_at_ms)
+                                      live_activity, stale_after_s, stale_at_ms, broadcast)
               SELECT n.activity_id, n.task_name, n.system_image, n.machine, n.cancel_url, n.state, n.progress, n.status,
                      1, 1, n.state, n.created_ms, n.created_ms, n.owner_key_id, n.start_fingerprint,
-                     n.live_activity, n.stale_after_s, n.stale_at_ms
+                     n.live_activity, n.stale_after_s, n.stale_at_ms, n.broadcast
               FROM n WHERE n.activity_id NOT IN (SELECT activity_id FROM refused)
               ON CONFLICT (activity_id) DO NOTHING RETURNING activity_id
             )
@@ -207,7 +208,8 @@ struct ActivityRepository {
                   PGArray.text(a.map { $0.progress.map { "\($0)" } }), PGArray.text(a.map(\.status)),
                   PGArray.numbers(a.map(\.createdAt)), PGArray.numbers(starts.map(\.ownerKeyID)),
                   PGArray.text(starts.map(\.fingerprint)), PGArray.text(a.map { $0.liveActivity ? "true" : "false" }),
-                  PGArray.numbers(starts.map { Int64($0.staleAfter) }), PGArray.numbers(staleAt), String(maxLivePerKey)],
+                  PGArray.numbers(starts.map { Int64($0.staleAfter) }), PGArray.numbers(staleAt),
+                  PGArray.text(a.map { $0.broadcast ? "true" : "false" }), String(maxLivePerKey)],
             name: "publish_starts")
     }
 
@@ -313,7 +315,9 @@ struct ActivityRepository {
     /// registered concurrently is either seen here or registered after this commit (the
     /// registration locks the activity row, and then marks its own push). Rows are upserted
     /// in (activity, device) order, the order the push sender's marks lock them in, so the two
-    /// never deadlock; a row the sender paces (`due_at` ahead) keeps its `due_at`. A row already
+    /// never deadlock; a row the sender paces (`due_at` ahead) keeps its `due_at` for a
+    /// progress-only change, while a state change or an end cuts the pace short (down to the
+    /// whole second of the last push's timestamp, never a row in backoff or being sent). A row already
     /// waiting to be claimed, at this priority or higher, is left as it is (no write: under a
     /// burst of changes the outbox costs nothing more): the sender reads the activity after its
     /// claim commits, so it pushes this change anyway. A row being sent gets the new seq. The
@@ -334,7 +338,9 @@ struct ActivityRepository {
                 wanted_seq = GREATEST(o.wanted_seq, EXCLUDED.wanted_seq),
                 priority = CASE WHEN o.wanted_seq > o.sent_seq THEN GREATEST(o.priority, EXCLUDED.priority) ELSE EXCLUDED.priority END,
                 pending_since_ms = CASE WHEN o.wanted_seq > o.sent_seq THEN o.pending_since_ms ELSE EXCLUDED.pending_since_ms END,
-                due_at = CASE WHEN o.wanted_seq > o.sent_seq THEN o.due_at ELSE GREATEST(o.due_at, now()) END,
+                due_at = CASE WHEN EXCLUDED.priority = 10 AND o.lease_id IS NULL AND o.attempts = 0
+                                THEN GREATEST(now(), LEAST(o.due_at, to_timestamp(o.last_timestamp)))
+                              WHEN o.wanted_seq > o.sent_seq THEN o.due_at ELSE GREATEST(o.due_at, now()) END,
                 failed = false
               WHERE NOT (o.wanted_seq > o.sent_seq AND o.lease_id IS NULL AND NOT o.failed AND o.priority >= EXCLUDED.priority)
               RETURNING 1
@@ -348,9 +354,26 @@ struct ActivityRepository {
               ORDER BY p.activity_id, d.id
               ON CONFLICT (activity_id, device_id, kind) DO NOTHING
               RETURNING 1
+            ), channels AS (
+              INSERT INTO broadcast_outbox (activity_id)
+              SELECT p.activity_id FROM placed p CROSS JOIN LATERAL (
+                SELECT 1 FROM activities x WHERE x.activity_id = p.activity_id AND x.broadcast LIMIT 1) a
+              WHERE p.seq = 1
+              ON CONFLICT (activity_id) DO NOTHING
+              RETURNING 1
+            ), casts AS (
+              UPDATE broadcast_outbox b SET wanted_seq = GREATEST(b.wanted_seq, p.seq),
+                priority = CASE WHEN b.wanted_seq > b.sent_seq THEN GREATEST(b.priority, p.priority) ELSE p.priority END,
+                pending_since_ms = CASE WHEN b.wanted_seq > b.sent_seq THEN b.pending_since_ms ELSE $8::bigint END,
+                due_at = CASE WHEN p.priority = 10 AND b.lease_id IS NULL AND b.attempts = 0 AND b.phase = 'live'
+                              THEN GREATEST(now(), LEAST(b.due_at, to_timestamp(b.last_timestamp)))
+                              WHEN b.wanted_seq > b.sent_seq THEN b.due_at ELSE GREATEST(b.due_at, now()) END
+              FROM (SELECT activity_id, max(seq) AS seq, max(priority) AS priority FROM placed WHERE seq > 1 GROUP BY activity_id) p
+              WHERE b.activity_id = p.activity_id
+              RETURNING 1
             )
             """ : ""
-        let counted = pushes ? ", (SELECT count(*) FROM marks) + (SELECT count(*) FROM starts) AS pushes" : ", 0 AS pushes"
+        let counted = pushes ? ", (SELECT count(*) FROM marks) + (SELECT count(*) FROM starts) + (SELECT count(*) FROM channels) + (SELECT count(*) FROM casts) AS pushes" : ", 0 AS pushes"
         let notified = """
             SELECT pg_notify('\(Channel.events)', ordered.position || E'\\n' || ordered.activity_id || E'\\n' || ordered.seq
                              || E'\\n' || ordered.event || E'\\n'

@@ -1,0 +1,129 @@
+/// Where a broadcast activity's channel is in its life (contract §5.5; the `phase` of
+/// `broadcast_outbox`).
+public enum BroadcastPhase: String, Sendable, CaseIterable {
+    /// The channel is to be made (nothing that needs it is sent before).
+    case create
+    /// The channel exists: every change is one broadcast push.
+    case live
+    /// The activity ended and its end was pushed: the channel goes at its dismissal date.
+    case delete
+    /// APNs would not make the channel (or forgot it): the activity runs without one.
+    case failed
+}
+
+/// One claimed `broadcast_outbox` row.
+public struct BroadcastJob: Equatable, Sendable {
+    public var activityID: String
+    public var leaseID: Int64
+    public var phase: BroadcastPhase
+    public var channelID: String?
+    public var environment: APNsEnvironment
+    public var attempts: Int
+    /// Whether a state change or an end is among the changes waiting (priority 10).
+    public var priority: Int
+    public var lastTimestamp: Int64
+    public var pendingSinceMs: Int64?
+    public var claimedAtMs: Int64
+    /// When the change pushed was made (ms; 0 until known): the pace counts from it.
+    public var changedAtMs: Int64 = 0
+
+    public init(activityID: String, leaseID: Int64, phase: BroadcastPhase, channelID: String?, environment: APNsEnvironment,
+                attempts: Int, priority: Int, lastTimestamp: Int64, pendingSinceMs: Int64?, claimedAtMs: Int64) {
+        self.activityID = activityID
+        self.leaseID = leaseID
+        self.phase = phase
+        self.channelID = channelID
+        self.environment = environment
+        self.attempts = attempts
+        self.priority = priority
+        self.lastTimestamp = lastTimestamp
+        self.pendingSinceMs = pendingSinceMs
+        self.claimedAtMs = claimedAtMs
+    }
+}
+
+/// What a claimed row asks of APNs, decided from the row and the activity as it is now.
+public enum BroadcastRequest: Equatable, Sendable {
+    /// `POST /1/apps/<bundle id>/channels`, body `{"message-storage-policy": 1, "push-type": "LiveActivity"}`.
+    case create
+    /// `POST /4/broadcasts/apps/<bundle id>` on the push host. `ends`: the activity's end,
+    /// after which the channel goes at `deleteAt` (Unix seconds).
+    case push(body: [UInt8], priority: Int, expiration: Int64, timestamp: Int64, seq: Int64, ends: Bool, deleteAt: Int64)
+    /// `DELETE /1/apps/<bundle id>/channels`.
+    case delete(channelID: String)
+    /// The activity is gone: delete the channel if there is one, else forget the row.
+    case forget
+
+    /// The message storage policy of every channel made: the newest message is kept (up to
+    /// 8 hours) for phones that subscribe late.
+    public static let storagePolicy = 1
+    public static let createBody: [UInt8] = Array(#"{"message-storage-policy":1,"push-type":"LiveActivity"}"#.utf8)
+    /// APNs' limit for a broadcast body (the payload builder keeps to 4,096 anyway).
+    public static let maxBytes = 5120
+
+    public static func make(_ job: BroadcastJob, snapshot: Activity?, staleDeadlineMs: Int64?, dismissalDelaySeconds: Int64) -> BroadcastRequest {
+        guard let snapshot else {
+            if let channel = job.channelID { return .delete(channelID: channel) }
+            return .forget
+        }
+        switch job.phase {
+        case .create:
+            return .create
+        case .delete, .failed:
+            if let channel = job.channelID { return .delete(channelID: channel) }
+            return .forget
+        case .live:
+            guard job.channelID != nil else { return .forget }
+            // A channel never starts an activity: a start is pushed as an update.
+            guard case .send(let body, let timestamp, let priority, let expiration) = PushPlan.make(
+                kind: .update, snapshot: snapshot, hasToken: true, lastTimestamp: job.lastTimestamp, priority: job.priority,
+                dismissalDelaySeconds: dismissalDelaySeconds, staleDeadlineMs: staleDeadlineMs) else { return .forget }
+            let ends = snapshot.state.isTerminal
+            let deleteAt = LiveActivityPayload.seconds(snapshot.endedAt ?? snapshot.updatedAt) + max(0, dismissalDelaySeconds)
+            return .push(body: body, priority: priority, expiration: expiration, timestamp: timestamp, seq: snapshot.seq,
+                         ends: ends, deleteAt: deleteAt)
+        }
+    }
+}
+
+/// What a claimed row becomes once APNs answered (written back fenced by the lease).
+public enum BroadcastOutcome: Equatable, Sendable {
+    case created(channelID: String)
+    /// APNs would not make the channel (`FeatureNotEnabled`, `CannotCreateChannelConfig`, ...).
+    case refused(status: String)
+    /// Pushed up to `seq`; with `deleteAt`, the activity ended and the channel goes then.
+    case pushed(seq: Int64, timestamp: Int64, deleteAt: Int64?)
+    /// The channel is gone at APNs, or the row has nothing left to do: the row goes.
+    case deleted
+    /// APNs refused the push itself (our bug, or the channel is unknown): flagged, not retried.
+    case failed(status: String)
+    case retry(afterSeconds: Double, status: String)
+
+    public static func decide(_ request: BroadcastRequest, _ answer: APNsAnswer, channelHeader: String?, attempts: Int,
+                              policy: RetryPolicy, random: Double) -> BroadcastOutcome {
+        let label = PushSenderMachine<Void>.label(answer)
+        let retry = BroadcastOutcome.retry(afterSeconds: policy.delay(afterAttempt: max(1, attempts), random: random), status: label)
+        switch (request, answer) {
+        case (.forget, _):
+            return .deleted
+        case (.create, .status(201, _, _)), (.create, .status(200, _, _)):
+            guard let channel = channelHeader, !channel.isEmpty else { return retry }
+            return .created(channelID: channel)
+        case (.create, .status(400, _, _)):
+            return .refused(status: label)
+        case (.push(_, _, _, let timestamp, let seq, let ends, let deleteAt), .status(200, _, _)):
+            return .pushed(seq: seq, timestamp: timestamp, deleteAt: ends ? deleteAt : nil)
+        case (.push, .status(400, _, _)), (.push, .status(413, _, _)):
+            return .failed(status: label)
+        case (.delete, .status(let s, _, _)) where s == 200 || s == 204:
+            return .deleted
+        case (.delete, .status(400, "ChannelNotRegistered"?, _)), (.delete, .status(400, "BadChannelId"?, _)):
+            return .deleted
+        case (_, .transport(.cancelled)):
+            return .retry(afterSeconds: 0, status: label)
+        default:
+            // 403, 429, 5xx, no answer, and a delete APNs refused otherwise: later, with backoff.
+            return retry
+        }
+    }
+}

@@ -1,0 +1,104 @@
+import DispatchCore
+import DispatchIO
+import PGCore
+
+/// The SQL on `broadcast_outbox` (Migrations/0011): claims under a lease, as for push_outbox,
+/// and the marks each outcome writes, fenced by the lease. Marks lock `activities` before
+/// `broadcast_outbox`, the order a publish batch takes them in, so the two never deadlock.
+enum BroadcastRepository {
+    static func claim(limit: Int, leaseMs: Int) -> PGQuery {
+        PGQuery("""
+            WITH lease AS (SELECT nextval('push_leases') AS lease_id)
+            UPDATE broadcast_outbox b SET lease_id = (SELECT lease_id FROM lease),
+                   lease_until = now() + $2::int * interval '1 millisecond',
+                   due_at = now() + $2::int * interval '1 millisecond', attempts = b.attempts + 1
+            WHERE b.activity_id = ANY (ARRAY(
+              SELECT activity_id FROM broadcast_outbox
+              WHERE phase <> 'failed' AND due_at <= now() AND (phase <> 'live' OR wanted_seq > sent_seq)
+              ORDER BY due_at LIMIT $1::int
+              FOR UPDATE SKIP LOCKED))
+            RETURNING b.activity_id, b.phase, b.channel_id, b.environment, b.lease_id, b.priority, b.pending_since_ms,
+                      b.last_timestamp, b.attempts, (extract(epoch FROM now()) * 1000)::bigint AS claimed_ms
+            """, [String(limit), String(leaseMs)], name: "broadcast_claim")
+    }
+
+    static func decode(_ r: PGRow, defaultEnvironment: APNsEnvironment) -> BroadcastJob? {
+        guard let id = r["activity_id"], let phase = r["phase"].flatMap(BroadcastPhase.init(rawValue:)), let lease = r.int64("lease_id"),
+              let claimed = r.int64("claimed_ms") else { return nil }
+        return BroadcastJob(activityID: id, leaseID: lease, phase: phase, channelID: r["channel_id"],
+                            environment: r["environment"].flatMap(APNsEnvironment.init(rawValue:)) ?? defaultEnvironment,
+                            attempts: r.int("attempts") ?? 1, priority: r.int("priority") ?? 5, lastTimestamp: r.int64("last_timestamp") ?? 0,
+                            pendingSinceMs: r.int64("pending_since_ms"), claimedAtMs: claimed)
+    }
+
+    /// The claimed activities as they are now (after the claim committed).
+    static func read(_ ids: [String]) -> PGQuery {
+        PGQuery("""
+            SELECT \(ActivityRepository.columns) FROM unnest($1::text[]) AS k(activity_id)
+            JOIN LATERAL (SELECT * FROM activities x WHERE x.activity_id = k.activity_id LIMIT 1) a ON true
+            """, [PGArray.text(ids)], name: "broadcast_read")
+    }
+
+    /// The statements that write `outcomes`, in one transaction.
+    static func marks(_ outcomes: [(BroadcastJob, BroadcastOutcome)], paceSeconds: Double) -> [PGQuery] {
+        let sorted = outcomes.sorted { $0.0.activityID < $1.0.activityID }
+        var queries: [PGQuery] = []
+        // First the activities (the channel's arrival: no seq, no event), as a publish would.
+        for (job, outcome) in sorted {
+            guard case .created(let channel) = outcome else { continue }
+            queries.append(PGQuery("""
+                UPDATE activities a SET channel_id = $2 WHERE a.activity_id = $1
+                  AND EXISTS (SELECT 1 FROM broadcast_outbox b WHERE b.activity_id = $1 AND b.lease_id = $3::bigint)
+                """, [job.activityID, channel, String(job.leaseID)], name: "broadcast_mark_channel"))
+        }
+        let fence = "WHERE activity_id = $1 AND lease_id = $2::bigint"
+        for (job, outcome) in sorted {
+            let key = [job.activityID, String(job.leaseID)]
+            switch outcome {
+            case .created(let channel):
+                queries.append(PGQuery("""
+                    UPDATE broadcast_outbox SET phase = 'live', channel_id = $3, environment = $4, lease_id = NULL, lease_until = NULL,
+                           due_at = now(), attempts = 0, last_status = '201' \(fence)
+                    """, key + [channel, job.environment.rawValue], name: "broadcast_mark_created"))
+            case .refused(let status), .failed(let status):
+                queries.append(PGQuery("""
+                    UPDATE broadcast_outbox SET phase = 'failed', lease_id = NULL, lease_until = NULL, last_status = $3,
+                           environment = coalesce(environment, $4) \(fence)
+                    """, key + [status, job.environment.rawValue], name: "broadcast_mark_failed"))
+            case .pushed(let seq, let timestamp, let deleteAt):
+                // Paced like token pushes (progress at most once per pace unless a state change
+                // waits); after the end, the channel goes at the dismissal date.
+                queries.append(PGQuery("""
+                    UPDATE broadcast_outbox SET sent_seq = GREATEST(sent_seq, $3::bigint), last_timestamp = GREATEST(last_timestamp, $4::bigint),
+                           lease_id = NULL, lease_until = NULL, attempts = 0, last_status = '200',
+                           phase = CASE WHEN $5::bigint IS NULL THEN phase ELSE 'delete' END,
+                           due_at = CASE WHEN $5::bigint IS NOT NULL THEN to_timestamp($5::bigint)
+                                         WHEN priority = 10 AND wanted_seq > $3::bigint THEN GREATEST(now(), to_timestamp($4::bigint))
+                                         ELSE GREATEST(now(), to_timestamp($8::bigint / 1000.0) + $7::float8 * interval '1 second',
+                                                       to_timestamp($4::bigint)) END,
+                           pending_since_ms = CASE WHEN wanted_seq > GREATEST(sent_seq, $3::bigint) THEN $6::bigint END \(fence)
+                    """, key + [String(seq), String(timestamp), deleteAt.map { String($0) }, String(job.claimedAtMs), String(max(0, paceSeconds)),
+                                            String(job.changedAtMs > 0 ? job.changedAtMs : job.claimedAtMs)],
+                    name: "broadcast_mark_pushed"))
+            case .deleted:
+                queries.append(PGQuery("DELETE FROM broadcast_outbox \(fence)", key, name: "broadcast_mark_deleted"))
+            case .retry(let after, let status):
+                queries.append(PGQuery("""
+                    UPDATE broadcast_outbox SET lease_id = NULL, lease_until = NULL, last_status = $4,
+                           due_at = now() + $3::bigint * interval '1 millisecond' \(fence)
+                    """, key + [String(Int64((after * 1000).rounded())), status], name: "broadcast_mark_retry"))
+            }
+        }
+        return queries
+    }
+
+    /// Whether any channel is being made or in use (then commits wake the broadcast sender).
+    static let inUse = PGQuery("SELECT EXISTS (SELECT 1 FROM broadcast_outbox WHERE phase IN ('create', 'live')) AS in_use",
+                               name: "broadcast_in_use")
+
+    /// Every channel, for `dispatchd push status`.
+    static let list = PGQuery("""
+        SELECT activity_id, phase, environment, channel_id, sent_seq, wanted_seq, last_status FROM broadcast_outbox
+        ORDER BY created_at DESC LIMIT 1000
+        """)
+}
