@@ -7,6 +7,7 @@ struct FCh: FeedChange, Equatable {
     let activity: String
     let machine: String?
     let isTerminal: Bool
+    var byteCount: Int { 100 }
 }
 
 typealias TestFeed = FeedHub<Int, FCh>

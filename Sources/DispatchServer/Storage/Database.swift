@@ -1,35 +1,51 @@
 import DispatchCore
 import DispatchIO
 
-/// One worker's database sessions: a writer for group-committed changes and a reader for
-/// everything else, each pipelined. (The LISTEN session is the worker's own.)
+/// One worker's database sessions: a writer for group-committed changes, a reader for point
+/// reads and the rest, and a feed reader for feed pages and replays, each pipelined. A session
+/// answers its statements in order, so feed pages (many, each walking an index) get a session
+/// of their own: a point read never waits behind them. (The LISTEN session is the worker's own.)
 final class Database {
     let writer: PGConnection
     let reader: PGConnection
+    let feedReader: PGConnection
 
     init(loop: EventLoop, conninfo: String, log: Logger, metrics: Metrics) {
         writer = PGConnection(loop: loop, conninfo: conninfo, name: "writer", log: log)
         reader = PGConnection(loop: loop, conninfo: conninfo, name: "reader", log: log)
+        feedReader = PGConnection(loop: loop, conninfo: conninfo, name: "feed_reader", log: log)
         writer.onRoundTrip = { [metrics] in metrics.writerRoundTrips.observe($0) }
         reader.onRoundTrip = { [metrics] in metrics.readerRoundTrips.observe($0) }
+        feedReader.onRoundTrip = { [metrics] in metrics.readerRoundTrips.observe($0) }
     }
 
-    var isReady: Bool { writer.isReady && reader.isReady }
+    var isReady: Bool { writer.isReady && reader.isReady && feedReader.isReady }
 
     func start() {
         writer.start()
         reader.start()
+        feedReader.start()
     }
 
     func close() {
         writer.close()
         reader.close()
+        feedReader.close()
     }
 
     /// Runs one statement on the reader and hands back its rows, or the client-facing error:
     /// 503 when the database cannot answer, 500 when it refused the statement.
     func read(_ query: PGQuery, _ completion: @escaping (Result<PGResult, DispatchError>) -> Void) {
-        reader.execute([query]) { result in
+        read(query, on: reader, completion)
+    }
+
+    /// The same on the feed session (feed pages, replays and catch-up reads).
+    func readFeed(_ query: PGQuery, _ completion: @escaping (Result<PGResult, DispatchError>) -> Void) {
+        read(query, on: feedReader, completion)
+    }
+
+    private func read(_ query: PGQuery, on session: PGConnection, _ completion: @escaping (Result<PGResult, DispatchError>) -> Void) {
+        session.execute([query]) { result in
             switch result {
             case .failure: completion(.failure(Database.unavailable))
             case .success(let rs) where !rs[0].ok: completion(.failure(DispatchError(.internalError, "the database refused the query")))

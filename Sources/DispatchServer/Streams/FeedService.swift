@@ -9,6 +9,8 @@ final class FeedSession: KeyedStream {
     let connection: SSEConnection
     /// Finished activities since this time (ms) are in the initial set: the last 24 hours.
     let since: Int64
+    /// Whether the resume's first replay page was checked for being too far behind.
+    var resumeChecked = false
 
     init(id: Int, keyID: Int64, connection: SSEConnection, since: Int64) {
         self.id = id
@@ -30,8 +32,13 @@ final class FeedService: HTTPStreamDelegate {
     let log: Logger
     let settings: StreamService.Settings
     private var hub = FeedHub<Int, FeedEvent>()
+    /// Rows per page read, learnt from the rows' sizes so a read brings what its budget sends.
+    private var initialSizer: PageSizer
+    private var replaySizer: PageSizer
     private var sessions = StreamTable<FeedSession>()
     private var heartbeatTimer: Timer?
+    /// The worker's replay memory budget, shared with status streams.
+    var memory: ReplayMemory?
     /// Finished activities younger than this are part of the initial set.
     static let recentWindowMs: Int64 = 24 * 3_600_000
 
@@ -41,6 +48,8 @@ final class FeedService: HTTPStreamDelegate {
         self.metrics = metrics
         self.log = log
         self.settings = settings
+        initialSizer = PageSizer(maxRows: Int(settings.historyPage))
+        replaySizer = PageSizer(maxRows: Int(settings.historyPage))
         let tick = min(1, settings.heartbeatSeconds / 4)
         heartbeatTimer = loop.timer(after: tick, repeating: true) { [weak self] in self?.heartbeat(tick: tick) }
     }
@@ -60,6 +69,7 @@ final class FeedService: HTTPStreamDelegate {
                                                   maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 64 * 1024),
                         since: Clock.nowMilliseconds() - FeedService.recentWindowMs)
         }
+        if let memory { session.connection.budgeted(by: memory, as: BudgetedStream(kind: .feed, id: session.id), key: keyID) }
         metrics.feedsActive = sessions.count
         metrics.feedsOpened += 1
         // Headers (and heartbeats) at once: the initial set may take a few reads.
@@ -99,9 +109,12 @@ final class FeedService: HTTPStreamDelegate {
             case .readInitial(let s, let filter, let after, let firstHead):
                 paced(s) { [weak self] session in
                     guard let self else { return }
+                    let budget = session.connection.pageBudget
                     self.repository.initialPage(filter, after: after, firstHead: firstHead, since: session.since,
-                                                limit: Int(self.settings.historyPage), maxBytes: session.connection.pageBudget) { [weak self] result in
-                        guard let self, self.sessions[s] != nil else { return }
+                                                limit: self.initialSizer.rows(forBudget: budget), maxBytes: budget) { [weak self] result in
+                        guard let self else { return }
+                        if case .success(let page) = result { self.initialSizer.observe(rows: page.fetched, bytes: page.fetchedBytes) }
+                        guard self.sessions[s] != nil else { return }
                         switch result {
                         case .failure: self.perform(self.hub.readFailed(s))
                         case .success(let page):
@@ -112,16 +125,24 @@ final class FeedService: HTTPStreamDelegate {
             case .readReplay(let s, let filter, let after):
                 paced(s) { [weak self] session in
                     guard let self else { return }
-                    self.repository.replayPage(filter, after: after, limit: Int(self.settings.historyPage),
-                                               maxBytes: session.connection.pageBudget) { [weak self] result in
-                        guard let self, self.sessions[s] != nil else { return }
+                    let budget = session.connection.pageBudget
+                    let first = !session.resumeChecked
+                    session.resumeChecked = true
+                    self.repository.replayPage(filter, after: after, limit: self.replaySizer.rows(forBudget: budget),
+                                               maxBytes: budget, countActivities: first) { [weak self] result in
+                        guard let self else { return }
+                        if case .success(let page) = result { self.replaySizer.observe(rows: page.fetched, bytes: page.fetchedBytes) }
+                        guard self.sessions[s] != nil else { return }
                         switch result {
                         case .failure:
                             self.perform(self.hub.readFailed(s))
                         case .success(let page):
                             // The page's own read tells whether `after` is resumable: a pruned
-                            // change after it (horizon), or a position never issued.
-                            if !FeedResume.canResume(after: after, horizon: page.horizon, newest: max(page.issued, page.head)) {
+                            // change after it (horizon), or a position never issued; its first
+                            // page, whether replaying costs more than starting over.
+                            let newest = max(page.issued, page.head)
+                            if !FeedResume.canResume(after: after, horizon: page.horizon, newest: newest)
+                                || (first && FeedResume.tooFarBehind(after: after, newest: newest, activities: page.activities)) {
                                 self.perform(self.hub.replayLoaded(s, .reset))
                             } else {
                                 self.perform(self.hub.replayLoaded(s, .page(page.events, through: max(page.head, after), complete: page.complete)))

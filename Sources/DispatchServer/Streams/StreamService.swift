@@ -41,6 +41,8 @@ final class StreamService: HTTPStreamDelegate {
     /// Final events of finished activities, answered from memory; bounded by bytes.
     private var terminalCache = BoundedCache<String, WireEvent>(maxBytes: 32 << 20)
     private var heartbeatTimer: Timer?
+    /// The worker's replay memory budget, shared with feeds.
+    var memory: ReplayMemory?
 
     init(loop: EventLoop, activities: ActivityRepository, publisher: Publisher, metrics: Metrics, log: Logger, settings: Settings) {
         self.loop = loop
@@ -64,6 +66,7 @@ final class StreamService: HTTPStreamDelegate {
                           connection: SSEConnection(req, loop: loop, tag: id, delegate: self, extraHeaders: extraHeaders,
                                                     maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 16 * 1024))
         }
+        if let memory { session.connection.budgeted(by: memory, as: BudgetedStream(kind: .status, id: session.id), key: keyID) }
         metrics.streamsActive = sessions.count
         if log.enabled(.info) {
             log.info("stream.open", [("activity", activityID), ("stream", session.id), ("resume_after", lastEventID.map { String($0) } ?? "-")])
