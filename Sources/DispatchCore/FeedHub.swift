@@ -51,7 +51,8 @@ public struct FeedFilter: Hashable, Sendable {
 /// and processed as if heard, while newer notices wait in `pending`; then those are applied.
 ///
 /// Each subscriber has one phase: `initial` (reading the current snapshots page by page, then
-/// `synced`), `replay` (reading the changes after its Last-Event-ID page by page) or `live`.
+/// `synced`), `replay` (reading the changes after its Last-Event-ID page by page, then
+/// `synced`) or `live`.
 /// While reading it buffers what the source processes (bounded); a change goes to a live
 /// subscriber only when its position is above the last one it sent, so ids on every stream
 /// strictly increase and nothing is sent twice.
@@ -202,6 +203,8 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
                 actions.append(.readReplay(s, state.filter, after: p))
                 return actions
             }
+            // A resumed stream says `synced` too, once, when what follows is live (§8).
+            actions.append(.synced(s, position: p))
             goLive(s, after: p, into: &actions)
             return actions
         }

@@ -67,13 +67,14 @@ public struct MemoryBudget<Key: Hashable, Stream: Hashable> {
         keyStreams[key, default: []].insert(s)
     }
 
-    /// What the stream holds now (queued and in its socket's buffer); clears its reservation
-    /// (the page it was granted has arrived, or was not needed). Less than before is progress.
-    public mutating func hold(_ s: Stream, bytes: Int, now: Double) -> Decision {
+    /// What the stream holds now (queued and in its socket's buffer). `release`: a page read
+    /// it was granted is over (its rows, if any, are in `bytes`), so that many reserved bytes
+    /// are no longer reserved.
+    public mutating func hold(_ s: Stream, bytes: Int, now: Double, release: Int = 0) -> Decision {
         guard var h = streams[s] else { return Decision() }
         // Less than before is progress; starting to hold starts the clock.
         if bytes < h.bytes || h.bytes == 0 { h.lastProgress = now }
-        change(s, &h, bytes: bytes, reserved: 0)
+        change(s, &h, bytes: bytes, reserved: max(0, h.reserved - release))
         var d = Decision()
         // Only past the limit here (this runs on every write); waiting reads make room on a
         // new wait and on each tick.
@@ -82,8 +83,8 @@ public struct MemoryBudget<Key: Hashable, Stream: Hashable> {
         return d
     }
 
-    /// Whether the stream may read a page of `bytes` now (reserved until its next `hold`). If
-    /// not, it waits and is named in a later decision's `wake`.
+    /// Whether the stream may read a page of `bytes` now (reserved until a `hold` says the
+    /// page is done). If not, it waits and is named in a later decision's `wake`.
     public mutating func admit(_ s: Stream, bytes: Int, now: Double) -> (granted: Bool, decision: Decision) {
         guard var h = streams[s] else { return (false, Decision()) }
         var d = Decision()
@@ -176,10 +177,11 @@ public struct MemoryBudget<Key: Hashable, Stream: Hashable> {
         d.disconnect.reduce(0) { $0 + (streams[$1]?.held ?? 0) }
     }
 
-    /// Grants waiting reads while they fit, keys taking turns; disconnections in `d` count as
-    /// freed (the shell performs them before the granted reads run).
+    /// Grants waiting reads while they fit, keys taking turns. What condemned streams hold is
+    /// freed only when the shell closes them (then `close` grants), so the total never counts
+    /// a page before its room exists.
     private mutating func grant(into d: inout Decision) {
-        var room = limit - total + condemnedBytes(d)
+        var room = limit - total
         while let key = turns.first, let s = waiting[key]?.first, var h = streams[s], let bytes = h.waitingFor {
             guard bytes <= room else { return }
             room -= bytes

@@ -13,10 +13,18 @@ final class MemoryBudgetTests: XCTestCase {
         b.open(2, key: "a", now: 0)
         XCTAssertFalse(b.admit(2, bytes: 60, now: 0).granted, "no room: it waits")
         XCTAssertEqual(b.waitingCount, 1)
-        // The page arrives (50 bytes, in the socket), then the socket takes it all.
-        XCTAssertTrue(b.hold(1, bytes: 50, now: 0.1).isEmpty, "50 + 60 > 100: still waiting")
+        // The page arrives (50 bytes, in the socket): counted with its reservation until the
+        // read is over, then the socket takes it all.
+        XCTAssertTrue(b.hold(1, bytes: 50, now: 0.1).isEmpty)
+        XCTAssertEqual(b.total, 110, "the reservation stands until the page is done")
+        XCTAssertTrue(b.hold(1, bytes: 50, now: 0.1, release: 60).isEmpty, "50 + 60 > 100: still waiting")
         XCTAssertEqual(b.hold(1, bytes: 0, now: 0.2).wake, [2])
         XCTAssertEqual(b.total, 60)
+        // A second read granted before the first one's end: each end releases its own bytes.
+        XCTAssertTrue(b.admit(1, bytes: 20, now: 0.3).granted)
+        XCTAssertTrue(b.admit(1, bytes: 20, now: 0.3).granted)
+        _ = b.hold(1, bytes: 0, now: 0.4, release: 20)
+        XCTAssertEqual(b.held(by: 1), 20, "one reservation left")
         XCTAssertEqual(b.waitingCount, 0)
     }
 
@@ -24,7 +32,7 @@ final class MemoryBudgetTests: XCTestCase {
         var b = Budget(limit: 100)
         b.open(1, key: "a", now: 0)
         _ = b.admit(1, bytes: 40, now: 0)
-        _ = b.hold(1, bytes: 70, now: 0)
+        _ = b.hold(1, bytes: 70, now: 0, release: 40)
         XCTAssertEqual(b.held(byKey: "a"), 70)
         XCTAssertTrue(b.close(1).closed)
         XCTAssertFalse(b.close(1).closed, "the second close is a no-op")
@@ -75,8 +83,10 @@ final class MemoryBudgetTests: XCTestCase {
         let r = b.admit(101, bytes: 300, now: 5)
         XCTAssertEqual(r.decision.disconnect.count, 4, "four of 90 bytes free the 290 needed")
         XCTAssertTrue(r.decision.disconnect.allSatisfy { (1...10).contains($0) }, "\(r.decision.disconnect)")
-        XCTAssertTrue(r.granted, "granted once the condemned streams' bytes count as freed")
-        for s in r.decision.disconnect { _ = b.close(s) }
+        XCTAssertFalse(r.granted, "not before the condemned streams are closed")
+        var woken: [Int] = []
+        for s in r.decision.disconnect { woken += b.close(s).decision.wake }
+        XCTAssertEqual(woken, [101], "granted once their bytes are freed")
         XCTAssertLessThanOrEqual(b.total, 1000)
     }
 
@@ -110,7 +120,9 @@ final class MemoryBudgetTests: XCTestCase {
                     open.remove(v)
                     pending.append(c.decision)
                 }
-                for g in d.wake { pending.append(b.hold(g, bytes: page / 2 + Int(rng.next() % UInt64(page / 2)), now: now)) }
+                for g in d.wake {
+                    pending.append(b.hold(g, bytes: page / 2 + Int(rng.next() % UInt64(page / 2)), now: now, release: page))
+                }
             }
         }
         for s in 0..<5000 {

@@ -120,6 +120,7 @@ final class FeedService: HTTPStreamDelegate {
                         case .success(let page):
                             self.perform(self.hub.initialLoaded(s, page.events, through: page.head, complete: page.complete))
                         }
+                        self.sessions[s]?.connection.pageDone()
                     }
                 }
             case .readReplay(let s, let filter, let after):
@@ -148,6 +149,7 @@ final class FeedService: HTTPStreamDelegate {
                                 self.perform(self.hub.replayLoaded(s, .page(page.events, through: max(page.head, after), complete: page.complete)))
                             }
                         }
+                        self.sessions[s]?.connection.pageDone()
                     }
                 }
             case .send(let s, let events):

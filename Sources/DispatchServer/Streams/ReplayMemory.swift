@@ -42,9 +42,10 @@ final class ReplayMemory {
         connections[s] = connection
     }
 
-    /// What the stream holds now, queued and in its socket's buffer.
-    func hold(_ s: BudgetedStream, bytes: Int) {
-        perform(budget.hold(s, bytes: bytes, now: Clock.monotonic()))
+    /// What the stream holds now, queued and in its socket's buffer; `release`: bytes reserved
+    /// for a page read that is over.
+    func hold(_ s: BudgetedStream, bytes: Int, release: Int = 0) {
+        perform(budget.hold(s, bytes: bytes, now: Clock.monotonic(), release: release))
     }
 
     /// Whether a page of `bytes` may be read now; if not, the connection's deferred read runs

@@ -29,6 +29,8 @@ final class SSEConnection {
     private var budgetID = BudgetedStream(kind: .status, id: 0)
     /// The budget has not granted the deferred read yet (it calls `granted`).
     private var awaitingBudget = false
+    /// Page reads granted and not yet over (`pageDone`).
+    private var reservations = 0
 
     init(_ req: HTTPRequest, loop: EventLoop, tag: Int, delegate: HTTPStreamDelegate, extraHeaders: [(String, String)],
          maxBacklog: Int, writeTimeout: Double, pageCap: Int) {
@@ -57,6 +59,17 @@ final class SSEConnection {
     private func reportHeld() {
         memory?.hold(budgetID, bytes: heldBytes)
     }
+
+    /// A page read is over and its rows (if any) were queued: its reservation ends.
+    func pageDone() {
+        guard reservations > 0 else { return }
+        reservations -= 1
+        memory?.hold(budgetID, bytes: heldBytes, release: reservation)
+    }
+
+    /// Bytes asked of the budget for one page: a page may pass its budget by one row, and
+    /// framing adds a little.
+    private var reservation: Int { outbox.pageBudget + outbox.pageBudget / 8 + 512 }
 
     var started: Bool { http.started }
     /// How many bytes the next history page may bring.
@@ -125,7 +138,8 @@ final class SSEConnection {
 
     private func runAdmitted(_ read: @escaping () -> Void) {
         guard let memory else { return read() }
-        if memory.admit(budgetID, bytes: outbox.pageBudget) {
+        if memory.admit(budgetID, bytes: reservation) {
+            reservations += 1
             read()
         } else {
             awaitingBudget = true
@@ -136,7 +150,8 @@ final class SSEConnection {
     /// The memory budget granted the read this stream waited for.
     func granted() {
         awaitingBudget = false
-        guard let read = deferredRead else { return }
+        reservations += 1
+        guard let read = deferredRead else { return pageDone() }
         deferredRead = nil
         read()
     }

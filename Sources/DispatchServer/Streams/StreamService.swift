@@ -124,6 +124,7 @@ final class StreamService: HTTPStreamDelegate {
                 case .failure: self.close(id, reason: .database)
                 case .success(let events): loaded(events.map(WireEvent.init(stored:)))
                 }
+                self.sessions[id]?.connection.pageDone()
             }
         }
     }
