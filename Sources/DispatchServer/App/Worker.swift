@@ -111,7 +111,10 @@ public final class Worker {
             self.probeWritable()
             self.acceptWhenReady()
         }
-        db.feedReader.onReady = { [unowned self] in self.acceptWhenReady() }
+        db.feedReader.onReady = { [unowned self] in
+            self.db.feedReader.execute([Database.feedSessionSetup]) { _ in }
+            self.acceptWhenReady()
+        }
         timers.append(loop.onSignal(SIGTERM) { [unowned self] in self.shutdown() })
         timers.append(loop.onSignal(SIGINT) { [unowned self] in self.shutdown() })
         log.info("worker.started", [("heartbeat_s", config.heartbeatSeconds)])
