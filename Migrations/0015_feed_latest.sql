@@ -13,7 +13,7 @@ CREATE TABLE feed_latest (
     position    bigint NOT NULL
 );
 CREATE UNIQUE INDEX feed_latest_position ON feed_latest (position);
-ALTER TABLE feed_latest SET (autovacuum_analyze_scale_factor = 5, fillfactor = 90);
+ALTER TABLE feed_latest SET (fillfactor = 90);
 
 CREATE FUNCTION feed_latest_keep() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -8,6 +8,8 @@
 ///   read, streams that are *stalled* (holding bytes without the socket taking any for
 ///   `stallSeconds`) are disconnected: first from the key holding the most, the stream holding the most first,
 ///   so a key holding less never loses a stream while another with stalled streams holds more.
+///   Within a key, streams whose sockets have taken bytes (readers) wait ahead of streams that
+///   never took any, so stalled newcomers do not slow the readers down.
 /// - Past the limit for any reason (live events queued to stalled readers), the same choice
 ///   disconnects stalled streams until the total is back under it.
 /// - A disconnected stream resumes with Last-Event-ID and loses nothing; `close` forgets a
@@ -31,6 +33,8 @@ public struct MemoryBudget<Key: Hashable, Stream: Hashable> {
         var waitingFor: Int?
         /// Already handed to the shell to disconnect.
         var condemned = false
+        /// Its socket has taken bytes: a reader, whose next page waits ahead of new streams.
+        var reads = false
         var held: Int { bytes + reserved }
     }
 
@@ -45,6 +49,8 @@ public struct MemoryBudget<Key: Hashable, Stream: Hashable> {
     /// Waiting streams per key, first come first served within a key; keys take turns.
     private var waiting: [Key: [Stream]] = [:]
     private var turns: [Key] = []
+    /// How many at the front of each key's line are readers.
+    private var ahead: [Key: Int] = [:]
     /// What every waiting read needs: readers that want to read come before stalled ones.
     private var waitingBytes = 0
 
@@ -74,6 +80,7 @@ public struct MemoryBudget<Key: Hashable, Stream: Hashable> {
         guard var h = streams[s] else { return Decision() }
         // Less than before is progress; starting to hold starts the clock.
         if bytes < h.bytes || h.bytes == 0 { h.lastProgress = now }
+        if bytes < h.bytes { h.reads = true }
         change(s, &h, bytes: bytes, reserved: max(0, h.reserved - release))
         var d = Decision()
         // Only past the limit here (this runs on every write); waiting reads make room on a
@@ -98,7 +105,14 @@ public struct MemoryBudget<Key: Hashable, Stream: Hashable> {
         streams[s] = h
         let first = waitingBytes == bytes
         if waiting[h.key] == nil { turns.append(h.key) }
-        waiting[h.key, default: []].append(s)
+        if h.reads {
+            // Readers go ahead of streams that never took a byte (a stalled one never does).
+            let at = ahead[h.key] ?? 0
+            waiting[h.key, default: []].insert(s, at: at)
+            ahead[h.key] = at + 1
+        } else {
+            waiting[h.key, default: []].append(s)
+        }
         // The first to wait makes room at once; later ones on the next tick (a storm of
         // waits does not scan every stream once each).
         if first { reclaim(now: now, need: waitingBytes, into: &d) }
@@ -199,9 +213,13 @@ public struct MemoryBudget<Key: Hashable, Stream: Hashable> {
     }
 
     private mutating func unqueue(_ s: Stream, key: Key) {
-        waiting[key]?.removeAll { $0 == s }
+        if let i = waiting[key]?.firstIndex(of: s) {
+            waiting[key]?.remove(at: i)
+            if i < (ahead[key] ?? 0) { ahead[key]! -= 1 }
+        }
         if waiting[key]?.isEmpty == true {
             waiting[key] = nil
+            ahead[key] = nil
             turns.removeAll { $0 == key }
         }
     }

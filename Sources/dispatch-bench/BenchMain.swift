@@ -36,6 +36,7 @@ enum BenchMain {
                                   restart, nodes, replay, feed (default all; restart needs a
                                   server this run starts, nodes, replay and feed need dispatchd)
       --replay-streams N          streams of the replay storm, half never reading (default 2000)
+      --replay-events N           events in each replayed history (default 1000)
       --feed-sizes AxR,...        feed runs: A live activities, R readers (default 10000x200,100000x10)
     """
 
@@ -81,6 +82,7 @@ enum BenchMain {
                 c.scenarios = list
             case "--throughput-seconds": c.throughputSeconds = max(1, Double(value() ?? "") ?? c.throughputSeconds)
             case "--replay-streams": c.replayStreams = max(2, Int(value() ?? "") ?? c.replayStreams)
+            case "--replay-events": c.replayEvents = max(10, Int(value() ?? "") ?? c.replayEvents)
             case "--feed-sizes":
                 // ACTIVITIESxREADERS,... e.g. 10000x200,100000x10
                 let sizes = (value() ?? "").split(separator: ",").compactMap { p -> (activities: Int, readers: Int)? in

@@ -184,6 +184,15 @@ enum FeedProbe {
         return (status, String(decoding: out[(at + 4)...], as: UTF8.self))
     }
 
+    /// One figure of the server's `/metrics` (summed over its workers).
+    static func metric(_ t: Target, _ name: String) -> Double? {
+        guard let r = request(t, method: "GET", path: "/metrics", auth: t.key), r.status == 200 else { return nil }
+        for line in r.body.split(separator: "\n") where line.hasPrefix(name + " ") || line.hasPrefix(name + "{") {
+            if let v = line.split(separator: " ").last.flatMap({ Double($0) }) { return v }
+        }
+        return nil
+    }
+
     static func createKey(_ t: Target, name: String) throws -> String {
         guard let r = request(t, method: "POST", path: "/v1/keys", auth: t.key, body: "{\"name\":\"\(name)\",\"scopes\":[\"admin\"]}"),
               r.status == 201, case .string(let secret)? = (try? JSONParser.parse(r.body))?["secret"] else {

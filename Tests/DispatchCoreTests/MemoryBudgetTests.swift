@@ -28,6 +28,27 @@ final class MemoryBudgetTests: XCTestCase {
         XCTAssertEqual(b.waitingCount, 0)
     }
 
+    func testReadersWaitAheadOfStreamsThatNeverTookAByte() {
+        var b = Budget(limit: 100)
+        b.open(0, key: "x", now: 0)
+        _ = b.hold(0, bytes: 100, now: 0)
+        b.open(1, key: "a", now: 0)
+        b.open(2, key: "a", now: 0)
+        // 2 has read a page (its socket took bytes); 1 never took any.
+        _ = b.hold(2, bytes: 0, now: 0)
+        XCTAssertFalse(b.admit(1, bytes: 10, now: 0).granted)
+        XCTAssertFalse(b.admit(2, bytes: 10, now: 0).granted)
+        XCTAssertEqual(b.hold(0, bytes: 90, now: 0.1).wake, [1], "nothing has been read yet: first come")
+        b.open(3, key: "a", now: 0)
+        _ = b.hold(3, bytes: 10, now: 0)
+        _ = b.hold(3, bytes: 0, now: 0.1)
+        _ = b.hold(0, bytes: 100, now: 0.2)
+        b.open(4, key: "a", now: 0)
+        XCTAssertFalse(b.admit(4, bytes: 10, now: 0.2).granted)
+        XCTAssertFalse(b.admit(3, bytes: 10, now: 0.2).granted)
+        XCTAssertEqual(b.hold(0, bytes: 70, now: 0.3).wake, [3, 2], "the reader first, then 2 and 4 in their order")
+    }
+
     func testCloseReleasesExactlyOnceWhicheverPathComesFirst() {
         var b = Budget(limit: 100)
         b.open(1, key: "a", now: 0)
