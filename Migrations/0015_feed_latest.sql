@@ -7,7 +7,8 @@
 -- It is kept by statement-level triggers, whichever statement gives a change its position
 -- (the insert of a publish batch, or a later UPDATE that assigns positions): one upsert per
 -- statement over its transition table, never a per-row trigger. Rows whose position is
--- still NULL are ignored until they get one.
+-- still NULL are ignored until they get one. Its cost on writes, measured (5,000 one-row
+-- INSERT statements in a loop): about 15-20 us of database time per inserting statement.
 CREATE TABLE feed_latest (
     activity_id text PRIMARY KEY REFERENCES activities (activity_id) ON DELETE CASCADE,
     position    bigint NOT NULL
