@@ -4,6 +4,8 @@ public protocol FeedChange {
     var position: Int64 { get }
     var machine: String? { get }
     var isTerminal: Bool { get }
+    /// About what the change holds in memory (its snapshot), for the byte bounds.
+    var byteCount: Int { get }
 }
 
 /// The feed's query filters (`?machine=M&state=active|finished`).
@@ -49,7 +51,8 @@ public struct FeedFilter: Hashable, Sendable {
 /// and processed as if heard, while newer notices wait in `pending`; then those are applied.
 ///
 /// Each subscriber has one phase: `initial` (reading the current snapshots page by page, then
-/// `synced`), `replay` (reading the changes after its Last-Event-ID page by page) or `live`.
+/// `synced`), `replay` (reading the changes after its Last-Event-ID page by page, then
+/// `synced`) or `live`.
 /// While reading it buffers what the source processes (bounded); a change goes to a live
 /// subscriber only when its position is above the last one it sent, so ids on every stream
 /// strictly increase and nothing is sent twice.
@@ -99,7 +102,11 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         var buffer: [Change] = []
         /// `synced` was sent (a catch-up after it, for the carrier's chain, says nothing more).
         var saidSynced = false
+        var bufferBytes = 0
     }
+
+    /// What a notice without its snapshot holds in the catch-up queue.
+    static var missingBytes: Int { 16 }
 
     enum Pending {
         case change(Change)
@@ -114,6 +121,12 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
 
     public let maxBuffered: Int
     public let maxPending: Int
+    /// Bytes a reading subscriber may buffer, and the source's catch-up queue may hold; past
+    /// either, the streams concerned reconnect (and resume with Last-Event-ID).
+    public let maxBufferedBytes: Int
+    public let maxPendingBytes: Int
+    /// What the catch-up queue holds now.
+    public private(set) var pendingBytes = 0
     /// The last position processed (nil: none yet in this process).
     public private(set) var head: Int64?
     /// Where the carrier's chain of announcements began (NATS only): a subscriber whose own
@@ -123,9 +136,11 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     var subscribers: [Subscriber: SubscriberState] = [:]
     var lastGeneration: UInt64 = 0
 
-    public init(maxBuffered: Int = 4096, maxPending: Int = 100_000) {
+    public init(maxBuffered: Int = 4096, maxPending: Int = 100_000, maxBufferedBytes: Int = 4 << 20, maxPendingBytes: Int = 16 << 20) {
         self.maxBuffered = maxBuffered
         self.maxPending = maxPending
+        self.maxBufferedBytes = maxBufferedBytes
+        self.maxPendingBytes = maxPendingBytes
     }
 
     public var subscriberCount: Int { subscribers.count }
@@ -225,7 +240,8 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         case .resyncing(let generation, var pending):
             pending.append(.change(change))
             source = .resyncing(generation: generation, pending: pending)
-            return pending.count > maxPending ? giveUp(.tooFarBehind) : []
+            pendingBytes += change.byteCount
+            return pending.count > maxPending || pendingBytes > maxPendingBytes ? giveUp(.tooFarBehind) : []
         case .synced:
             var actions: [Action] = []
             process(change, into: &actions)
@@ -240,7 +256,8 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         case .resyncing(let generation, var pending):
             pending.append(.missing(position))
             source = .resyncing(generation: generation, pending: pending)
-            return pending.count > maxPending ? giveUp(.tooFarBehind) : []
+            pendingBytes += Self.missingBytes
+            return pending.count > maxPending || pendingBytes > maxPendingBytes ? giveUp(.tooFarBehind) : []
         case .synced:
             if let head, position <= head { return [] }
             // Nobody here to send it to: remember where the stream is, read nothing.
@@ -335,6 +352,7 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
             return actions
         }
         source = .synced
+        pendingBytes = 0
         for (i, p) in pending.enumerated() {
             switch p {
             case .change(let c):
@@ -357,6 +375,12 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     // MARK: - Internals
 
     private mutating func startResync(pending: [Pending]) -> Action {
+        pendingBytes = pending.reduce(0) { n, p in
+            switch p {
+            case .change(let c): return n + c.byteCount
+            case .missing: return n + Self.missingBytes
+            }
+        }
         lastGeneration += 1
         source = .resyncing(generation: lastGeneration, pending: pending)
         return .readChanges(after: head ?? 0, generation: lastGeneration)
@@ -366,6 +390,7 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         let all = subscribers.keys
         subscribers = [:]
         source = .synced
+        pendingBytes = 0
         head = nil
         anchor = nil
         return all.map { .drop($0, reason) }
@@ -393,6 +418,7 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         if !out.isEmpty { actions.append(.send(s, out)) }
         subscribers[s]?.phase = .live(last: last)
         subscribers[s]?.buffer = []
+        subscribers[s]?.bufferBytes = 0
     }
 
     /// One change, in position order: to every live subscriber whose filter it matches, into
@@ -416,7 +442,10 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
                 actions.append(.send(subscribers.keys[i], single))
             case .initial, .replay:
                 subscribers.values[i].buffer.append(c)
-                if subscribers.values[i].buffer.count > maxBuffered { dropped.append(subscribers.keys[i]) }
+                subscribers.values[i].bufferBytes += c.byteCount
+                if subscribers.values[i].buffer.count > maxBuffered || subscribers.values[i].bufferBytes > maxBufferedBytes {
+                    dropped.append(subscribers.keys[i])
+                }
             }
         }
         for s in dropped {
@@ -427,9 +456,24 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
 }
 
 /// Whether a feed's Last-Event-ID can be resumed (contract §8): a position at or above the
-/// retention horizon (the newest position pruned) and not beyond the newest position issued.
+/// retention horizon (the newest position pruned) and not beyond the newest position issued,
+/// and not so far behind that replaying costs more than starting over.
 public enum FeedResume {
+    /// Below this many changes behind, a replay is always cheaper than an initial set worth
+    /// counting; above it the replay is compared with the initial set's size.
+    public static let replayFloor: Int64 = 10_000
+
     public static func canResume(after position: Int64, horizon: Int64, newest: Int64) -> Bool {
         position >= horizon && position <= newest
+    }
+
+    /// `activities`: how many activities the initial set walks (nil: not counted, because the
+    /// resume is within `replayFloor`). Positions are drawn from one sequence, so `newest -
+    /// position` bounds the changes a replay reads; it is too far behind when that is above
+    /// the floor and above the initial set it would replace.
+    public static func tooFarBehind(after position: Int64, newest: Int64, activities: Int64?) -> Bool {
+        let behind = newest - position
+        guard behind > replayFloor, let activities else { return false }
+        return behind > activities
     }
 }

@@ -161,11 +161,14 @@ public final class SSEClient: @unchecked Sendable {
     public private(set) var events: [SSEEvent] = []
     public private(set) var ended = false
     public private(set) var heartbeats = 0
+    /// The Last-Event-ID the request sent (a resume), if any.
+    public let lastEventID: Int64?
     private var http = HTTPResponseParser()
     private var parser = SSEParser()
 
     public init(port: Int, path: String, token: String?, lastEventID: Int64? = nil, smallBuffer: Bool = false) throws {
         socket = try TestSocket.connect(port: port)
+        self.lastEventID = lastEventID
         if smallBuffer { socket.shrinkReceiveBuffer() }
         var req = "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
         if let token { req += "Authorization: Bearer \(token)\r\n" }

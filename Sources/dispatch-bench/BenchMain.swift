@@ -33,8 +33,11 @@ enum BenchMain {
       --results DIR               where results JSON goes (default bench/results)
       --json PATH                 write the results JSON to PATH instead
       --scenarios LIST            comma-separated subset of: idle, fanout, throughput, terminal,
-                                  restart, nodes, replay (default all; restart needs a server
-                                  this run starts, nodes and replay need dispatchd)
+                                  restart, nodes, replay, feed (default all; restart needs a
+                                  server this run starts, nodes, replay and feed need dispatchd)
+      --replay-streams N          streams of the replay storm, half never reading (default 2000)
+      --replay-events N           events in each replayed history (default 1000)
+      --feed-sizes AxR,...        feed runs: A live activities, R readers (default 10000x200,100000x10)
     """
 
     static func run(_ args: [String]) -> Int32 {
@@ -78,6 +81,17 @@ enum BenchMain {
                 guard !list.isEmpty, list.isSubset(of: BenchConfig.allScenarios) else { log(usage); return 64 }
                 c.scenarios = list
             case "--throughput-seconds": c.throughputSeconds = max(1, Double(value() ?? "") ?? c.throughputSeconds)
+            case "--replay-streams": c.replayStreams = max(2, Int(value() ?? "") ?? c.replayStreams)
+            case "--replay-events": c.replayEvents = max(10, Int(value() ?? "") ?? c.replayEvents)
+            case "--feed-sizes":
+                // ACTIVITIESxREADERS,... e.g. 10000x200,100000x10
+                let sizes = (value() ?? "").split(separator: ",").compactMap { p -> (activities: Int, readers: Int)? in
+                    let f = p.split(separator: "x")
+                    guard f.count == 2, let a = Int(f[0]), let r = Int(f[1]), a >= 4, r >= 1 else { return nil }
+                    return (a, r)
+                }
+                guard !sizes.isEmpty else { log(usage); return 64 }
+                c.feedSizes = sizes
             default:
                 log("unknown option \(args[i])\n" + usage)
                 return 64

@@ -45,10 +45,15 @@ struct BenchConfig {
     var replayStalledMod = 2
     /// SO_RCVBUF of the streams that never read: backpressure reaches dispatchd after a few KB.
     var replayStalledRcvbuf = 4096
+    // Feed (FeedBench.swift): live activities over several keys, readers until synced.
+    var feedSizes = [(activities: 10_000, readers: 200), (activities: 100_000, readers: 10)]
+    var feedKeys = 4
+    var feedIdleSeconds = 5.0
+    var feedTimeout = 300.0
     /// Repetitions of the three scenarios above (each restarts servers; they take longer).
     var stormRepeats = 1
     var scenarios: Set<String> = BenchConfig.allScenarios
-    static let allScenarios: Set<String> = ["idle", "fanout", "throughput", "terminal", "restart", "nodes", "replay"]
+    static let allScenarios: Set<String> = ["idle", "fanout", "throughput", "terminal", "restart", "nodes", "replay", "feed"]
     var repeats = 3
     var targets: [Target.Kind] = [.dispatch, .nchan]
     var serverWorkers = 2
@@ -109,6 +114,8 @@ struct BenchConfig {
             c.replayStreams = 100
             c.replayActivities = 4
             c.replayEvents = 200
+            c.feedSizes = [(activities: 1000, readers: 20)]
+            c.feedIdleSeconds = 2
             c.repeats = 1
             c.deadlineSeconds = 240
         default:
@@ -206,6 +213,7 @@ final class Orchestrator {
             let order = rep % 2 == 0 ? targets : targets.reversed()
             if want.contains("restart") { for t in order { try restartStorm(t, rep: rep) } }
             if want.contains("replay") { for t in order where t.kind == .dispatch { try replayStorm(t, rep: rep) } }
+            if want.contains("feed") { for t in order where t.kind == .dispatch { try feedScenario(t, rep: rep) } }
             // Nodes start their own dispatchd supervisors: not with an already running Dispatch.
             if want.contains("nodes") && config.targets.contains(.dispatch) && config.externalDispatchPort == nil { try nodes(rep: rep) }
         }
@@ -264,13 +272,13 @@ final class Orchestrator {
     // MARK: - Worker helpers
 
     /// Sends a batch of requests through the publisher process; fails on any non-2xx.
-    func batch(_ t: Target, _ requests: [(String, String, String)], what: String) throws {
+    func batch(_ t: Target, _ requests: [(String, String, String)], what: String, auth: String? = nil) throws {
         guard !requests.isEmpty else { return }
         publisher.send { w in
             w.field("cmd", "batch")
             w.key("addrs"); w.beginArray(); for a in addrs { w.string(a) }; w.endArray()
             w.field("port", Int64(t.port))
-            w.field("auth", t.key)
+            w.field("auth", auth ?? t.key)
             w.field("target", t.name)
             w.field("conns", Int64(16))
             w.key("requests"); w.beginArray()

@@ -81,13 +81,15 @@ extension Orchestrator {
             w.field("untilSeq", events)
         }
         // Sample while the replay runs, then 2 s more (memory that lags behind the readers).
-        var peak = before.rss, peakTCP = tcpBefore
+        var peak = before.rss, peakTCP = tcpBefore, peakHeld = 0.0
         var done = 0, lastDone: Int64 = 0, open = 0
         var finishedAt: Int64 = 0
         let deadline = Clock.monotonicNanoseconds() + 120_000_000_000
         while Clock.monotonicNanoseconds() < deadline {
             if let m = t.memory() { peak = max(peak, m.rss) }
             peakTCP = max(peakTCP, Self.kernelTCPBytes())
+            // What the streams hold unsent, against the server's replay memory budget.
+            peakHeld = max(peakHeld, FeedProbe.metric(t, "dispatch_replay_memory_bytes") ?? 0)
             for w in subscribers { w.send { $0.field("cmd", "progress") } }
             let got = Control.collect(subscribers, "progress", timeout: 10)
             done = got.reduce(0) { $0 + ($1?.int("done") ?? 0) }
@@ -104,7 +106,10 @@ extension Orchestrator {
 
         let mb = 1024.0 * 1024.0
         let name = "\(scenario) (\(label))"
+        let cut = FeedProbe.metric(t, "dispatch_replay_memory_disconnects_total")
+        record(scenario, "peak held unsent (\(label))", "MB", higher: false, t, peakHeld / mb)
         if stalled > 0 {
+            record(scenario, "stalled cut by the budget", "", higher: false, t, cut)
             if done >= readers { record(scenario, "readers have everything", "s", higher: false, t, Double(lastDone - start) / 1e9) }
             record(scenario, "events replayed to readers/s", "1/s", higher: true, t,
                    done >= readers && lastDone > start ? Double(readers) * Double(events) / (Double(lastDone - start) / 1e9) : nil)
@@ -119,6 +124,8 @@ extension Orchestrator {
             + "in \(fmt(Double(lastDone - start) / 1e9)) s, \(open) open; RSS \(before.rss / 1024) KiB -> peak \(peak / 1024) KiB"
             + (after.map { ", \($0.rss / 1024) KiB after" } ?? "") + "; kernel TCP +\((peakTCP - tcpBefore) / 1024) KiB; "
             + "lost \(v.lost), duplicated \(v.duplicated)")
+        let cutText = cut.map { String(Int($0)) } ?? "?"
+        log("bench: \(name): held unsent peak \(fmt(peakHeld / mb)) MB, \(cutText) stalled streams cut by the budget")
         return Double(peak - before.rss)
     }
 

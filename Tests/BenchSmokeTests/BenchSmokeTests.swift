@@ -86,6 +86,29 @@ final class BenchStormSmokeTests: XCTestCase {
     }
 }
 
+/// The feed scenario in smoke sizes (1,000 activities over 4 keys, 20 readers) against a
+/// dispatchd the bench starts: every reader reaches `synced`, and the point reads are measured
+/// idle and while the feeds load.
+final class BenchFeedSmokeTests: XCTestCase {
+    func testFeedReadersAllSyncWhilePointReadsAreMeasured() throws {
+        let (status, text, written) = try runBench(["run", "--smoke", "--only", "dispatch", "--scenarios", "feed",
+                                                   "--dispatchd", TestPaths.binary("dispatchd")])
+        XCTAssertEqual(status, 0, text)
+        guard let result = written else { return XCTFail("no results JSON\n\(text)") }
+        XCTAssertEqual(result["problems"], .array([]), text)
+        guard case .array(let figures)? = result["figures"] else { return XCTFail("no figures\n\(text)") }
+        func value(_ figure: String) -> Double? {
+            let f = figures.first { $0["scenario"] == .string("feed 1k/20") && $0["figure"] == .string(figure) }
+            if case .number(let v)? = f?["dispatch"] { return v }
+            return nil
+        }
+        XCTAssertGreaterThan(value("all readers synced") ?? 0, 0, text)
+        XCTAssertNotNil(value("point read p99 idle"), text)
+        XCTAssertNotNil(value("point read p99 loaded"), text)
+        XCTAssertNotNil(value("RSS growth"), text)
+    }
+}
+
 /// The push bench in smoke mode against the fake APNs: pushes flow, nothing fails.
 final class PushBenchSmokeTests: XCTestCase {
     func testPushSmokeRunDeliversEveryPush() throws {

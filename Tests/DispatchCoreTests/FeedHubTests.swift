@@ -7,6 +7,7 @@ struct FCh: FeedChange, Equatable {
     let activity: String
     let machine: String?
     let isTerminal: Bool
+    var byteCount: Int { 100 }
 }
 
 typealias TestFeed = FeedHub<Int, FCh>
@@ -60,6 +61,7 @@ final class FeedHubTests: XCTestCase {
         guard case .readReplay(1, _, after: 6)? = p1.last else { return XCTFail("\(p1)") }
         let p2 = feed.replayLoaded(1, .page([ch(7)], through: 8, complete: true))
         XCTAssertEqual(sent(p2, to: 1), [7, 9])
+        guard case .synced(1, position: 8)? = p2.dropFirst().first else { return XCTFail("a resume says synced too: \(p2)") }
         XCTAssertTrue(feed.isLive(1))
     }
 

@@ -35,6 +35,7 @@ final class ConfigTests: XCTestCase {
         XCTAssertEqual(c.retentionDays, 7)
         XCTAssertEqual(c.publishRatePerSecond, 200)
         XCTAssertEqual(c.maxStreamsPerKey, 20_000)
+        XCTAssertEqual(c.replayMemoryBytes, 64 << 20)
         XCTAssertEqual(c.cors, .none, "no origin may call /v1 from a browser unless configured")
         XCTAssertEqual(config(cores: 0)?.workers, 1, "at least one worker")
         XCTAssertEqual(config(cores: 2)?.workers, 2)
@@ -59,6 +60,7 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_RETENTION_DAYS", "--retention-days", "0.5", { $0.retentionDays == 0.5 }),
             ("DISPATCH_PUBLISH_RATE", "--publish-rate", "0", { $0.publishRatePerSecond == 0 }),
             ("DISPATCH_MAX_STREAMS_PER_KEY", "--max-streams-per-key", "5", { $0.maxStreamsPerKey == 5 }),
+            ("DISPATCH_REPLAY_MEMORY_MB", "--replay-memory-mb", "8", { $0.replayMemoryBytes == 8 << 20 }),
             ("DISPATCH_STALE_AFTER", "--stale-after", "600", { $0.staleAfterSeconds == 600 }),
             ("DISPATCH_REQUEST_DEADLINE", "--request-deadline", "5", { $0.requestDeadlineSeconds == 5 }),
             ("DISPATCH_SHUTDOWN_TIMEOUT", "--shutdown-timeout", "3", { $0.shutdownTimeoutSeconds == 3 }),

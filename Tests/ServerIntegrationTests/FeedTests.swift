@@ -38,9 +38,11 @@ extension SSEClient {
         return events.first { $0.event == "synced" }.flatMap { $0.id.flatMap { Int64($0) } }
     }
 
-    /// Changes after `synced` (or all, on a resumed feed): ids of events other than synced/reset.
+    /// Changes after the initial set (all of them on a resumed feed not reset, whose replay
+    /// also ends with `synced`): ids of events other than synced/reset.
     var changeIDs: [Int64] {
-        let start = (events.firstIndex { $0.event == "synced" }).map { $0 + 1 } ?? 0
+        let resumed = lastEventID != nil && !events.contains { $0.event == "reset" }
+        let start = resumed ? 0 : (events.firstIndex { $0.event == "synced" }).map { $0 + 1 } ?? 0
         return events[start...].filter { $0.event != "synced" && $0.event != "reset" }.compactMap { $0.id.flatMap { Int64($0) } }
     }
 }
@@ -141,7 +143,8 @@ final class FeedTests: XCTestCase {
         let resumed = try s.feed(lastEventID: seenBefore.last)
         for i in 10...12 { try s.update("r", #"{"status":"step \#(i)"}"#) }
         XCTAssertTrue(try resumed.pump(timeout: 10) { $0.changeIDs.count >= 7 })
-        XCTAssertFalse(resumed.events.contains { $0.event == "synced" || $0.event == "reset" }, "a resume is not a new initial set")
+        XCTAssertFalse(resumed.events.contains { $0.event == "reset" }, "a resume is not a new initial set")
+        XCTAssertEqual(resumed.events.filter { $0.event == "synced" }.count, 1, "a resume says synced once, when it is live (§8)")
         XCTAssertEqual(seenBefore + resumed.changeIDs, try s.positions(after: p))
     }
 

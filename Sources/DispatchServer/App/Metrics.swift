@@ -36,6 +36,11 @@ public final class Metrics {
     public var feedResyncs = 0
     public var feedResets = 0
     public var feedCloses: [StreamCloseReason: Int] = [:]
+    /// The replay memory budget (ReplayMemory): this worker's share, what streams hold, and
+    /// the stalled streams it disconnected.
+    public var replayMemoryLimit = 0
+    public var replayMemoryHeld = 0
+    public var replayMemoryDisconnects = 0
     /// Live Activity pushes, when APNs is configured.
     var push: PushMetrics?
     /// The NATS carrier, when configured.
@@ -109,6 +114,11 @@ public final class Metrics {
         line("dispatch_feed_resets_total", "counter", "Feeds answered event: reset (Last-Event-ID too old or not issued).", [(w, "\(feedResets)")])
         line("dispatch_feed_closes_total", "counter", "Feeds ended, by reason.",
              StreamCloseReason.allCases.map { ("\(w),reason=\"\($0.rawValue)\"", "\(feedCloses[$0] ?? 0)") })
+        line("dispatch_replay_memory_limit_bytes", "gauge", "This worker's share of the replay memory budget.", [(w, "\(replayMemoryLimit)")])
+        line("dispatch_replay_memory_bytes", "gauge", "Bytes streams hold that their sockets have not taken (replay pages, queued events).",
+             [(w, "\(replayMemoryHeld)")])
+        line("dispatch_replay_memory_disconnects_total", "counter", "Stalled streams disconnected to keep the replay memory budget.",
+             [(w, "\(replayMemoryDisconnects)")])
         line("dispatch_stale_ended_total", "counter", "Activities ended as stale (no update within staleAfter).", [(w, "\(staleEnded)")])
         line("dispatch_webhook_deliveries_total", "counter", "Cancel webhook attempts, by result.",
              ["delivered", "retried", "failed", "refused"].map { ("\(w),result=\"\($0)\"", "\(webhookDeliveries[$0] ?? 0)") })

@@ -26,6 +26,9 @@ public struct ServerConfig: Equatable, Sendable {
     public var retentionDays: Double = 7
     public var publishRatePerSecond: Double = 200
     public var maxStreamsPerKey = 20_000
+    /// Bytes every stream of the server together may hold unsent (replays, stalled readers),
+    /// shared by the workers; past it stalled streams are disconnected.
+    public var replayMemoryBytes = 64 << 20
     /// Seconds a client may take to deliver a whole request (headers and body).
     public var requestDeadlineSeconds: Double = 30
     /// Connections per client address that may wait for their first complete request.
@@ -94,6 +97,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_WEBHOOK_ALLOW_PRIVATE", flag: "--webhook-allow-private", help: "1: cancelURLs may reach loopback, private and link-local addresses (default 0: refused)"),
         Setting(env: "DISPATCH_WEBHOOK_TIMEOUT", flag: "--webhook-timeout", help: "seconds one cancel webhook attempt may take; connecting and waiting for the answer each get less (default 10)"),
         Setting(env: "DISPATCH_DB_TIMEOUT", flag: "--db-timeout", help: "seconds a call waits for the database before it gets 503 and the session reconnects (default 5)"),
+        Setting(env: "DISPATCH_REPLAY_MEMORY_MB", flag: "--replay-memory-mb", help: "megabytes all streams together may hold unsent (replays, stalled readers); past it stalled ones are disconnected and resume (default 64)"),
         Setting(env: "DISPATCH_MAX_STREAMS_PER_KEY", flag: "--max-streams-per-key", help: "concurrent streams one key may hold per worker (default 20000)"),
     ] + CarrierSettings.settings + APNsSettings.settings + MetricsSettings.settings + KeyLimits.settings
 
@@ -203,6 +207,10 @@ public struct ServerConfig: Equatable, Sendable {
             case "0", "false", "no", "": c.webhookAllowPrivate = false
             default: throw ConfigError("DISPATCH_WEBHOOK_ALLOW_PRIVATE must be 1 or 0, not \(v)")
             }
+        }
+        if let v = values["DISPATCH_REPLAY_MEMORY_MB"] {
+            guard let n = Int(v), (1...65_536).contains(n) else { throw ConfigError("DISPATCH_REPLAY_MEMORY_MB must be megabytes from 1 to 65536, not \(v)") }
+            c.replayMemoryBytes = n << 20
         }
         if let v = values["DISPATCH_MAX_STREAMS_PER_KEY"] {
             guard let n = Int(v), n >= 1 else { throw ConfigError("DISPATCH_MAX_STREAMS_PER_KEY must be a positive integer") }

@@ -61,6 +61,12 @@ public final class Worker {
                                 settings: .init(heartbeatSeconds: config.heartbeatSeconds, maxBacklog: config.streamBacklogBytes,
                                                 writeTimeout: limits.streamWriteTimeoutSeconds))
         feeds = FeedService(loop: loop, repository: FeedRepository(db: db), metrics: metrics, log: log, settings: streams.settings)
+        // One budget for the server, each worker holding its share.
+        let memory = ReplayMemory(loop: loop, limit: config.replayMemoryBytes / max(1, config.workers), metrics: metrics)
+        memory.disconnect = [.status: { [unowned streams] in streams.close($0, reason: .slowClient) },
+                             .feed: { [unowned feeds] in feeds.close($0, reason: .slowClient) }]
+        streams.memory = memory
+        feeds.memory = memory
         auth = Auth(db: db, loop: loop, log: log, publishRate: config.publishRatePerSecond)
         api = API(config: config, log: log, metrics: metrics, db: db, publisher: publisher, streams: streams, feeds: feeds, auth: auth)
         vault = config.tokenKey.map { TokenVault(key: $0) }
@@ -123,6 +129,10 @@ public final class Worker {
         db.reader.onReady = { [unowned self] in
             self.probeWritable()
             if self.index == 0 { self.countLive() }
+            self.acceptWhenReady()
+        }
+        db.feedReader.onReady = { [unowned self] in
+            self.db.feedReader.execute([Database.feedSessionSetup]) { _ in }
             self.acceptWhenReady()
         }
         timers.append(loop.onSignal(SIGTERM) { [unowned self] in self.shutdown() })
@@ -225,6 +235,7 @@ public final class Worker {
         let (streamCount, feedCount) = (streams.openStreams, feeds.openFeeds)
         streams.shutdown(alongside: feedCount)
         feeds.shutdown(alongside: streamCount)
+        streams.memory?.shutdown()
         auth.flushUsed()
         staleSweeper?.stop()
         webhooks?.stop()

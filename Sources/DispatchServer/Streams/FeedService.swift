@@ -11,6 +11,8 @@ final class FeedSession: KeyedStream {
     let since: Int64
     /// Its first read waited for the sequencer (NATS carrier), or needs no wait.
     var settled = false
+    /// Whether the resume's first replay page was checked for being too far behind.
+    var resumeChecked = false
 
     init(id: Int, keyID: Int64, connection: SSEConnection, since: Int64) {
         self.id = id
@@ -32,6 +34,9 @@ final class FeedService: HTTPStreamDelegate {
     let log: Logger
     let settings: StreamService.Settings
     private var hub = FeedHub<Int, FeedEvent>()
+    /// Rows per page read, learnt from the rows' sizes so a read brings what its budget sends.
+    private var initialSizer: PageSizer
+    private var replaySizer: PageSizer
     private var sessions = StreamTable<FeedSession>()
     private var heartbeatTimer: Timer?
     /// The carrier's interest in the feed: called when the first feed opens here and when
@@ -42,6 +47,8 @@ final class FeedService: HTTPStreamDelegate {
     /// its first read waits for them (calls back when they are, or after a bound), so that
     /// what was acknowledged before a feed opened is in its initial set, before `synced`.
     var awaitNumbering: ((@escaping () -> Void) -> Void)?
+    /// The worker's replay memory budget, shared with status streams.
+    var memory: ReplayMemory?
     /// Finished activities younger than this are part of the initial set.
     static let recentWindowMs: Int64 = 24 * 3_600_000
 
@@ -51,6 +58,8 @@ final class FeedService: HTTPStreamDelegate {
         self.metrics = metrics
         self.log = log
         self.settings = settings
+        initialSizer = PageSizer(maxRows: Int(settings.historyPage))
+        replaySizer = PageSizer(maxRows: Int(settings.historyPage))
         let tick = min(1, settings.heartbeatSeconds / 4)
         heartbeatTimer = loop.timer(after: tick, repeating: true) { [weak self] in self?.heartbeat(tick: tick) }
     }
@@ -70,6 +79,7 @@ final class FeedService: HTTPStreamDelegate {
                                                   maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 64 * 1024),
                         since: Clock.nowMilliseconds() - FeedService.recentWindowMs)
         }
+        if let memory { session.connection.budgeted(by: memory, as: BudgetedStream(kind: .feed, id: session.id), key: keyID) }
         metrics.feedsActive = sessions.count
         metrics.feedsOpened += 1
         if sessions.count == 1 { onFirstFeed?() }
@@ -126,34 +136,47 @@ final class FeedService: HTTPStreamDelegate {
             case .readInitial(let s, let filter, let after, let firstHead):
                 settled(s) { [weak self] session in
                     guard let self else { return }
+                    let budget = session.connection.pageBudget
                     self.repository.initialPage(filter, after: after, firstHead: firstHead, since: session.since,
-                                                limit: Int(self.settings.historyPage), maxBytes: session.connection.pageBudget) { [weak self] result in
-                        guard let self, self.sessions[s] != nil else { return }
+                                                limit: self.initialSizer.rows(forBudget: budget), maxBytes: budget) { [weak self] result in
+                        guard let self else { return }
+                        if case .success(let page) = result { self.initialSizer.observe(rows: page.fetched, bytes: page.fetchedBytes) }
+                        guard self.sessions[s] != nil else { return }
                         switch result {
                         case .failure: self.perform(self.hub.readFailed(s))
                         case .success(let page):
                             self.perform(self.hub.initialLoaded(s, page.events, through: page.head, complete: page.complete))
                         }
+                        self.sessions[s]?.connection.pageDone()
                     }
                 }
             case .readReplay(let s, let filter, let after):
                 settled(s) { [weak self] session in
                     guard let self else { return }
-                    self.repository.replayPage(filter, after: after, limit: Int(self.settings.historyPage),
-                                               maxBytes: session.connection.pageBudget) { [weak self] result in
-                        guard let self, self.sessions[s] != nil else { return }
+                    let budget = session.connection.pageBudget
+                    let first = !session.resumeChecked
+                    session.resumeChecked = true
+                    self.repository.replayPage(filter, after: after, limit: self.replaySizer.rows(forBudget: budget),
+                                               maxBytes: budget, countActivities: first) { [weak self] result in
+                        guard let self else { return }
+                        if case .success(let page) = result { self.replaySizer.observe(rows: page.fetched, bytes: page.fetchedBytes) }
+                        guard self.sessions[s] != nil else { return }
                         switch result {
                         case .failure:
                             self.perform(self.hub.readFailed(s))
                         case .success(let page):
                             // The page's own read tells whether `after` is resumable: a pruned
-                            // change after it (horizon), or a position never issued.
-                            if !FeedResume.canResume(after: after, horizon: page.horizon, newest: max(page.issued, page.head)) {
+                            // change after it (horizon), or a position never issued; its first
+                            // page, whether replaying costs more than starting over.
+                            let newest = max(page.issued, page.head)
+                            if !FeedResume.canResume(after: after, horizon: page.horizon, newest: newest)
+                                || (first && FeedResume.tooFarBehind(after: after, newest: newest, activities: page.activities)) {
                                 self.perform(self.hub.replayLoaded(s, .reset))
                             } else {
                                 self.perform(self.hub.replayLoaded(s, .page(page.events, through: max(page.head, after), complete: page.complete)))
                             }
                         }
+                        self.sessions[s]?.connection.pageDone()
                     }
                 }
             case .send(let s, let events):

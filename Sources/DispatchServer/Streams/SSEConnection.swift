@@ -21,8 +21,16 @@ final class SSEConnection {
     private(set) var lastWrite: Double
     private let maxBacklog: Int
     private let writeTimeout: Double
-    /// The next page of a replay, read once the outbox has drained (paced).
+    /// The next page of a replay, read once the outbox has drained (paced) and the memory
+    /// budget has room for it.
     private var deferredRead: (() -> Void)?
+    /// The process-wide budget this stream's unsent bytes count against.
+    private var memory: ReplayMemory?
+    private var budgetID = BudgetedStream(kind: .status, id: 0)
+    /// The budget has not granted the deferred read yet (it calls `granted`).
+    private var awaitingBudget = false
+    /// Page reads granted and not yet over (`pageDone`).
+    private var reservations = 0
 
     init(_ req: HTTPRequest, loop: EventLoop, tag: Int, delegate: HTTPStreamDelegate, extraHeaders: [(String, String)],
          maxBacklog: Int, writeTimeout: Double, pageCap: Int) {
@@ -37,6 +45,31 @@ final class SSEConnection {
         http.drainMark = outbox.lowWater
         http.delegate = delegate
     }
+
+    /// Counts this stream against the process's memory budget, until `detach`.
+    func budgeted(by memory: ReplayMemory, as id: BudgetedStream, key: Int64) {
+        self.memory = memory
+        budgetID = id
+        memory.open(id, key: key, connection: self)
+    }
+
+    /// Bytes this stream holds unsent: queued here and in the socket's output buffer.
+    var heldBytes: Int { http.backlog + outbox.queuedBytes }
+
+    private func reportHeld() {
+        memory?.hold(budgetID, bytes: heldBytes)
+    }
+
+    /// A page read is over and its rows (if any) were queued: its reservation ends.
+    func pageDone() {
+        guard reservations > 0 else { return }
+        reservations -= 1
+        memory?.hold(budgetID, bytes: heldBytes, release: reservation)
+    }
+
+    /// Bytes asked of the budget for one page: a page may pass its budget by one row, and
+    /// framing adds a little.
+    private var reservation: Int { outbox.pageBudget + outbox.pageBudget / 8 + 512 }
 
     var started: Bool { http.started }
     /// How many bytes the next history page may bring.
@@ -53,6 +86,7 @@ final class SSEConnection {
     /// slow-client cap; nil when it was written or queued.
     func offer(_ payload: StreamPayload) -> Failure? {
         begin()
+        defer { reportHeld() }
         switch outbox.offer(payload, size: payload.size, socketBacklog: http.backlog, live: true) {
         case .writeNow(let p):
             switch http.write(p, maxBacklog: maxBacklog) {
@@ -71,6 +105,7 @@ final class SSEConnection {
     func enqueue(_ payloads: [StreamPayload]) {
         begin()
         outbox.enqueue(payloads.map { ($0, $0.size) })
+        reportHeld()
     }
 
     /// Writes queued payloads while the connection stays under the low-water mark, then runs
@@ -82,21 +117,43 @@ final class SSEConnection {
             case .backlogExceeded, .failed: return .failed
             }
         }
+        reportHeld()
         if outbox.isFinished { return .finished }
-        if let read = deferredRead, outbox.wantsMore(socketBacklog: http.backlog) {
+        if let read = deferredRead, !awaitingBudget, outbox.wantsMore(socketBacklog: http.backlog) {
             deferredRead = nil
-            read()
+            runAdmitted(read)
         }
         return .open
     }
 
-    /// Runs a page read now if the outbox has room, else once it drains.
+    /// Runs a page read now if the outbox has room and the memory budget admits a page, else
+    /// once the outbox drains or the budget grants it.
     func whenRoom(_ read: @escaping () -> Void) {
         if outbox.wantsMore(socketBacklog: http.backlog) {
-            read()
+            runAdmitted(read)
         } else {
             deferredRead = read
         }
+    }
+
+    private func runAdmitted(_ read: @escaping () -> Void) {
+        guard let memory else { return read() }
+        if memory.admit(budgetID, bytes: reservation) {
+            reservations += 1
+            read()
+        } else {
+            awaitingBudget = true
+            deferredRead = read
+        }
+    }
+
+    /// The memory budget granted the read this stream waited for.
+    func granted() {
+        awaitingBudget = false
+        reservations += 1
+        guard let read = deferredRead else { return pageDone() }
+        deferredRead = nil
+        read()
     }
 
     /// Ends the response after what is queued; true when that is already the case.
@@ -110,6 +167,8 @@ final class SSEConnection {
     func detach() {
         deferredRead = nil
         http.delegate = nil
+        memory?.close(budgetID)
+        memory = nil
     }
 }
 

@@ -47,6 +47,8 @@ final class StreamService: HTTPStreamDelegate {
     /// `unwatch` per such stream when it ends (NATS subscribes to what streams here follow).
     var watch: ((String) -> Void)?
     var unwatch: ((String) -> Void)?
+    /// The worker's replay memory budget, shared with feeds.
+    var memory: ReplayMemory?
 
     init(loop: EventLoop, activities: ActivityRepository, publisher: Publisher, metrics: Metrics, log: Logger, settings: Settings) {
         self.loop = loop
@@ -70,6 +72,7 @@ final class StreamService: HTTPStreamDelegate {
                           connection: SSEConnection(req, loop: loop, tag: id, delegate: self, extraHeaders: extraHeaders,
                                                     maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 16 * 1024))
         }
+        if let memory { session.connection.budgeted(by: memory, as: BudgetedStream(kind: .status, id: session.id), key: keyID) }
         metrics.streamsActive = sessions.count
         if log.enabled(.info) {
             log.info("stream.open", [("activity", activityID), ("stream", session.id), ("resume_after", lastEventID.map { String($0) } ?? "-")])
@@ -131,6 +134,7 @@ final class StreamService: HTTPStreamDelegate {
                 case .failure: self.close(id, reason: .database)
                 case .success(let events): loaded(events.map(WireEvent.init(stored:)))
                 }
+                self.sessions[id]?.connection.pageDone()
             }
         }
     }
