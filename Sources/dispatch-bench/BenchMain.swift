@@ -32,6 +32,7 @@ enum BenchMain {
       --template PATH             nginx config template (default bench/nginx.conf.template)
       --results DIR               where results JSON goes (default bench/results)
       --json PATH                 write the results JSON to PATH instead
+      --node-carriers LIST        nodes scenario carriers: notify, nats (default both; smoke: notify)
       --scenarios LIST            comma-separated subset of: idle, fanout, throughput, terminal,
                                   restart, nodes, replay (default all; restart needs a server
                                   this run starts, nodes and replay need dispatchd)
@@ -77,6 +78,10 @@ enum BenchMain {
                 let list = Set((value() ?? "").split(separator: ",").map { String($0) })
                 guard !list.isEmpty, list.isSubset(of: BenchConfig.allScenarios) else { log(usage); return 64 }
                 c.scenarios = list
+            case "--node-carriers":
+                let list = (value() ?? "").split(separator: ",").map { String($0) }
+                guard !list.isEmpty, Set(list).isSubset(of: ["notify", "nats"]) else { log(usage); return 64 }
+                c.nodeCarriers = list
             case "--throughput-seconds": c.throughputSeconds = max(1, Double(value() ?? "") ?? c.throughputSeconds)
             default:
                 log("unknown option \(args[i])\n" + usage)
