@@ -33,6 +33,7 @@ enum BenchMain {
       --results DIR               where results JSON goes (default bench/results)
       --json PATH                 write the results JSON to PATH instead
       --node-carriers LIST        nodes scenario carriers: notify, nats (default both; smoke: notify)
+      --pg-stat-statements        nodes: load pg_stat_statements, note each run's costliest statements
       --scenarios LIST            comma-separated subset of: idle, fanout, throughput, terminal,
                                   restart, nodes, replay (default all; restart needs a server
                                   this run starts, nodes and replay need dispatchd)
@@ -78,6 +79,7 @@ enum BenchMain {
                 let list = Set((value() ?? "").split(separator: ",").map { String($0) })
                 guard !list.isEmpty, list.isSubset(of: BenchConfig.allScenarios) else { log(usage); return 64 }
                 c.scenarios = list
+            case "--pg-stat-statements": c.pgStatStatements = true
             case "--node-carriers":
                 let list = (value() ?? "").split(separator: ",").map { String($0) }
                 guard !list.isEmpty, Set(list).isSubset(of: ["notify", "nats"]) else { log(usage); return 64 }

@@ -59,6 +59,7 @@ extension Orchestrator {
         let t = try Servers.startDispatch(binary: config.dispatchd, dir: dir, workers: config.nodeWorkers,
                                           port: Servers.freePort(startingAt: UInt16(18180 + 20 * index)), env: env, key: key)
         nodeTargets.append(t)
+        if index == 1 && config.pgStatStatements { try loadPgStatStatements(t) }
         // /readyz answers for the whole server; its metrics also say when every worker's
         // database sessions are up (dispatch_db_up is the lowest over workers).
         let deadline = Clock.monotonicNanoseconds() + 30_000_000_000
@@ -111,6 +112,46 @@ extension Orchestrator {
         return r.status == 0 ? r.output.trimmingCharacters(in: "\n") : nil
     }
 
+    /// Adds pg_stat_statements to node 1's cluster: preloaded (a restart of node 1, which
+    /// restarts its PostgreSQL) and created in the dispatch database.
+    func loadPgStatStatements(_ t: Target) throws {
+        guard let cluster = t.postgresCluster else { return }
+        let conf = cluster + "/postgresql.conf"
+        if !(Files.read(conf) ?? "").contains("pg_stat_statements") {
+            guard let h = fopen(conf, "a") else { throw BenchError("cannot append to \(conf)") }
+            fputs("\nshared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = all\n", h)
+            fclose(h)
+            t.stop()
+            t.rootPid = try t.starter!()
+        }
+        guard nodesSuperSQL("CREATE EXTENSION IF NOT EXISTS pg_stat_statements") != nil else {
+            throw BenchError("pg_stat_statements could not be created in the nodes' PostgreSQL")
+        }
+    }
+
+    /// psql on node 1's cluster with '|' between fields (initdb made `dispatch` its superuser).
+    func nodesSuperSQL(_ sql: String) -> String? {
+        guard let first = nodeTargets.first, let psql = Proc.which("psql") else { return nil }
+        let conninfo = "host=\(first.dataDir)/run port=5432 user=dispatch dbname=dispatch passfile=\(first.dataDir)/pgpass"
+        let r = Subprocess.run([psql, conninfo, "-AtX", "-F", "|", "-c", sql])
+        return r.status == 0 ? r.output.trimmingCharacters(in: "\n") : nil
+    }
+
+    /// The statements that cost PostgreSQL the most since the last reset, per publish.
+    func noteStatements(_ label: String, rep: Int, published: Double) {
+        guard config.pgStatStatements, published > 0,
+              let out = nodesSuperSQL("SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3), rows, "
+                                      + "regexp_replace(left(query, 90), '\\s+', ' ', 'g') FROM pg_stat_statements "
+                                      + "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'dispatch') "
+                                      + "ORDER BY total_exec_time DESC LIMIT 8") else { return }
+        let lines = out.split(separator: "\n").map { line -> String in
+            let f = line.split(separator: "|", maxSplits: 4, omittingEmptySubsequences: false).map(String.init)
+            guard f.count == 5, let calls = Double(f[0]), let total = Double(f[1]) else { return String(line) }
+            return "\(fmt(calls / published)) calls/publish, mean \(f[2]) ms, \(fmt(total * 1000 / published)) us/publish: \(f[4])"
+        }
+        notes.append("\(label) rep \(rep + 1): pg_stat_statements, costliest by total time:\n    " + lines.joined(separator: "\n    "))
+    }
+
     /// Next transaction id (write transactions get one; reading it takes none) and
     /// pg_stat_database.xact_commit of the dispatch database.
     func pgCounters() -> (xid: Double, commits: Double)? {
@@ -149,6 +190,7 @@ extension Orchestrator {
         _ = Control.collect(subscribers, "reset", timeout: 10)
         let listeners = Double(nodesSQL("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dispatchd-%-listener'") ?? "") ?? -1
         let dPids = dispatchdPids(running), pgPids = postgresPids()
+        if config.pgStatStatements { _ = nodesSuperSQL("SELECT pg_stat_statements_reset()") }
         let natsPids = nodeNATS?.pidsRunning() ?? []
         let natsMessages0 = nodeNATS?.messages() ?? 0, sequencer0 = nodeCounters(running, Self.carrierCounters)
         let cpuD0 = cpuSeconds(dPids), cpuPG0 = cpuSeconds(pgPids), cpuN0 = cpuSeconds(natsPids), cpuM0 = PushRun.machineBusySeconds()
@@ -188,6 +230,7 @@ extension Orchestrator {
         let natsMessages = (nodeNATS?.messages() ?? 0) - natsMessages0
         let sequencer1 = nodeCounters(running, Self.carrierCounters)
         let windowReport = reports()
+        noteStatements(label, rep: rep, published: Double(p!.int("count") ?? 0))
         var finals: [Int64] = []
         if case .array(let a)? = p!["finals"] { finals = a.map { if case .number(let d) = $0 { return Int64(d) } else { return 0 } } }
         verify(t, finals: finals, scenario: label)
@@ -230,7 +273,10 @@ extension Orchestrator {
         }
         if listeners >= 0 {
             record(label, "LISTEN sessions", "", higher: false, t, listeners, table: false)
-            record(label, "notifications sent/s (by PG)", "1/s", higher: false, t, published / elapsed * listeners, table: false)
+            // With NATS the listeners LISTEN only for key revocations: no notice per publish.
+            if nodeNATS == nil {
+                record(label, "notifications sent/s (by PG)", "1/s", higher: false, t, published / elapsed * listeners, table: false)
+            }
         }
         if samples > 0 {
             // Publish commits are serialised twice, cluster-wide: the feed's position lock

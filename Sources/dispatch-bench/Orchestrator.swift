@@ -44,6 +44,8 @@ struct BenchConfig {
     /// The carrier outage: publishes/s (all publishers together) and longest catch-up wait.
     var outageRate = 1000.0
     var outageSettle = 30.0
+    /// Loads pg_stat_statements into the nodes' PostgreSQL and notes each run's costliest statements.
+    var pgStatStatements = false
     // Replay storm (ReplayStorm.swift): Last-Event-ID: 0 on long histories, half not reading.
     var replayStreams = 2000
     var replayActivities = 20
