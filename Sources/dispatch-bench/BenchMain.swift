@@ -33,6 +33,7 @@ enum BenchMain {
       --results DIR               where results JSON goes (default bench/results)
       --json PATH                 write the results JSON to PATH instead
       --node-carriers LIST        nodes scenario carriers: notify, nats (default both; smoke: notify)
+      --node-workers N            DISPATCH_WORKERS of each node in the nodes scenario (default 2)
       --pg-stat-statements        nodes: load pg_stat_statements, note each run's costliest statements
       --scenarios LIST            comma-separated subset of: idle, fanout, throughput, terminal,
                                   restart, nodes, replay (default all; restart needs a server
@@ -80,6 +81,7 @@ enum BenchMain {
                 guard !list.isEmpty, list.isSubset(of: BenchConfig.allScenarios) else { log(usage); return 64 }
                 c.scenarios = list
             case "--pg-stat-statements": c.pgStatStatements = true
+            case "--node-workers": c.nodeWorkers = max(1, Int(value() ?? "") ?? 2)
             case "--node-carriers":
                 let list = (value() ?? "").split(separator: ",").map { String($0) }
                 guard !list.isEmpty, Set(list).isSubset(of: ["notify", "nats"]) else { log(usage); return 64 }
