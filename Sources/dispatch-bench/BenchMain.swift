@@ -32,6 +32,9 @@ enum BenchMain {
       --template PATH             nginx config template (default bench/nginx.conf.template)
       --results DIR               where results JSON goes (default bench/results)
       --json PATH                 write the results JSON to PATH instead
+      --node-carriers LIST        nodes scenario carriers: notify, nats (default both; smoke: notify)
+      --node-workers N            DISPATCH_WORKERS of each node in the nodes scenario (default 2)
+      --pg-stat-statements        nodes: load pg_stat_statements, note each run's costliest statements
       --scenarios LIST            comma-separated subset of: idle, fanout, throughput, terminal,
                                   restart, nodes, replay, feed (default all; restart needs a
                                   server this run starts, nodes, replay and feed need dispatchd)
@@ -80,6 +83,12 @@ enum BenchMain {
                 let list = Set((value() ?? "").split(separator: ",").map { String($0) })
                 guard !list.isEmpty, list.isSubset(of: BenchConfig.allScenarios) else { log(usage); return 64 }
                 c.scenarios = list
+            case "--pg-stat-statements": c.pgStatStatements = true
+            case "--node-workers": c.nodeWorkers = max(1, Int(value() ?? "") ?? 2)
+            case "--node-carriers":
+                let list = (value() ?? "").split(separator: ",").map { String($0) }
+                guard !list.isEmpty, Set(list).isSubset(of: ["notify", "nats"]) else { log(usage); return 64 }
+                c.nodeCarriers = list
             case "--throughput-seconds": c.throughputSeconds = max(1, Double(value() ?? "") ?? c.throughputSeconds)
             case "--replay-streams": c.replayStreams = max(2, Int(value() ?? "") ?? c.replayStreams)
             case "--replay-events": c.replayEvents = max(10, Int(value() ?? "") ?? c.replayEvents)

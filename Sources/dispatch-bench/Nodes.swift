@@ -19,20 +19,27 @@ extension Orchestrator {
         let key = Servers.randomKey()
         let counts = config.nodeCounts.sorted()
         defer { stopNodes() }
-        for n in counts {
-            while nodeTargets.count < n { try startNode(key: key) }
-            if n >= 2 && !crossNodeDone(rep) {
-                try nodeRun(label: "cross-node \(Self.count(config.nodeSubscribers))/\(Self.count(config.nodeActivities))",
-                            subs: [nodeTargets[0]], pubs: [nodeTargets[1]], running: Array(nodeTargets.prefix(n)), rep: rep)
+        for carrier in config.nodeCarriers {
+            // Every node starts again for each carrier: DISPATCH_NATS_URL is read at start.
+            stopNodes()
+            let tag = carrier == "nats" ? " nats" : ""
+            if carrier == "nats" { nodeNATS = try BenchNATS(size: counts.max() ?? 1, dir: tempDir) }
+            for n in counts {
+                while nodeTargets.count < n { try startNode(key: key) }
+                let cross = "cross-node\(tag) \(Self.count(config.nodeSubscribers))/\(Self.count(config.nodeActivities))"
+                if n >= 2 && !scenarioDone(cross, rep) {
+                    try nodeRun(label: cross, subs: [nodeTargets[0]], pubs: [nodeTargets[1]], running: Array(nodeTargets.prefix(n)), rep: rep)
+                }
+                let label = "\(n) node\(n == 1 ? "" : "s")\(tag) \(Self.count(config.nodeSubscribers))/\(Self.count(config.nodeActivities))"
+                let running = Array(nodeTargets.prefix(n))
+                try nodeRun(label: label, subs: running, pubs: running, running: running, rep: rep)
             }
-            let label = "\(n) node\(n == 1 ? "" : "s") \(Self.count(config.nodeSubscribers))/\(Self.count(config.nodeActivities))"
-            let running = Array(nodeTargets.prefix(n))
-            try nodeRun(label: label, subs: running, pubs: running, running: running, rep: rep)
+            if carrier == "nats" { try carrierOutage(rep: rep) }
         }
     }
 
-    private func crossNodeDone(_ rep: Int) -> Bool {
-        figures.contains { $0.scenario.hasPrefix("cross-node") && ($0.runs["dispatch"]?.count ?? 0) > rep }
+    private func scenarioDone(_ label: String, _ rep: Int) -> Bool {
+        figures.contains { $0.scenario == label && ($0.runs["dispatch"]?.count ?? 0) > rep }
     }
 
     /// Node 1 owns the PostgreSQL cluster (embedded); the others use it through DATABASE_URL.
@@ -42,12 +49,17 @@ extension Orchestrator {
         try? Files.makeDirectory(dir)
         chmod(dir, 0o755)
         var env: [String: String] = [:]
+        if let nats = nodeNATS {
+            try nats.start(index - 1)
+            env["DISPATCH_NATS_URL"] = nats.url(forNode: index - 1)
+        }
         if let first = nodeTargets.first {
             env["DATABASE_URL"] = "host=\(first.dataDir)/run port=5432 user=dispatch dbname=dispatch passfile=\(first.dataDir)/pgpass"
         }
         let t = try Servers.startDispatch(binary: config.dispatchd, dir: dir, workers: config.nodeWorkers,
                                           port: Servers.freePort(startingAt: UInt16(18180 + 20 * index)), env: env, key: key)
         nodeTargets.append(t)
+        if index == 1 && config.pgStatStatements { try loadPgStatStatements(t) }
         // /readyz answers for the whole server; its metrics also say when every worker's
         // database sessions are up (dispatch_db_up is the lowest over workers).
         let deadline = Clock.monotonicNanoseconds() + 30_000_000_000
@@ -55,14 +67,42 @@ extension Orchestrator {
             if Metrics.scrape(port: t.port).sum("dispatch_db_up") >= 1 { break }
             Control.sleep(0.1)
         }
-        log("bench: node \(index) up on port \(t.port) (\(config.nodeWorkers) workers\(index == 1 ? ", owns PostgreSQL" : ", DATABASE_URL to node 1's"))")
+        log("bench: node \(index) up on port \(t.port) (\(config.nodeWorkers) workers\(index == 1 ? ", owns PostgreSQL" : ", DATABASE_URL to node 1's")"
+            + "\(nodeNATS.map { ", NATS \($0.url(forNode: index - 1))" } ?? ""))")
     }
 
     func stopNodes() {
         // The others first: node 1 stops the PostgreSQL they use.
         for t in nodeTargets.reversed() { t.stop() }
         nodeTargets.removeAll()
+        nodeNATS?.stopAll()
+        nodeNATS = nil
     }
+
+    /// Counters summed over the running nodes' /metrics (each answers for all its workers).
+    func nodeCounters(_ nodes: [Target], _ names: [String]) -> [String: Double] {
+        var out: [String: Double] = [:]
+        for t in nodes {
+            let m = Metrics.scrape(port: t.port)
+            for n in names { out[n, default: 0] += m.sum(n) }
+        }
+        return out
+    }
+
+    /// Every labelled series of `name` summed over the nodes, by its labels.
+    func nodeSeries(_ nodes: [Target], _ name: String) -> [String: Double] {
+        var out: [String: Double] = [:]
+        for t in nodes {
+            for (k, v) in Metrics.scrape(port: t.port).samples["server"] ?? [:] where k.hasPrefix(name + "{") {
+                // Drop the worker label: the same series of every worker adds up.
+                let labels = k.dropFirst(name.count + 1).dropLast().split(separator: ",").filter { !$0.hasPrefix("worker=") }
+                out[labels.joined(separator: ","), default: 0] += v
+            }
+        }
+        return out
+    }
+
+    static let carrierCounters = ["dispatch_sequencer_positions_total", "dispatch_sequencer_passes_total"]
 
     /// PostgreSQL of the nodes (node 1's cluster): psql with its conninfo.
     func nodesSQL(_ sql: String) -> String? {
@@ -70,6 +110,46 @@ extension Orchestrator {
         let conninfo = "host=\(first.dataDir)/run port=5432 user=dispatch dbname=dispatch passfile=\(first.dataDir)/pgpass"
         let r = Subprocess.run([psql, conninfo, "-AtX", "-c", sql])
         return r.status == 0 ? r.output.trimmingCharacters(in: "\n") : nil
+    }
+
+    /// Adds pg_stat_statements to node 1's cluster: preloaded (a restart of node 1, which
+    /// restarts its PostgreSQL) and created in the dispatch database.
+    func loadPgStatStatements(_ t: Target) throws {
+        guard let cluster = t.postgresCluster else { return }
+        let conf = cluster + "/postgresql.conf"
+        if !(Files.read(conf) ?? "").contains("pg_stat_statements") {
+            guard let h = fopen(conf, "a") else { throw BenchError("cannot append to \(conf)") }
+            fputs("\nshared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = all\n", h)
+            fclose(h)
+            t.stop()
+            t.rootPid = try t.starter!()
+        }
+        guard nodesSuperSQL("CREATE EXTENSION IF NOT EXISTS pg_stat_statements") != nil else {
+            throw BenchError("pg_stat_statements could not be created in the nodes' PostgreSQL")
+        }
+    }
+
+    /// psql on node 1's cluster with '|' between fields (initdb made `dispatch` its superuser).
+    func nodesSuperSQL(_ sql: String) -> String? {
+        guard let first = nodeTargets.first, let psql = Proc.which("psql") else { return nil }
+        let conninfo = "host=\(first.dataDir)/run port=5432 user=dispatch dbname=dispatch passfile=\(first.dataDir)/pgpass"
+        let r = Subprocess.run([psql, conninfo, "-AtX", "-F", "|", "-c", sql])
+        return r.status == 0 ? r.output.trimmingCharacters(in: "\n") : nil
+    }
+
+    /// The statements that cost PostgreSQL the most since the last reset, per publish.
+    func noteStatements(_ label: String, rep: Int, published: Double) {
+        guard config.pgStatStatements, published > 0,
+              let out = nodesSuperSQL("SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3), rows, "
+                                      + "regexp_replace(left(query, 90), '\\s+', ' ', 'g') FROM pg_stat_statements "
+                                      + "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'dispatch') "
+                                      + "ORDER BY total_exec_time DESC LIMIT 8") else { return }
+        let lines = out.split(separator: "\n").map { line -> String in
+            let f = line.split(separator: "|", maxSplits: 4, omittingEmptySubsequences: false).map(String.init)
+            guard f.count == 5, let calls = Double(f[0]), let total = Double(f[1]) else { return String(line) }
+            return "\(fmt(calls / published)) calls/publish, mean \(f[2]) ms, \(fmt(total * 1000 / published)) us/publish: \(f[4])"
+        }
+        notes.append("\(label) rep \(rep + 1): pg_stat_statements, costliest by total time:\n    " + lines.joined(separator: "\n    "))
     }
 
     /// Next transaction id (write transactions get one; reading it takes none) and
@@ -110,7 +190,10 @@ extension Orchestrator {
         _ = Control.collect(subscribers, "reset", timeout: 10)
         let listeners = Double(nodesSQL("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dispatchd-%-listener'") ?? "") ?? -1
         let dPids = dispatchdPids(running), pgPids = postgresPids()
-        let cpuD0 = cpuSeconds(dPids), cpuPG0 = cpuSeconds(pgPids), cpuM0 = PushRun.machineBusySeconds()
+        if config.pgStatStatements { _ = nodesSuperSQL("SELECT pg_stat_statements_reset()") }
+        let natsPids = nodeNATS?.pidsRunning() ?? []
+        let natsMessages0 = nodeNATS?.messages() ?? 0, sequencer0 = nodeCounters(running, Self.carrierCounters)
+        let cpuD0 = cpuSeconds(dPids), cpuPG0 = cpuSeconds(pgPids), cpuN0 = cpuSeconds(natsPids), cpuM0 = PushRun.machineBusySeconds()
         let started = Clock.monotonicNanoseconds()
         startPublishing(t, port: pubs[0].port, prefix: prefix, channels: k, conns: config.nodePublishers,
                         seconds: config.nodeSeconds) { w in
@@ -143,7 +226,11 @@ extension Orchestrator {
         }
         let window = Double(Clock.monotonicNanoseconds() - started) / 1e9
         let cpuD = cpuSeconds(dPids) - cpuD0, cpuPG = cpuSeconds(pgPids) - cpuPG0, cpuM = PushRun.machineBusySeconds() - cpuM0
+        let cpuN = cpuSeconds(natsPids) - cpuN0
+        let natsMessages = (nodeNATS?.messages() ?? 0) - natsMessages0
+        let sequencer1 = nodeCounters(running, Self.carrierCounters)
         let windowReport = reports()
+        noteStatements(label, rep: rep, published: Double(p!.int("count") ?? 0))
         var finals: [Int64] = []
         if case .array(let a)? = p!["finals"] { finals = a.map { if case .number(let d) = $0 { return Int64(d) } else { return 0 } } }
         verify(t, finals: finals, scenario: label)
@@ -163,17 +250,33 @@ extension Orchestrator {
         record(label, "CPU dispatchd (all nodes)", "%", higher: false, t, cpuD / window * 100)
         record(label, "CPU postgres", "%", higher: false, t, cpuPG / window * 100)
         record(label, "CPU machine", "%", higher: false, t, cpuM / window * 100, table: false)
+        // CPU per publish over the whole window (publishers stop inside it), each part alone.
+        let publishedInWindow = max(1, published)
+        record(label, "dispatchd CPU per publish", "us", higher: false, t, cpuD / publishedInWindow * 1e6)
+        record(label, "PostgreSQL CPU per publish", "us", higher: false, t, cpuPG / publishedInWindow * 1e6)
+        if nodeNATS != nil {
+            record(label, "NATS messages/s", "1/s", higher: false, t, natsMessages / window)
+            record(label, "CPU nats-server", "%", higher: false, t, cpuN / window * 100, table: false)
+            if natsMessages > 0 { record(label, "NATS CPU per message", "us", higher: false, t, cpuN / natsMessages * 1e6) }
+            let passes = (sequencer1["dispatch_sequencer_passes_total"] ?? 0) - (sequencer0["dispatch_sequencer_passes_total"] ?? 0)
+            let positions = (sequencer1["dispatch_sequencer_positions_total"] ?? 0) - (sequencer0["dispatch_sequencer_positions_total"] ?? 0)
+            record(label, "sequencer passes/s", "1/s", higher: false, t, passes / window, table: false)
+            if passes > 0 { record(label, "positions per sequencer pass", "", higher: true, t, positions / passes, table: false) }
+        }
         var commitsPerSecond: Double?
         if let a = c0, let b = c1, c1At > c0At + 0.5 {
             commitsPerSecond = (b.commits - a.commits) / (c1At - c0At)
             record(label, "commits/s (xact_commit)", "1/s", higher: false, t, commitsPerSecond)
             record(label, "write transactions/s", "1/s", higher: false, t, (b.xid - a.xid) / (c1At - c0At), table: false)
             let writes = (b.xid - a.xid) / (c1At - c0At)
-            if writes > 0 { record(label, "publishes per write transaction", "", higher: true, t, published / elapsed / writes, table: false) }
+            if writes > 0 { record(label, "publishes per write transaction", "", higher: true, t, published / elapsed / writes) }
         }
         if listeners >= 0 {
             record(label, "LISTEN sessions", "", higher: false, t, listeners, table: false)
-            record(label, "notifications sent/s (by PG)", "1/s", higher: false, t, published / elapsed * listeners, table: false)
+            // With NATS the listeners LISTEN only for key revocations: no notice per publish.
+            if nodeNATS == nil {
+                record(label, "notifications sent/s (by PG)", "1/s", higher: false, t, published / elapsed * listeners, table: false)
+            }
         }
         if samples > 0 {
             // Publish commits are serialised twice, cluster-wide: the feed's position lock
@@ -185,7 +288,7 @@ extension Orchestrator {
             record(label, "waiting on the position lock", "sessions", higher: false, t, positionWaits, table: false)
             record(label, "waiting on the NOTIFY lock", "sessions", higher: false, t, notifyWaits, table: false)
             record(label, "waiting on WAL flush", "sessions", higher: false, t,
-                   Double((waits["IO:WALSync"] ?? 0) + (waits["LWLock:WALWrite"] ?? 0)) / Double(samples), table: false)
+                   Double((waits["IO:WALSync"] ?? 0) + (waits["LWLock:WALWrite"] ?? 0)) / Double(samples))
             let summary = waits.sorted { $0.value > $1.value }.map { "\($0.key) \(fmt(Double($0.value) / Double(samples)))" }.joined(separator: ", ")
             notes.append("\(label) rep \(rep + 1): active dispatchd sessions in PostgreSQL, mean of \(samples) samples: \(summary)")
         }

@@ -38,6 +38,14 @@ struct BenchConfig {
     var nodeActivities = 1000
     var nodePublishers = 32
     var nodeSeconds = 4.0
+    /// How nodes hear each other's changes: PostgreSQL's LISTEN/NOTIFY, then NATS (a cluster
+    /// of one nats-server per node, started by the bench), which also runs the carrier outage.
+    var nodeCarriers = ["notify", "nats"]
+    /// The carrier outage: publishes/s (all publishers together) and longest catch-up wait.
+    var outageRate = 1000.0
+    var outageSettle = 30.0
+    /// Loads pg_stat_statements into the nodes' PostgreSQL and notes each run's costliest statements.
+    var pgStatStatements = false
     // Replay storm (ReplayStorm.swift): Last-Event-ID: 0 on long histories, half not reading.
     var replayStreams = 2000
     var replayActivities = 20
@@ -111,6 +119,9 @@ struct BenchConfig {
             c.nodeActivities = 40
             c.nodePublishers = 4
             c.nodeSeconds = 1.5
+            c.nodeCarriers = ["notify"]
+            c.outageRate = 100
+            c.outageSettle = 15
             c.replayStreams = 100
             c.replayActivities = 4
             c.replayEvents = 200
@@ -153,6 +164,8 @@ final class Orchestrator {
     var nodeTargets: [Target] = []
     /// Measured nodes runs so far (names each run's activities).
     var nodeRuns = 0
+    /// The nodes scenario's NATS cluster while it runs in NATS mode.
+    var nodeNATS: BenchNATS?
     let runTag: String
     var tempDir = ""
 
@@ -263,6 +276,7 @@ final class Orchestrator {
         publisher?.stop()
         for t in nodeTargets.reversed() { t.stop() }
         nodeTargets.removeAll()
+        nodeNATS?.stopAll()
         for t in targets { t.stop() }
         if !tempDir.isEmpty, tempDir.hasPrefix("/tmp/dispatch-bench-") {
             _ = Proc.run("/bin/rm", ["-rf", tempDir])

@@ -233,6 +233,14 @@ final class Worker {
         case "stop":
             // Publishers finish the request they are in (and retries of it), then report.
             reqDeadline = min(reqDeadline, Clock.wallNanoseconds())
+        case "acked":
+            // The seqs acknowledged so far, by channel, while publishing goes on (the carrier
+            // outage measures catch-up to what was acknowledged when the carrier came back).
+            let acked = pubFinal
+            emit { w in
+                w.field("ev", "acked")
+                w.key("finals"); w.beginArray(); for f in acked { w.int(f) }; w.endArray()
+            }
         case "storm": stormReport(since: Int64(v.double("since") ?? 0))
         case "progress": progress()
         case "away": goAway(every: max(1, v.int("every") ?? 20), ms: v.int("ms") ?? 4000)

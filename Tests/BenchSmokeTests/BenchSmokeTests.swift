@@ -109,6 +109,36 @@ final class BenchFeedSmokeTests: XCTestCase {
     }
 }
 
+/// The nodes scenario over NATS in smoke sizes: a nats-server per node, clustered, started by
+/// the bench; then every nats-server killed mid-publishing and started again. Events flow
+/// across nodes through NATS, and after the outage every stream catches up with nothing lost,
+/// duplicated or reordered.
+final class BenchNATSSmokeTests: XCTestCase {
+    func testNodesOverNATSAndCarrierOutageLoseNothing() throws {
+        let (status, text, written) = try runBench(["run", "--smoke", "--only", "dispatch", "--scenarios", "nodes",
+                                                   "--node-carriers", "nats", "--dispatchd", TestPaths.binary("dispatchd")])
+        XCTAssertEqual(status, 0, text)
+        guard let result = written else { return XCTFail("no results JSON\n\(text)") }
+        XCTAssertEqual(result["problems"], .array([]), text)
+        guard case .object(let checks)? = result["checks"]?["dispatch"] else { return XCTFail("no checks\n\(text)") }
+        for (name, value) in checks { XCTAssertEqual(value, .number(0), "\(name)\n\(text)") }
+        guard case .array(let figures)? = result["figures"] else { return XCTFail("no figures\n\(text)") }
+        func value(_ scenario: String, _ figure: String) -> Double? {
+            let f = figures.first {
+                if case .string(let s)? = $0["scenario"], s.hasPrefix(scenario), $0["figure"] == .string(figure) { return true }
+                return false
+            }
+            if case .number(let v)? = f?["dispatch"] { return v }
+            return nil
+        }
+        XCTAssertGreaterThan(value("cross-node nats", "deliveries/s") ?? 0, 0, text)
+        XCTAssertGreaterThan(value("2 nodes nats", "NATS messages/s") ?? 0, 0, text)
+        XCTAssertNotNil(value("outage nats", "catch-up after NATS back"), text)
+        XCTAssertEqual(value("outage nats", "events lost"), 0, text)
+        XCTAssertEqual(value("outage nats", "events duplicated/reordered"), 0, text)
+    }
+}
+
 /// The push bench in smoke mode against the fake APNs: pushes flow, nothing fails.
 final class PushBenchSmokeTests: XCTestCase {
     func testPushSmokeRunDeliversEveryPush() throws {
