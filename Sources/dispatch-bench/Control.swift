@@ -110,13 +110,10 @@ enum BlockingHTTP {
         var event: BenchEvent?
     }
 
-    /// Sends one request on a fresh connection. `body` is produced right before sending, so a
-    /// timestamp inside it is taken as late as possible; its value is returned with the answer.
-    static func request(host: String = "127.0.0.1", port: UInt16, method: String, path: String,
-                        auth: String = "", timeout: Double = 10, body: () -> String) throws -> Response {
+    /// A blocking TCP connection to host:port with a receive timeout and TCP_NODELAY.
+    static func connect(host: String, port: UInt16, timeout: Double) throws -> Int32 {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw BenchError("socket failed") }
-        defer { Glibc.close(fd) }
         var tv = timeval(tv_sec: Int(timeout), tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
         var one: Int32 = 1
@@ -126,9 +123,22 @@ enum BlockingHTTP {
         sa.sin_port = port.bigEndian
         sa.sin_addr.s_addr = inet_addr(host)
         let rc = withUnsafePointer(to: &sa) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
-        guard rc == 0 else { throw BenchError("connect \(host):\(port): \(String(cString: strerror(errno)))") }
+        guard rc == 0 else {
+            let error = BenchError("connect \(host):\(port): \(String(cString: strerror(errno)))")
+            Glibc.close(fd)
+            throw error
+        }
+        return fd
+    }
+
+    /// Sends one request on a fresh connection. `body` is produced right before sending, so a
+    /// timestamp inside it is taken as late as possible; its value is returned with the answer.
+    static func request(host: String = "127.0.0.1", port: UInt16, method: String, path: String,
+                        auth: String = "", timeout: Double = 10, body: () -> String) throws -> Response {
+        let fd = try connect(host: host, port: port, timeout: timeout)
+        defer { Glibc.close(fd) }
         let req = Worker.request(method, path, body: body(), auth: auth)
         var off = 0
         while off < req.count {

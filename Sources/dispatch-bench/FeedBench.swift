@@ -131,23 +131,6 @@ enum FeedProbe {
         return th
     }
 
-    static func connect(_ addr: String, _ port: UInt16, timeout: Double) -> Int32? {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return nil }
-        var tv = timeval(tv_sec: Int(timeout), tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-        var one: Int32 = 1
-        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-        var sa = sockaddr_in()
-        sa.sin_family = sa_family_t(AF_INET)
-        sa.sin_port = port.bigEndian
-        sa.sin_addr.s_addr = inet_addr(addr)
-        let rc = withUnsafePointer(to: &sa) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard rc == 0 else { Glibc.close(fd); return nil }
-        return fd
-    }
 
     static func sendAll(_ fd: Int32, _ text: String) -> Bool {
         let bytes = Array(text.utf8)
@@ -163,7 +146,7 @@ enum FeedProbe {
     /// One request on a fresh connection (`Connection: close`); the status and body.
     static func request(_ t: Target, addr: String = "127.0.0.1", method: String, path: String, auth: String,
                         body: String = "") -> (status: Int, body: String)? {
-        guard let fd = connect(addr, t.port, timeout: 10) else { return nil }
+        guard let fd = try? BlockingHTTP.connect(host: addr, port: t.port, timeout: 10) else { return nil }
         defer { Glibc.close(fd) }
         var req = "\(method) \(path) HTTP/1.1\r\nHost: \(addr)\r\nConnection: close\r\nAuthorization: Bearer \(auth)\r\n"
         if !body.isEmpty { req += "Content-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n" }
@@ -222,7 +205,7 @@ enum FeedProbe {
     /// Opens a feed and reads until `event: synced`.
     static func readUntilSynced(_ t: Target, addr: String, key: String, timeout: Double) -> Outcome {
         let t0 = Clock.monotonicNanoseconds()
-        guard let fd = connect(addr, t.port, timeout: 5) else { return Outcome(error: "connect failed") }
+        guard let fd = try? BlockingHTTP.connect(host: addr, port: t.port, timeout: 5) else { return Outcome(error: "connect failed") }
         defer { Glibc.close(fd) }
         guard sendAll(fd, "GET /v1/stream HTTP/1.1\r\nHost: \(addr)\r\nAuthorization: Bearer \(key)\r\nAccept: text/event-stream\r\n\r\n") else {
             return Outcome(error: "send failed")

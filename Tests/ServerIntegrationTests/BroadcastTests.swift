@@ -12,26 +12,16 @@ import XCTest
 /// the fake APNs' push and channel management listeners, every request checked against the
 /// shape Apple documents.
 final class BroadcastTests: XCTestCase {
-    nonisolated(unsafe) static var shared: FakeAPNs?
+    static let apns = ClassFakeAPNs()
 
     override class func tearDown() {
-        shared?.stop()
-        shared = nil
+        apns.stop()
         super.tearDown()
     }
 
-    func fake() throws -> FakeAPNs {
-        if Self.shared == nil { Self.shared = try FakeAPNs.start() }
-        let f = Self.shared!
-        try f.resetBehavior()
-        try f.clearRequests()
-        return f
-    }
+    func fake() throws -> FakeAPNs { try Self.apns.fresh() }
 
-    func token(bytes: Int = 32) -> String {
-        var g = SystemRandomNumberGenerator()
-        return (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &g)) }.joined()
-    }
+    func token(bytes: Int = 32) -> String { randomToken(bytes: bytes) }
 
     func decode(_ r: FakeAPNs.Recorded) throws -> LiveActivityPush {
         try JSONDecoder().decode(LiveActivityPush.Envelope.self, from: Data(r.bodyBytes)).aps

@@ -10,10 +10,7 @@ import XCTest
 final class KeyLimitsTests: XCTestCase {
     static let tokenKey = ["DISPATCH_TOKEN_KEY": FakeAPNs.tokenKey]
 
-    func token(bytes: Int = 32) -> String {
-        var g = SystemRandomNumberGenerator()
-        return (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &g)) }.joined()
-    }
+    func token(bytes: Int = 32) -> String { randomToken(bytes: bytes) }
 
     func sql(_ s: TestServer, _ query: String) throws -> [[String?]] { try TestPostgres.shared().sql(s.conninfo, query) }
 
@@ -244,26 +241,16 @@ final class KeyLimitsTests: XCTestCase {
 /// Pushes to devices that belong to keys (contract §5.2, §6): push-to-start only to keys that
 /// may read, and a phone two keys registered gets each push once.
 final class KeyOwnedPushTests: XCTestCase {
-    nonisolated(unsafe) static var shared: FakeAPNs?
+    static let apns = ClassFakeAPNs()
 
     override class func tearDown() {
-        shared?.stop()
-        shared = nil
+        apns.stop()
         super.tearDown()
     }
 
-    func fake() throws -> FakeAPNs {
-        if Self.shared == nil { Self.shared = try FakeAPNs.start() }
-        let f = Self.shared!
-        try f.resetBehavior()
-        try f.clearRequests()
-        return f
-    }
+    func fake() throws -> FakeAPNs { try Self.apns.fresh() }
 
-    func token(bytes: Int = 32) -> String {
-        var g = SystemRandomNumberGenerator()
-        return (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &g)) }.joined()
-    }
+    func token(bytes: Int = 32) -> String { randomToken(bytes: bytes) }
 
     func count(_ s: TestServer, _ query: String) throws -> Int {
         guard let v = try TestPostgres.shared().sql(s.conninfo, query).first?.first ?? nil, let n = Int(v) else { return -1 }

@@ -13,25 +13,18 @@ import XCTest
 /// PostgreSQL, pushing over HTTP/2 + TLS to the fake APNs (Tests/tools/fake_apns.py), which
 /// checks the JWT, headers and payload of every request and answers as scripted.
 final class PushTests: XCTestCase {
-    nonisolated(unsafe) static var shared: FakeAPNs?
+    static let apns = ClassFakeAPNs()
     nonisolated(unsafe) static var sandbox: FakeAPNs?
 
     override class func tearDown() {
-        shared?.stop()
-        shared = nil
+        apns.stop()
         sandbox?.stop()
         sandbox = nil
         super.tearDown()
     }
 
     /// One fake for the whole class; each test starts with no scripts and no records.
-    func fake() throws -> FakeAPNs {
-        if Self.shared == nil { Self.shared = try FakeAPNs.start() }
-        let f = Self.shared!
-        try f.resetBehavior()
-        try f.clearRequests()
-        return f
-    }
+    func fake() throws -> FakeAPNs { try Self.apns.fresh() }
 
     /// A second fake playing the sandbox, fresh like `fake()`.
     func sandboxFake() throws -> FakeAPNs {
@@ -47,10 +40,7 @@ final class PushTests: XCTestCase {
     }
 
     /// A fresh random token of `bytes` bytes, lower-case hex.
-    func token(bytes: Int = 32) -> String {
-        var g = SystemRandomNumberGenerator()
-        return (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &g)) }.joined()
-    }
+    func token(bytes: Int = 32) -> String { randomToken(bytes: bytes) }
 
     @discardableResult
     func register(_ s: TestServer, device: String, pushToStart: String?? = nil, tokens: [(String, String?)] = [],

@@ -63,3 +63,28 @@ func assertConsecutive(_ ids: [Int64], from first: Int64? = nil, through last: I
     XCTAssertEqual(ids, Array(start..<(start + Int64(ids.count))), "ids not consecutive: \(ids)", file: file, line: line)
     if let last { XCTAssertEqual(ids.last, last, "last id", file: file, line: line) }
 }
+
+/// One fake APNs for a test class (started on first use, stopped in the class's tearDown),
+/// with no scripts and no records at the start of each test.
+final class ClassFakeAPNs: @unchecked Sendable {
+    private var fake: FakeAPNs?
+
+    func fresh() throws -> FakeAPNs {
+        if fake == nil { fake = try FakeAPNs.start() }
+        let f = fake!
+        try f.resetBehavior()
+        try f.clearRequests()
+        return f
+    }
+
+    func stop() {
+        fake?.stop()
+        fake = nil
+    }
+}
+
+/// A random device or activity token: `bytes` bytes as lowercase hex.
+func randomToken(bytes: Int = 32) -> String {
+    var g = SystemRandomNumberGenerator()
+    return (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &g)) }.joined()
+}

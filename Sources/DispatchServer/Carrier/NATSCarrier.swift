@@ -238,7 +238,7 @@ final class NATSCarrier {
             feedSuspect = nil
         }
         guard !checking, db.reader.isReady else { return }
-        let now = !client.isConnected
+        let carrierDown = !client.isConnected
         let topics = streams.syncedTopics
         var held: [String: Int64] = [:]
         for t in topics { held[t.topic] = t.seq }
@@ -265,10 +265,10 @@ final class NATSCarrier {
             for row in r.rows {
                 guard let seq = row.int64("seq") else { continue }
                 if let id = row["activity_id"] {
-                    if now { self.metrics.repairs[.check, default: 0] += 1; self.streams.behind(id, seq: seq) } else { self.suspects[id] = seq }
+                    if carrierDown { self.metrics.repairs[.check, default: 0] += 1; self.streams.behind(id, seq: seq) } else { self.suspects[id] = seq }
                 } else if let head = self.feeds.head, seq > head {
                     // The feed row: `seq` holds the newest position.
-                    if now {
+                    if carrierDown {
                         self.metrics.repairs[.check, default: 0] += 1
                         self.feeds.announced(CarrierMessage.Announcement(after: seq, changes: []))
                     } else {
