@@ -21,6 +21,22 @@ public struct TokenBucket: Sendable {
     }
 }
 
+/// One token bucket per key: `rate` per second, bursts of twice that (at least one).
+public struct PerKeyRate: Sendable {
+    public let rate: Double
+    var buckets: [Int64: TokenBucket] = [:]
+
+    public init(rate: Double) { self.rate = rate }
+
+    /// Takes one token of `key`'s; on refusal, the seconds until one is available.
+    public mutating func take(_ key: Int64, now: Double) -> Double? {
+        var bucket = buckets[key] ?? TokenBucket(rate: rate, burst: max(1, rate * 2), now: now)
+        let wait = bucket.take(now: now)
+        buckets[key] = bucket
+        return wait
+    }
+}
+
 /// What a key may do. `admin` may do everything; `publish` may also read.
 public enum Scope: String, Sendable, CaseIterable {
     case publish, read, device, admin

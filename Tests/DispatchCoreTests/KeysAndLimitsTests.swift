@@ -76,3 +76,13 @@ final class KeysAndLimitsTests: XCTestCase {
         }
     }
 }
+
+final class PerKeyRateTests: XCTestCase {
+    func testEachKeyHasItsOwnBucketOfTwiceTheRate() {
+        var r = PerKeyRate(rate: 2)
+        for _ in 0..<4 { XCTAssertNil(r.take(1, now: 0), "a burst of twice the rate") }
+        XCTAssertEqual(r.take(1, now: 0) ?? -1, 0.5, accuracy: 1e-9, "then one every 1/rate s")
+        XCTAssertNil(r.take(2, now: 0), "another key is not slowed")
+        XCTAssertNil(r.take(1, now: 0.5))
+    }
+}

@@ -11,23 +11,20 @@ final class DevicesContext {
     var kick: () -> Void = {}
     let limits: KeyLimits
     /// Registrations and deletions per key (this worker's share of the rate).
-    private var buckets: [Int64: TokenBucket] = [:]
+    private var registrations: PerKeyRate
 
     init(vault: TokenVault, pushes: Bool, limits: KeyLimits) {
         self.vault = vault
         self.pushes = pushes
         self.limits = limits
+        registrations = PerKeyRate(rate: limits.deviceRatePerSecond)
     }
 
     /// The per-key device rate (DISPATCH_DEVICE_RATE); admin keys are not limited.
     func checkRate(_ key: APIKey) -> DispatchError? {
         let rate = limits.deviceRatePerSecond
         guard rate > 0, !key.isAdmin else { return nil }
-        let now = Clock.monotonic()
-        var bucket = buckets[key.id] ?? TokenBucket(rate: rate, burst: max(1, rate * 2), now: now)
-        let wait = bucket.take(now: now)
-        buckets[key.id] = bucket
-        guard let wait else { return nil }
+        guard let wait = registrations.take(key.id, now: Clock.monotonic()) else { return nil }
         var e = DispatchError(.rateLimited, "device registration rate limit of \(rate)/s for key \(key.name) exceeded")
         e.retryAfterSeconds = max(1, Int(wait.rounded(.up)))
         return e

@@ -13,7 +13,7 @@ final class Auth {
     let log: Logger
     private var cache: [String: (key: APIKey?, fetched: Double)] = [:]
     private var waiters: [String: [(Result<APIKey?, DispatchError>) -> Void]] = [:]
-    private var buckets: [Int64: TokenBucket] = [:]
+    private var publishes: PerKeyRate
     private var used: Set<Int64> = []
     private var touchTimer: Timer?
     let publishRate: Double
@@ -23,6 +23,7 @@ final class Auth {
         self.ttl = ttl
         self.log = log
         self.publishRate = publishRate
+        publishes = PerKeyRate(rate: publishRate)
         touchTimer = loop.timer(after: 30, repeating: true) { [weak self] in self?.flushUsed() }
     }
 
@@ -116,11 +117,7 @@ final class Auth {
     /// Per-key publish rate; admin keys are not limited. Returns a refusal with Retry-After.
     func checkRate(_ key: APIKey) -> DispatchError? {
         guard publishRate > 0, !key.isAdmin else { return nil }
-        let now = Clock.monotonic()
-        var bucket = buckets[key.id] ?? TokenBucket(rate: publishRate, burst: max(1, publishRate * 2), now: now)
-        let wait = bucket.take(now: now)
-        buckets[key.id] = bucket
-        guard let wait else { return nil }
+        guard let wait = publishes.take(key.id, now: Clock.monotonic()) else { return nil }
         var e = DispatchError(.rateLimited, "publish rate limit of \(publishRate)/s for key \(key.name) exceeded")
         e.retryAfterSeconds = max(1, Int(wait.rounded(.up)))
         return e
