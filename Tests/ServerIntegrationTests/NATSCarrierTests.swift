@@ -76,7 +76,8 @@ final class NATSCarrierTests: XCTestCase {
                 }
             }
         }
-        XCTAssertEqual(group.wait(timeout: .now() + 120), .success)
+        XCTAssertTrue(try keepReading(readers, timeout: 120) { group.wait(timeout: .now()) == .success })
+        XCTAssertFalse(readers.contains { $0.ended }, "no reader was cut off")
         XCTAssertEqual(failures.all, [])
         // Every change gets its position from the sequencer shortly after its commit.
         XCTAssertTrue(try waitUntil(10) {
@@ -208,9 +209,11 @@ final class NATSCarrierTests: XCTestCase {
             }
         }
         // Killed while every publisher is under way (not at a fixed time: the machine may be slow).
-        XCTAssertTrue(try waitUntil(30) { try ids.allSatisfy { try (a.seq($0) ?? 0) > 20 } })
+        let readers = streams + [feed]
+        XCTAssertTrue(try keepReading(readers, timeout: 30) { try ids.allSatisfy { try (a.seq($0) ?? 0) > 20 } })
         b.kill()
-        XCTAssertEqual(group.wait(timeout: .now() + 30), .success)
+        XCTAssertTrue(try keepReading(readers, timeout: 30) { group.wait(timeout: .now()) == .success })
+        XCTAssertFalse(readers.contains { $0.ended }, "no reader was cut off")
         for (id, stream) in zip(ids, streams) {
             guard let seq = try a.seq(id) else { return XCTFail() }
             XCTAssertGreaterThan(seq, 1)

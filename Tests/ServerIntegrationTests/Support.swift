@@ -56,6 +56,18 @@ func waitUntil(_ timeout: Double = 10, _ condition: () throws -> Bool) rethrows 
     return try condition()
 }
 
+/// `waitUntil` for a test whose streams must keep reading meanwhile, as real readers do: a
+/// client that stops reading while thousands of changes are published is cut off as a slow
+/// client once its backlog passes the cap, which a test must not mistake for a lost change.
+func keepReading(_ clients: [SSEClient], timeout: Double, until condition: () throws -> Bool) throws -> Bool {
+    let deadline = Clock.monotonic() + timeout
+    while Clock.monotonic() < deadline {
+        if try condition() { return true }
+        for c in clients { _ = try c.pump(timeout: 0.01) }
+    }
+    return try condition()
+}
+
 /// Ids a client saw must be consecutive after its first one.
 func assertConsecutive(_ ids: [Int64], from first: Int64? = nil, through last: Int64? = nil, file: StaticString = #filePath, line: UInt = #line) {
     guard let start = ids.first else { XCTFail("no events", file: file, line: line); return }
