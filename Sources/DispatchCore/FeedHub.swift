@@ -56,6 +56,14 @@ public struct FeedFilter: Hashable, Sendable {
 /// While reading it buffers what the source processes (bounded); a change goes to a live
 /// subscriber only when its position is above the last one it sent, so ids on every stream
 /// strictly increase and nothing is sent twice.
+///
+/// Readers that connect together share their initial set's reads: a subscriber whose filter
+/// equals that of one whose first page is still out follows it (a copy of its buffer makes
+/// the follower's view exactly the leader's, which subscribed before its read), and every
+/// page the leader reads goes to each follower. After each page, the members that keep up
+/// (the shell's say) stay together, the first of them reading the next page; the others go
+/// on reading alone from where they are. So a hundred browsers reconnecting after a restart
+/// cost the database one walk of the initial set, not a hundred.
 public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     public enum Action {
         /// Read stored changes after `after`, oldest first, one page; answer `changesLoaded`
@@ -70,6 +78,8 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         case readReplay(Subscriber, FeedFilter, after: Int64)
         /// Write these changes, in order.
         case send(Subscriber, [Change])
+        /// Write this initial-set page, read for another subscriber that this one follows.
+        case sendShared(Subscriber, [Change])
         /// Write `event: synced` with this position: the initial set is complete, or a resumed
         /// feed has caught up; what follows is live. Once per stream.
         case synced(Subscriber, position: Int64)
@@ -134,6 +144,11 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     public private(set) var anchor: Int64?
     var source: SourcePhase = .synced
     var subscribers: [Subscriber: SubscriberState] = [:]
+    /// Per filter, the subscriber whose first initial page is out and may still be joined.
+    var joinable: [FeedFilter: Subscriber] = [:]
+    /// Who receives each leader's pages besides it, in the order they joined.
+    var followers: [Subscriber: [Subscriber]] = [:]
+    var leaderOf: [Subscriber: Subscriber] = [:]
     var lastGeneration: UInt64 = 0
 
     public init(maxBuffered: Int = 4096, maxPending: Int = 100_000, maxBufferedBytes: Int = 4 << 20, maxPendingBytes: Int = 16 << 20) {
@@ -144,6 +159,8 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     }
 
     public var subscriberCount: Int { subscribers.count }
+    /// Subscribers reading their initial set through another's reads.
+    public var followerCount: Int { leaderOf.count }
     public func isSubscribed(_ s: Subscriber) -> Bool { subscribers[s] != nil }
     public var isResyncing: Bool {
         if case .resyncing = source { return true }
@@ -178,28 +195,66 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
             subscribers[s] = SubscriberState(filter: filter, phase: .replay)
             return [.readReplay(s, filter, after: after)]
         }
+        let greeting: [Action] = reset ? [.reset(s)] : []
+        if let leader = joinable[filter], let state = subscribers[leader] {
+            subscribers[s] = SubscriberState(filter: filter, phase: .initial(after: 0, firstHead: nil),
+                                             buffer: state.buffer, bufferBytes: state.bufferBytes)
+            followers[leader, default: []].append(s)
+            leaderOf[s] = leader
+            return greeting
+        }
         subscribers[s] = SubscriberState(filter: filter, phase: .initial(after: 0, firstHead: nil))
-        return (reset ? [.reset(s)] : []) + [.readInitial(s, filter, after: 0, firstHead: nil)]
+        joinable[filter] = s
+        return greeting + [.readInitial(s, filter, after: 0, firstHead: nil)]
     }
 
-    /// Removes a subscriber; safe to call more than once. Its reads still out are ignored.
-    public mutating func unsubscribe(_ s: Subscriber) {
+    /// Removes a subscriber; safe to call more than once. Its reads still out are ignored; if
+    /// others followed its reads, the first of them reads on from the same place.
+    @discardableResult
+    public mutating func unsubscribe(_ s: Subscriber) -> [Action] {
+        let actions = leaveGroup(s)
         subscribers[s] = nil
+        return actions
     }
 
-    public mutating func initialLoaded(_ s: Subscriber, _ rows: [Change], through: Int64, complete: Bool) -> [Action] {
-        guard let state = subscribers[s], case .initial(let after, let firstHead) = state.phase else { return [] }
+    /// A page of the initial set, read for `s` and for those following its reads. `keepsUp`:
+    /// whether a member of the group has taken its earlier pages well enough to stay in it (a
+    /// member that does not reads on alone, paced by its own socket).
+    public mutating func initialLoaded(_ s: Subscriber, _ rows: [Change], through: Int64, complete: Bool,
+                                       keepsUp: (Subscriber) -> Bool = { _ in true }) -> [Action] {
+        guard leaderOf[s] == nil, let state = subscribers[s], case .initial(let after, let firstHead) = state.phase else { return [] }
+        if joinable[state.filter] == s { joinable[state.filter] = nil }
+        let group = [s] + (followers.removeValue(forKey: s) ?? [])
+        for f in group.dropFirst() { leaderOf[f] = nil }
         var actions: [Action] = []
-        if !rows.isEmpty { actions.append(.send(s, rows)) }
         let last = rows.last?.position ?? after
-        if !complete {
-            subscribers[s]?.phase = .initial(after: last, firstHead: firstHead ?? through)
-            actions.append(.readInitial(s, state.filter, after: last, firstHead: firstHead ?? through))
+        if complete {
+            let p = max(through, last)
+            for m in group {
+                if !rows.isEmpty { actions.append(m == s ? .send(m, rows) : .sendShared(m, rows)) }
+                synced(m, at: p, into: &actions)
+                goLive(m, after: p, into: &actions)
+            }
             return actions
         }
-        let p = max(through, last)
-        synced(s, at: p, into: &actions)
-        goLive(s, after: p, into: &actions)
+        let head = firstHead ?? through
+        var staying: [Subscriber] = []
+        for m in group {
+            if !rows.isEmpty { actions.append(m == s ? .send(m, rows) : .sendShared(m, rows)) }
+            subscribers[m]?.phase = .initial(after: last, firstHead: head)
+            if keepsUp(m) {
+                staying.append(m)
+            } else {
+                actions.append(.readInitial(m, state.filter, after: last, firstHead: head))
+            }
+        }
+        if let leader = staying.first {
+            actions.append(.readInitial(leader, state.filter, after: last, firstHead: head))
+            if staying.count > 1 {
+                followers[leader] = Array(staying.dropFirst())
+                for f in staying.dropFirst() { leaderOf[f] = leader }
+            }
+        }
         return actions
     }
 
@@ -228,8 +283,8 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
 
     /// A read this subscriber needed failed: it reconnects later.
     public mutating func readFailed(_ s: Subscriber) -> [Action] {
-        guard subscribers.removeValue(forKey: s) != nil else { return [] }
-        return [.drop(s, .readFailed)]
+        guard subscribers[s] != nil else { return [] }
+        return [.drop(s, .readFailed)] + unsubscribe(s)
     }
 
     // MARK: - The source
@@ -336,6 +391,8 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
                     actions.append(.drop(s, .readFailed))
                 }
             }
+            // Only live subscribers remain: no group is left.
+            forgetGroups()
             guard let from = lasts.min() else { source = .synced; return actions }
             head = from
         }
@@ -389,11 +446,40 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     private mutating func giveUp(_ reason: DropReason) -> [Action] {
         let all = subscribers.keys
         subscribers = [:]
+        forgetGroups()
         source = .synced
         pendingBytes = 0
         head = nil
         anchor = nil
         return all.map { .drop($0, reason) }
+    }
+
+    private mutating func forgetGroups() {
+        joinable = [:]
+        followers = [:]
+        leaderOf = [:]
+    }
+
+    /// Takes `s` out of its group. A follower just leaves; a leader hands its reads to its
+    /// first follower, which reads the page the leader was waiting for (that read's answer
+    /// is ignored, since it names the leader).
+    private mutating func leaveGroup(_ s: Subscriber) -> [Action] {
+        if let leader = leaderOf.removeValue(forKey: s) {
+            followers[leader]?.removeAll { $0 == s }
+            return []
+        }
+        guard let state = subscribers[s] else { return [] }
+        let group = followers.removeValue(forKey: s) ?? []
+        let wasJoinable = joinable[state.filter] == s
+        if wasJoinable { joinable[state.filter] = nil }
+        guard let next = group.first, case .initial(let after, let firstHead) = state.phase else { return [] }
+        leaderOf[next] = nil
+        if group.count > 1 {
+            followers[next] = Array(group.dropFirst())
+            for f in group.dropFirst() { leaderOf[f] = next }
+        }
+        if wasJoinable { joinable[state.filter] = next }
+        return [.readInitial(next, state.filter, after: after, firstHead: firstHead)]
     }
 
     private mutating func synced(_ s: Subscriber, at p: Int64, into actions: inout [Action]) {
@@ -448,9 +534,10 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
                 }
             }
         }
-        for s in dropped {
-            subscribers[s] = nil
+        // Followers first: a leader dropped with its group hands its reads to nobody.
+        for s in dropped.filter({ leaderOf[$0] != nil }) + dropped.filter({ leaderOf[$0] == nil }) {
             actions.append(.drop(s, .tooFarBehind))
+            actions += unsubscribe(s)
         }
     }
 }

@@ -132,6 +132,7 @@ final class CarrierHubTests: XCTestCase {
     func sent(_ actions: [TestFeed.Action], to s: Int) -> [Int64] {
         actions.flatMap { a -> [Int64] in
             if case .send(s, let cs) = a { return cs.map(\.position) }
+            if case .sendShared(s, let cs) = a { return cs.map(\.position) }
             return []
         }
     }

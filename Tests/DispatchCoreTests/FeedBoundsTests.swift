@@ -43,7 +43,8 @@ final class FeedBoundsTests: XCTestCase {
     func testAReadingSubscriberIsBoundedInBytes() {
         var feed = FeedHub<Int, SizedChange>(maxBuffered: 4096, maxBufferedBytes: 5000)
         _ = feed.subscribe(1, filter: FeedFilter(), lastEventID: nil)
-        _ = feed.subscribe(2, filter: FeedFilter(), lastEventID: nil)
+        // Another filter, so that it reads (and goes live) by itself.
+        _ = feed.subscribe(2, filter: FeedFilter(state: .active), lastEventID: nil)
         _ = feed.initialLoaded(2, [], through: 0, complete: true)
         for p in 1...5 { XCTAssertTrue(feed.notified(SizedChange(position: Int64(p), byteCount: 1000)).filter(isDrop).isEmpty) }
         let r = feed.notified(SizedChange(position: 6, byteCount: 1000))

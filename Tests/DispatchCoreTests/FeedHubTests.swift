@@ -22,6 +22,7 @@ final class FeedHubTests: XCTestCase {
     func sent(_ actions: [TestFeed.Action], to s: Int) -> [Int64] {
         actions.flatMap { a -> [Int64] in
             if case .send(s, let cs) = a { return cs.map(\.position) }
+            if case .sendShared(s, let cs) = a { return cs.map(\.position) }
             return []
         }
     }
@@ -117,7 +118,7 @@ final class FeedHubTests: XCTestCase {
     func testListenRestoredBeforeAnythingWasHeardDropsReadingStreams() {
         var feed = TestFeed()
         _ = feed.subscribe(1, filter: FeedFilter(), lastEventID: nil)
-        _ = feed.subscribe(2, filter: FeedFilter(), lastEventID: nil)
+        _ = feed.subscribe(2, filter: FeedFilter(state: .active), lastEventID: nil)
         _ = feed.initialLoaded(2, [], through: 7, complete: true)
         let r = feed.listenRestored()
         XCTAssertTrue(r.contains { if case .drop(1, .readFailed) = $0 { return true } else { return false } })
@@ -135,6 +136,75 @@ final class FeedHubTests: XCTestCase {
         XCTAssertFalse(feed.isSubscribed(1))
         XCTAssertTrue(feed.isSubscribed(2))
         XCTAssertTrue(feed.initialLoaded(1, [], through: 3, complete: true).isEmpty, "a late answer for a dropped stream")
+    }
+
+    func testReadersConnectingTogetherShareTheInitialReads() {
+        var feed = TestFeed()
+        guard case .readInitial(1, _, after: 0, firstHead: nil)? = feed.subscribe(1, filter: FeedFilter(), lastEventID: nil).first else { return XCTFail() }
+        XCTAssertTrue(feed.notified(ch(5)).isEmpty, "heard before the second reader came")
+        XCTAssertTrue(feed.subscribe(2, filter: FeedFilter(), lastEventID: nil).isEmpty, "no read of its own")
+        guard case .readInitial(3, _, after: 0, firstHead: nil)? = feed.subscribe(3, filter: FeedFilter(machine: "x"), lastEventID: nil).first else {
+            return XCTFail("another filter reads alone")
+        }
+        XCTAssertEqual(feed.followerCount, 1)
+        XCTAssertTrue(feed.notified(ch(7)).isEmpty)
+        let page = feed.initialLoaded(1, [ch(2, "b"), ch(4)], through: 6, complete: false)
+        XCTAssertEqual(sent(page, to: 1), [2, 4])
+        XCTAssertEqual(sent(page, to: 2), [2, 4])
+        XCTAssertTrue(page.contains { if case .sendShared(2, _) = $0 { return true } else { return false } }, "counted as shared")
+        let reads = page.compactMap { a -> Int? in if case .readInitial(let s, _, after: 4, firstHead: 6) = a { return s }; return nil }
+        XCTAssertEqual(reads, [1], "one read for the next page")
+        let done = feed.initialLoaded(1, [ch(6, "c")], through: 6, complete: true)
+        // 5 was in the read's snapshot (≤ 6) for both; 7 came after it: both get it once, live.
+        XCTAssertEqual(sent(done, to: 1), [6, 7])
+        XCTAssertEqual(sent(done, to: 2), [6, 7])
+        XCTAssertTrue(feed.isLive(1) && feed.isLive(2))
+        XCTAssertEqual(feed.followerCount, 0)
+        guard case .readInitial(4, _, after: 0, firstHead: nil)? = feed.subscribe(4, filter: FeedFilter(), lastEventID: nil).first else {
+            return XCTFail("a reader after the first page reads for itself")
+        }
+    }
+
+    func testAFollowerGetsWhatItsLeaderHeardBeforeItCame() {
+        var feed = TestFeed()
+        _ = feed.subscribe(1, filter: FeedFilter(), lastEventID: nil)
+        _ = feed.notified(ch(8))
+        _ = feed.subscribe(2, filter: FeedFilter(), lastEventID: nil)
+        // The read's snapshot (taken after 1 subscribed) ended at 7: 8 is owed to both.
+        let done = feed.initialLoaded(1, [ch(3)], through: 7, complete: true)
+        XCTAssertEqual(sent(done, to: 2), [3, 8])
+    }
+
+    func testALeaderThatLeavesHandsItsReadToTheNext() {
+        var feed = TestFeed()
+        _ = feed.subscribe(1, filter: FeedFilter(), lastEventID: nil)
+        _ = feed.subscribe(2, filter: FeedFilter(), lastEventID: nil)
+        _ = feed.subscribe(3, filter: FeedFilter(), lastEventID: nil)
+        let handed = feed.unsubscribe(1)
+        guard handed.count == 1, case .readInitial(2, _, after: 0, firstHead: nil) = handed[0] else { return XCTFail("\(handed)") }
+        XCTAssertTrue(feed.initialLoaded(1, [ch(1)], through: 1, complete: true).isEmpty, "the gone leader's answer is ignored")
+        XCTAssertTrue(feed.subscribe(4, filter: FeedFilter(), lastEventID: nil).isEmpty, "the group can still be joined")
+        let done = feed.initialLoaded(2, [ch(1)], through: 1, complete: true)
+        for s in [2, 3, 4] { XCTAssertEqual(sent(done, to: s), [1], "reader \(s)") }
+        XCTAssertTrue(feed.unsubscribe(3).isEmpty)
+    }
+
+    func testAReaderThatFallsBehindReadsOnAlone() {
+        var feed = TestFeed()
+        _ = feed.subscribe(1, filter: FeedFilter(), lastEventID: nil)
+        _ = feed.subscribe(2, filter: FeedFilter(), lastEventID: nil)
+        _ = feed.subscribe(3, filter: FeedFilter(), lastEventID: nil)
+        // The leader itself stalled: the first that keeps up reads for the rest.
+        let page = feed.initialLoaded(1, [ch(2)], through: 9, complete: false) { $0 != 1 }
+        let reads = page.compactMap { a -> Int? in if case .readInitial(let s, _, after: 2, firstHead: 9) = a { return s }; return nil }
+        XCTAssertEqual(reads.sorted(), [1, 2])
+        XCTAssertTrue(feed.initialLoaded(3, [ch(4)], through: 9, complete: true).isEmpty, "3 follows 2 now")
+        let alone = feed.initialLoaded(1, [ch(4)], through: 9, complete: true)
+        XCTAssertEqual(sent(alone, to: 1), [4])
+        XCTAssertEqual(sent(alone, to: 3), [])
+        let together = feed.initialLoaded(2, [ch(4)], through: 9, complete: true)
+        XCTAssertEqual(sent(together, to: 2), [4])
+        XCTAssertEqual(sent(together, to: 3), [4])
     }
 
     func testResumeRule() {
@@ -263,8 +333,8 @@ struct FeedWorld {
 
     mutating func leave() {
         guard let id = clients.keys.filter({ !clients[$0]!.dropped }).randomElement(using: &rng) else { return }
-        feed.unsubscribe(id)
         clients[id]!.dropped = true
+        perform(feed.unsubscribe(id))
     }
 
     mutating func snapshotARead() {
@@ -300,7 +370,10 @@ struct FeedWorld {
     mutating func answerARead() {
         guard !snapshotted.isEmpty else { return }
         switch snapshotted.remove(at: Int.random(in: 0..<snapshotted.count, using: &rng)) {
-        case .initial(let s, let rows, let through, let complete): perform(feed.initialLoaded(s, rows, through: through, complete: complete))
+        case .initial(let s, let rows, let through, let complete):
+            // Some members of a group fall behind and read on alone.
+            let coin = Int.random(in: 0..<7, using: &rng)
+            perform(feed.initialLoaded(s, rows, through: through, complete: complete) { ($0 + coin) % 3 != 0 })
         case .replay(let s, let p): perform(feed.replayLoaded(s, p))
         case .changes(let g, let rows, let complete): perform(feed.changesLoaded(generation: g, rows, complete: complete))
         }
@@ -312,7 +385,7 @@ struct FeedWorld {
             case .readChanges(let after, let g): issued.append(.changes(after: after, generation: g))
             case .readInitial(let s, let f, let after, let fh): issued.append(.initial(s, f, after: after, firstHead: fh))
             case .readReplay(let s, let f, let after): issued.append(.replay(s, f, after: after))
-            case .send(let s, let cs):
+            case .send(let s, let cs), .sendShared(let s, let cs):
                 guard clients[s] != nil, !clients[s]!.dropped else { failure = "sent to a gone client \(s)"; return }
                 for c in cs { receive(s, id: c.position); clients[s]!.changes.append(c) }
             case .synced(let s, let p):

@@ -28,6 +28,32 @@ final class FeedScaleTests: XCTestCase {
             """, [id, String(count), pad])
     }
 
+    /// Feeds that connect while another's first page is being read share its reads: each
+    /// gets the same initial set and `synced`, and the database is walked once for all (a
+    /// hundred browsers reconnecting after a restart cost one walk, not a hundred).
+    func testFeedsConnectingTogetherShareOneWalkOfTheInitialSet() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_STREAM_BACKLOG": "16384"])
+        defer { s.stop() }
+        for i in 0..<120 { try s.startActivity("together-\(i)", extra: #","status":"\#(String(repeating: "t", count: 200))""#) }
+        // The first reader's read waits behind this lock until every reader has connected.
+        let pg = try BlockingPG(s.conninfo)
+        try pg.script("BEGIN")
+        try pg.script("LOCK TABLE feed_latest IN ACCESS EXCLUSIVE MODE")
+        let readsBefore = try s.metric("dispatch_feed_initial_reads_total")
+        let feeds = try (0..<5).map { _ in try s.feed() }
+        XCTAssertTrue(try waitUntil(10) { try s.metric("dispatch_feeds_active") == 5 })
+        try pg.script("COMMIT")
+        XCTAssertTrue(try keepReading(feeds, timeout: 20) { feeds.allSatisfy { $0.events.contains { $0.event == "synced" } } })
+        let initial = feeds.map { f in f.events.prefix { $0.event != "synced" }.compactMap { $0.id } }
+        XCTAssertEqual(initial[0].count, 120)
+        for set in initial.dropFirst() { XCTAssertEqual(set, initial[0], "the same initial set") }
+        let synced = feeds.map { $0.events.first { $0.event == "synced" }?.id }
+        XCTAssertEqual(Set(synced).count, 1, "and the same position")
+        let reads = try s.metric("dispatch_feed_initial_reads_total") - readsBefore
+        XCTAssertGreaterThan(reads, 1, "several pages")
+        XCTAssertEqual(try s.metric("dispatch_feed_shared_pages_total"), 4 * reads, "every page read once, for all five")
+    }
+
     func testAResumeFarBehindIsAnsweredResetThenTheInitialSetThenSynced() throws {
         let s = try TestServer.start()
         defer { s.stop() }

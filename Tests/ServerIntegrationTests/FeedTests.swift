@@ -325,6 +325,10 @@ final class FeedTests: XCTestCase {
         guard let p0 = try idle.waitSynced() else { return XCTFail() }
         try idle.pump(timeout: 1)
         XCTAssertGreaterThanOrEqual(idle.heartbeats, 2, "heartbeats on an idle feed")
+        // Gone before the burst: unread, it would be cut off too, and the count below would
+        // not tell which feed was.
+        idle.close()
+        XCTAssertTrue(try waitUntil(5) { try s.metric("dispatch_feeds_active") == 0 })
 
         let slow = try SSEClient(port: s.port, path: "/v1/stream", token: s.adminKey, lastEventID: p0, smallBuffer: true)
         // Live first (its `synced`): changes heard while a feed still catches up are sent as one

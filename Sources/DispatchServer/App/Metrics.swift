@@ -34,6 +34,8 @@ public final class Metrics {
     /// Changes framed for feeds: one per change, however many feeds receive it.
     public var feedFramed = 0
     public var feedResyncs = 0
+    public var feedInitialReads = 0
+    public var feedSharedPages = 0
     public var feedResets = 0
     public var feedCloses: [StreamCloseReason: Int] = [:]
     /// The replay memory budget (ReplayMemory): this worker's share, what streams hold, and
@@ -111,6 +113,9 @@ public final class Metrics {
         line("dispatch_feed_deliveries_total", "counter", "Changes written to feeds.", [(w, "\(feedDeliveries)")])
         line("dispatch_feed_framed_total", "counter", "Changes framed for feeds (once per change, shared by every feed).", [(w, "\(feedFramed)")])
         line("dispatch_feed_resyncs_total", "counter", "Feed catch-up reads (lost LISTEN, notice without data).", [(w, "\(feedResyncs)")])
+        line("dispatch_feed_initial_reads_total", "counter", "Pages of feeds' initial sets read from the database.", [(w, "\(feedInitialReads)")])
+        line("dispatch_feed_shared_pages_total", "counter", "Initial-set pages a feed got from another feed's read (readers that connected together).",
+             [(w, "\(feedSharedPages)")])
         line("dispatch_feed_resets_total", "counter", "Feeds answered event: reset (Last-Event-ID too old or not issued).", [(w, "\(feedResets)")])
         line("dispatch_feed_closes_total", "counter", "Feeds ended, by reason.",
              StreamCloseReason.allCases.map { ("\(w),reason=\"\($0.rawValue)\"", "\(feedCloses[$0] ?? 0)") })

@@ -137,6 +137,7 @@ final class FeedService: HTTPStreamDelegate {
                 settled(s) { [weak self] session in
                     guard let self else { return }
                     let budget = session.connection.pageBudget
+                    self.metrics.feedInitialReads += 1
                     self.repository.initialPage(filter, after: after, firstHead: firstHead, since: session.since,
                                                 limit: self.initialSizer.rows(forBudget: budget), maxBytes: budget) { [weak self] result in
                         guard let self else { return }
@@ -145,7 +146,10 @@ final class FeedService: HTTPStreamDelegate {
                         switch result {
                         case .failure: self.perform(self.hub.readFailed(s))
                         case .success(let page):
-                            self.perform(self.hub.initialLoaded(s, page.events, through: page.head, complete: page.complete))
+                            // Those sharing this read stay together while they keep up.
+                            self.perform(self.hub.initialLoaded(s, page.events, through: page.head, complete: page.complete) {
+                                self.sessions[$0]?.connection.keepsUp ?? false
+                            })
                         }
                         self.sessions[s]?.connection.pageDone()
                     }
@@ -180,6 +184,9 @@ final class FeedService: HTTPStreamDelegate {
                     }
                 }
             case .send(let s, let events):
+                send(s, events)
+            case .sendShared(let s, let events):
+                metrics.feedSharedPages += 1
                 send(s, events)
             case .synced(let s, let position):
                 offer(s, StreamPayload(SSE.encode(id: String(position), event: "synced", data: "{\"position\":\(position)}")), delivered: 0)
@@ -269,7 +276,7 @@ final class FeedService: HTTPStreamDelegate {
     /// Removes a feed from memory and ends its connection; safe to call more than once.
     func close(_ id: Int, reason: StreamCloseReason) {
         guard let session = sessions.remove(id) else { return }
-        hub.unsubscribe(id)
+        let handedOver = hub.unsubscribe(id)
         session.connection.detach()
         metrics.feedsActive = sessions.count
         metrics.feedCloses[reason, default: 0] += 1
@@ -283,6 +290,8 @@ final class FeedService: HTTPStreamDelegate {
         case .slowClient, .writeFailed, .database, .revoked:
             http.abort()
         }
+        // Another reader followed this one's initial reads: it reads on by itself.
+        perform(handedOver)
     }
 
     /// Ends the feeds opened with a key that was revoked.

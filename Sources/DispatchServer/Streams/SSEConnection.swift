@@ -71,6 +71,9 @@ final class SSEConnection {
     /// framing adds a little.
     private var reservation: Int { outbox.pageBudget + outbox.pageBudget / 8 + 512 }
 
+    /// Whether this stream takes shared pages as they come: at most about two pages behind.
+    var keepsUp: Bool { heldBytes <= outbox.lowWater + 2 * outbox.pageBudget }
+
     var started: Bool { http.started }
     /// How many bytes the next history page may bring.
     var pageBudget: Int { outbox.pageBudget }
