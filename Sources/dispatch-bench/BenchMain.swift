@@ -34,6 +34,7 @@ enum BenchMain {
       --json PATH                 write the results JSON to PATH instead
       --node-carriers LIST        nodes scenario carriers: notify, nats (default both; smoke: notify)
       --node-workers N            DISPATCH_WORKERS of each node in the nodes scenario (default 2)
+      --node-counts LIST          nodes scenario sizes, e.g. 1,4 (default 1,2,4; 1 to 8 each)
       --pg-stat-statements        nodes: load pg_stat_statements, note each run's costliest statements
       --scenarios LIST            comma-separated subset of: idle, fanout, throughput, terminal,
                                   restart, nodes, replay, feed (default all; restart needs a
@@ -85,6 +86,10 @@ enum BenchMain {
                 c.scenarios = list
             case "--pg-stat-statements": c.pgStatStatements = true
             case "--node-workers": c.nodeWorkers = max(1, Int(value() ?? "") ?? 2)
+            case "--node-counts":
+                let counts = (value() ?? "").split(separator: ",").compactMap { Int($0) }.filter { (1...8).contains($0) }
+                guard !counts.isEmpty else { log(usage); return 64 }
+                c.nodeCounts = counts
             case "--node-carriers":
                 let list = (value() ?? "").split(separator: ",").map { String($0) }
                 guard !list.isEmpty, Set(list).isSubset(of: ["notify", "nats"]) else { log(usage); return 64 }
