@@ -6,7 +6,7 @@ import PackageDescription
 //   Pure (no C module, no clock, no I/O; unit-tested without a process):
 //     DispatchCore      the domain: activity, state machine, validation, hub, SSE, JSON, routes,
 //                       the write path's machine (PublishMachine; Publisher is its shell)
-//     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue
+//     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue (on DispatchCore's Backoff)
 //     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
 //     DispatchBenchKit  the load generator's SSE reading (on DispatchCore's HTTP parser), histograms
 //     DispatchLiveActivity  the iOS app's ActivityAttributes for Live Activity pushes (no dependency)
@@ -35,7 +35,7 @@ let package = Package(
     targets: [
         // Pure.
         .target(name: "DispatchCore", linkerSettings: [.linkedLibrary("m")]),
-        .target(name: "PGCore"),
+        .target(name: "PGCore", dependencies: ["DispatchCore"]),
         .target(name: "DispatchCLIKit", dependencies: ["DispatchCore"]),
         .target(name: "DispatchBenchKit", dependencies: ["DispatchCore"]),
         .target(name: "DispatchWeb", exclude: ["WebAssets.embed"], plugins: ["EmbedFiles"]),
@@ -72,7 +72,7 @@ let package = Package(
         // against a real PostgreSQL (DispatchTestSupport).
         .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem"]),
         .testTarget(name: "DispatchCoreTests", dependencies: ["DispatchCore"]),
-        .testTarget(name: "PGCoreTests", dependencies: ["PGCore"]),
+        .testTarget(name: "PGCoreTests", dependencies: ["PGCore", "DispatchCore"]),
         .testTarget(name: "DispatchCLIKitTests", dependencies: ["DispatchCLIKit", "DispatchCore"]),
         .testTarget(name: "DispatchBenchKitTests", dependencies: ["DispatchBenchKit"]),
         .testTarget(name: "DispatchLiveActivityTests", dependencies: ["DispatchLiveActivity", "DispatchCore"]),

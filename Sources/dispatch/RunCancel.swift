@@ -195,9 +195,10 @@ final class RunWatcher: @unchecked Sendable {
                 following = false
             case .dropped(let streamed):
                 failures = streamed ? 1 : failures + 1
-                // The server's retry: delay after a dropped stream, growing while it stays unreachable.
-                let base = Double(state.retryMilliseconds) / 1000
-                pause(min(30, base * Double(1 << min(failures - 1, 4))))
+                // The server's retry: delay after a dropped stream, growing while it stays
+                // unreachable, up to 16 times that and never above 30 s.
+                let advised = Double(state.retryMilliseconds) / 1000
+                pause(Backoff(initial: advised, maximum: min(30, advised * 16)).step(afterAttempt: failures))
             }
         }
     }
