@@ -1,5 +1,6 @@
 // Long because it is a whole second benchmark (runner, stand-ins, report), kept apart from the
 // stream scenarios so neither has to know the other.
+import DispatchBlockingHTTP
 import DispatchCore
 import DispatchBenchKit
 import DispatchSystem
@@ -529,41 +530,23 @@ final class APNsStandIn {
         let ndir = dir + "/apns-nginx"
         for sub in ["tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi", "logs"] { try? Files.makeDirectory(ndir + "/" + sub) }
         let port = Servers.freePort(startingAt: 19580)
-        try Files.write(ndir + "/nginx.conf", """
-        load_module \(echoModule);
-        daemon off;
-        master_process off;
-        worker_processes 1;
-        pid \(ndir)/nginx.pid;
-        error_log \(ndir)/logs/error.log warn;
-        events { worker_connections 1024; }
-        http {
-            access_log off;
-            client_body_temp_path \(ndir)/tmp/body;
-            proxy_temp_path \(ndir)/tmp/proxy;
-            fastcgi_temp_path \(ndir)/tmp/fastcgi;
-            uwsgi_temp_path \(ndir)/tmp/uwsgi;
-            scgi_temp_path \(ndir)/tmp/scgi;
-            keepalive_requests 100000000;
-            keepalive_timeout 600s;
-            http2_max_concurrent_streams 1000;
-            server {
-                listen 127.0.0.1:\(port) ssl http2;
-                ssl_certificate \(pki)/server.pem;
-                ssl_certificate_key \(pki)/server-key.pem;
-                location / {
-                    echo_read_request_body;
-                    echo -n '';
-                }
-                # Channel management: every creation gets the same id (enough for the bench).
-                location /1/apps/ {
-                    echo_read_request_body;
-                    add_header apns-channel-id YmVuY2hjaGFubmVsMDAwMQ== always;
-                    echo -n '';
-                }
+        let config = NginxConfig(
+            dir: ndir, modules: [echoModule],
+            http: ["keepalive_requests 100000000", "keepalive_timeout 600s", "http2_max_concurrent_streams 1000"],
+            listen: ["127.0.0.1:\(port)"], certificate: "\(pki)/server.pem", certificateKey: "\(pki)/server-key.pem",
+            server: """
+            location / {
+                echo_read_request_body;
+                echo -n '';
             }
-        }
-        """)
+            # Channel management: every creation gets the same id (enough for the bench).
+            location /1/apps/ {
+                echo_read_request_body;
+                add_header apns-channel-id YmVuY2hjaGFubmVsMDAwMQ== always;
+                echo -n '';
+            }
+            """)
+        try Files.write(ndir + "/nginx.conf", config.text)
         let logFd = open(ndir + "/stderr.log", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
         let pid = try Proc.spawn(nginx, ["-p", ndir, "-c", ndir + "/nginx.conf", "-e", ndir + "/logs/error.log"], stdout: logFd, stderr: logFd)
         Glibc.close(logFd)
@@ -606,49 +589,8 @@ final class APNsStandIn {
 /// A plain blocking HTTP/1.1 exchange (Connection: close) returning the body.
 enum PlainHTTP {
     static func request(port: UInt16, method: String, path: String, address: String = "127.0.0.1") -> [UInt8]? {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return nil }
-        defer { Glibc.close(fd) }
-        var tv = timeval(tv_sec: 10, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-        var sa = sockaddr_in()
-        sa.sin_family = sa_family_t(AF_INET)
-        sa.sin_port = port.bigEndian
-        sa.sin_addr.s_addr = inet_addr(address)
-        let rc = withUnsafePointer(to: &sa) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard rc == 0 else { return nil }
-        let req = Array("\(method) \(path) HTTP/1.1\r\nHost: bench\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".utf8)
-        guard req.withUnsafeBytes({ Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == req.count else { return nil }
-        var raw: [UInt8] = []
-        var buf = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n <= 0 { break }
-            raw += buf[0..<n]
-        }
-        guard let end = (0..<max(0, raw.count - 3)).first(where: { raw[$0] == 13 && raw[$0 + 1] == 10 && raw[$0 + 2] == 13 && raw[$0 + 3] == 10 })
-        else { return nil }
-        let head = String(decoding: raw[..<end], as: UTF8.self).lowercased()
-        var body = Array(raw[(end + 4)...])
-        if head.contains("transfer-encoding: chunked") { body = dechunk(body) }
-        return body
-    }
-
-    static func dechunk(_ b: [UInt8]) -> [UInt8] {
-        var out: [UInt8] = []
-        var i = 0
-        while i < b.count {
-            guard let lineEnd = (i..<max(i, b.count - 1)).first(where: { b[$0] == 13 && b[$0 + 1] == 10 }),
-                  let size = Int(String(decoding: b[i..<lineEnd], as: UTF8.self).split(separator: ";")[0], radix: 16), size > 0
-            else { break }
-            let start = lineEnd + 2
-            guard start + size <= b.count else { break }
-            out += b[start..<start + size]
-            i = start + size + 2
-        }
-        return out
+        let request = HTTPRequestEncoder.encode(method: method, target: path, host: "bench", body: [])
+        return try? HTTP1Connection.exchange(host: address, port: Int(port), request: request, timeout: 10, maxBody: .max).body
     }
 }
 

@@ -505,8 +505,9 @@ final class Worker {
             } else if conns[i].lastPairID >= 0 {
                 lastEventID = BenchEvent.pairText(conns[i].lastPairID)
             }
-            let resume = lastEventID.isEmpty ? "" : "Last-Event-ID: \(lastEventID)\r\n"
-            send(i, Array("GET \(path) HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\nCache-Control: no-cache\r\n\(resume)\r\n".utf8))
+            var headers = [("Accept", "text/event-stream"), ("Cache-Control", "no-cache")]
+            if !lastEventID.isEmpty { headers.append(("Last-Event-ID", lastEventID)) }
+            send(i, HTTPRequestEncoder.encode(method: "GET", target: path, host: "bench", headers: headers, close: false))
             if conns[i].stalled, conns[i].phase == .waiting, conns[i].pendingOut.isEmpty {
                 // Never reads: not even the headers. Counted as open once its request is out.
                 if let ev = conns[i].ev { event_del(ev) }
@@ -1060,7 +1061,7 @@ final class Worker {
                 req = Self.request("POST", "/pub/\(name)", body: body, auth: "")
             } else {
                 // The key names this publish (the channel's n-th), the same on every retry of it.
-                let idem = pubIdempotent ? "Idempotency-Key: \(name)-\(pubNextSeq[ch])\r\n" : ""
+                let idem = pubIdempotent ? [("Idempotency-Key", "\(name)-\(pubNextSeq[ch])")] : []
                 req = Self.request("POST", "/v1/activities/\(name)/update",
                                    body: "{\"progress\":0.5,\"status\":\"t=\(now)\"}", auth: reqAuth, extraHeaders: idem)
             }
@@ -1072,10 +1073,8 @@ final class Worker {
         case .terminal:
             let path = termPaths.isEmpty ? "/" : termPaths[termCursor % termPaths.count]
             termCursor &+= 1
-            req = Array("GET \(path) HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n".utf8)
-            if reqTarget == "nchan" {
-                req = Array("GET \(path) HTTP/1.1\r\nHost: bench\r\n\r\n".utf8)
-            }
+            let accept = reqTarget == "nchan" ? [] : [("Accept", "text/event-stream")]
+            req = HTTPRequestEncoder.encode(method: "GET", target: path, host: "bench", headers: accept, close: false)
         case .subscriber:
             return
         }
@@ -1098,16 +1097,13 @@ final class Worker {
         nextRequest(i)
     }
 
-    static func request(_ method: String, _ path: String, body: String, auth: String, extraHeaders: String = "") -> [UInt8] {
-        var s = "\(method) \(path) HTTP/1.1\r\nHost: bench\r\n"
-        if !auth.isEmpty { s += "Authorization: Bearer \(auth)\r\n" }
-        s += extraHeaders
-        if method == "POST" || !body.isEmpty {
-            s += "Content-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n"
-        }
-        s += "\r\n"
-        s += body
-        return Array(s.utf8)
+    /// A kept-alive request (a JSON body on POST or when there is one).
+    static func request(_ method: String, _ path: String, body: String, auth: String, extraHeaders: [(String, String)] = []) -> [UInt8] {
+        var headers: [(String, String)] = auth.isEmpty ? [] : [("Authorization", "Bearer \(auth)")]
+        headers += extraHeaders
+        let hasBody = method == "POST" || !body.isEmpty
+        if hasBody { headers.append(("Content-Type", "application/json")) }
+        return HTTPRequestEncoder.encode(method: method, target: path, host: "bench", headers: headers, body: hasBody ? body : nil, close: false)
     }
 
     /// The nchan message: shaped and sized like a Dispatch snapshot so both servers move the same bytes.

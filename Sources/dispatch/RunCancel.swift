@@ -4,6 +4,7 @@ import Glibc
 import DispatchCore
 import DispatchSystem
 import DispatchCLIKit
+import DispatchBlockingHTTP
 
 /// The command `run` started, shared between the main thread (which spawns and reaps it) and
 /// the cancel watcher (which may signal it).
@@ -214,9 +215,9 @@ final class RunWatcher: @unchecked Sendable {
         if let last = state.lastEventID { headers.append(("Last-Event-ID", last)) }
         let request = CLIHTTP.encodeRequest(method: "GET", path: Client.activityPath(activityID, "/status"),
                                             endpoint: client.global.endpoint, headers: headers, body: nil)
-        let conn: HTTPConnection
+        let conn: HTTP1Connection
         do {
-            conn = try HTTPConnection.connect(to: client.global.endpoint, caFile: client.global.caFile, timeout: 5)
+            conn = try HTTP1Connection.connect(to: client.global.endpoint, caFile: client.global.caFile, timeout: 5)
             try conn.send(request, deadline: Clock.monotonic() + 5)
         } catch {
             return .dropped(streamed: false)
