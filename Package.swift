@@ -96,7 +96,10 @@ let package = Package(
 )
 
 // The hub and codecs are generic or small functions in DispatchCore called on every event:
-// let release builds specialise and inline them across modules.
-for target in package.targets where target.type != .system && target.type != .plugin {
+// let release builds specialise and inline them across modules. Not DispatchLiveActivity: the
+// iOS app depends on it by URL and version, and SwiftPM refuses unsafe flags in such a
+// dependency (LiveActivityPackageTests); it is plain types, with nothing to inline across.
+let builtByApps: Set<String> = ["DispatchLiveActivity"]
+for target in package.targets where target.type != .system && target.type != .plugin && !builtByApps.contains(target.name) {
     target.swiftSettings = (target.swiftSettings ?? []) + [.unsafeFlags(["-cross-module-optimization"], .when(configuration: .release))]
 }
