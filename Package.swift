@@ -6,7 +6,8 @@ import PackageDescription
 //   Pure (no C module, no clock, no I/O; unit-tested without a process):
 //     DispatchCore      the domain: activity, state machine, validation, hub, SSE, JSON, routes,
 //                       the write path's machine (PublishMachine; Publisher is its shell)
-//     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue (on DispatchCore's Backoff)
+//     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue
+//                       (on DispatchCore's Backoff)
 //     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
 //     DispatchBenchKit  the load generator's SSE reading (on DispatchCore's HTTP parser), histograms, the
 //                       nginx.conf of the bench's and the tests' helper servers
@@ -65,8 +66,8 @@ let package = Package(
         // Executables.
         .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
         // Not named `dispatch`: its entry point would become `dispatch_main`, libdispatch's name.
-        .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCLIKit", "DispatchCore", "DispatchSystem", "DispatchBuildInfo", "DispatchCrypto", "DispatchBlockingHTTP",
-                                                              "CCurlDynamic"], path: "Sources/dispatch"),
+        .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCLIKit", "DispatchCore", "DispatchSystem", "DispatchBuildInfo", "DispatchCrypto",
+                                                              "DispatchBlockingHTTP", "CCurlDynamic"], path: "Sources/dispatch"),
         .executableTarget(name: "dispatch-bench", dependencies: ["DispatchBenchKit", "DispatchCore", "DispatchSystem", "DispatchBlockingHTTP", "CLibevent"]),
 
         // Build tools.
