@@ -47,15 +47,19 @@ final class LiveActivityPackageTests: XCTestCase {
             let aps = try JSONDecoder().decode(LiveActivityPush.Envelope.self, from: Data(push.utf8)).aps
             print("decoded", aps.event, aps.contentState.seq, aps.contentState.updatedAt, aps.contentState.isFinal)
             """#)
-        let built = try run([swift, "run", "--package-path", dir + "/app", "--cache-path", dir + "/cache", "App"])
+        // SwiftPM's lock files go to TMPDIR: inside the scratch directory, removed with it.
+        try Files.makeDirectory(dir + "/tmp")
+        var environment = Subprocess.currentEnvironment()
+        environment["TMPDIR"] = dir + "/tmp"
+        let built = try run([swift, "run", "--package-path", dir + "/app", "--cache-path", dir + "/cache", "App"], environment: environment)
         XCTAssertEqual(built.status, 0, built.output)
         XCTAssertTrue(built.output.contains("decoded update 3 1796070000.0 false"), built.output)
     }
 
-    private func run(_ argv: [String]) throws -> Subprocess.Output {
+    private func run(_ argv: [String], environment: [String: String]? = nil) throws -> Subprocess.Output {
         var argv = argv
         if !argv[0].hasPrefix("/") { argv[0] = try XCTUnwrap(Self.executable(argv[0]), "\(argv[0]) is not on PATH") }
-        return Subprocess.run(argv)
+        return Subprocess.run(argv, environment: environment)
     }
 
     private static func executable(_ name: String) -> String? {
