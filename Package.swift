@@ -7,8 +7,10 @@ import PackageDescription
 //     DispatchCore      the domain: activity, state machine, validation, hub, SSE, JSON, routes,
 //                       the write path's machine (PublishMachine; Publisher is its shell)
 //     PGCore            the PostgreSQL driver's state machines: connection and pipeline queue
+//                       (on DispatchCore's Backoff)
 //     DispatchCLIKit    the CLI's decisions: arguments, requests, retries, rendering, watch
-//     DispatchBenchKit  the load generator's SSE reading (on DispatchCore's HTTP parser), histograms
+//     DispatchBenchKit  the load generator's SSE reading (on DispatchCore's HTTP parser), histograms, the
+//                       nginx.conf of the bench's and the tests' helper servers
 //     DispatchLiveActivity  the iOS app's ActivityAttributes for Live Activity pushes (no dependency)
 //   C, as system libraries: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl, CNats (the
 //     NATS client, the carrier between servers); and
@@ -17,6 +19,8 @@ import PackageDescription
 //   Shells (thin layers that perform what the pure parts decide):
 //     DispatchSystem    clocks, files, processes (plain libc)
 //     DispatchCrypto    SHA-256, HMAC, AES-GCM, ES256, random bytes (libcrypto)
+//     DispatchBlockingHTTP  the one blocking HTTP/1.1 client (plain sockets, deadlines, DispatchCore's
+//                       encoder and parser): the CLI, `dispatchd check`, the bench's setup, the tests
 //     DispatchIO        libevent loop, evhttp server and streams, async libpq driver, libcurl
 //                       client (HTTP/2, in the loop), NATS client (hand-off to the loop), logging
 //     DispatchServer    dispatchd: routes' handlers, repositories (SQL), streams, auth, metrics
@@ -35,7 +39,7 @@ let package = Package(
     targets: [
         // Pure.
         .target(name: "DispatchCore", linkerSettings: [.linkedLibrary("m")]),
-        .target(name: "PGCore"),
+        .target(name: "PGCore", dependencies: ["DispatchCore"]),
         .target(name: "DispatchCLIKit", dependencies: ["DispatchCore"]),
         .target(name: "DispatchBenchKit", dependencies: ["DispatchCore"]),
         .target(name: "DispatchWeb", exclude: ["WebAssets.embed"], plugins: ["EmbedFiles"]),
@@ -53,16 +57,18 @@ let package = Package(
         // Shells.
         .target(name: "DispatchSystem"),
         .target(name: "DispatchCrypto", dependencies: ["CCrypto"]),
+        .target(name: "DispatchBlockingHTTP", dependencies: ["DispatchCore", "DispatchSystem"]),
         .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "CCurl", "CNats", "PGCore", "DispatchCore", "DispatchSystem"]),
-        .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "DispatchWeb", "DispatchBuildInfo"],
+        .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "DispatchBlockingHTTP",
+                                                       "DispatchWeb", "DispatchBuildInfo"],
                 exclude: ["EmbeddedMigrations.embed"], plugins: ["EmbedFiles"]),
 
         // Executables.
         .executableTarget(name: "dispatchd", dependencies: ["DispatchServer"]),
         // Not named `dispatch`: its entry point would become `dispatch_main`, libdispatch's name.
         .executableTarget(name: "DispatchCLI", dependencies: ["DispatchCLIKit", "DispatchCore", "DispatchSystem", "DispatchBuildInfo", "DispatchCrypto",
-                                                              "CCurlDynamic"], path: "Sources/dispatch"),
-        .executableTarget(name: "dispatch-bench", dependencies: ["DispatchBenchKit", "DispatchCore", "DispatchSystem", "CLibevent"]),
+                                                              "DispatchBlockingHTTP", "CCurlDynamic"], path: "Sources/dispatch"),
+        .executableTarget(name: "dispatch-bench", dependencies: ["DispatchBenchKit", "DispatchCore", "DispatchSystem", "DispatchBlockingHTTP", "CLibevent"]),
 
         // Build tools.
         .executableTarget(name: "embed-files"),
@@ -70,20 +76,20 @@ let package = Package(
 
         // Tests: one unit-test target per library; the integration targets start real processes
         // against a real PostgreSQL (DispatchTestSupport).
-        .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem"]),
+        .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchBlockingHTTP"]),
         .testTarget(name: "DispatchCoreTests", dependencies: ["DispatchCore"]),
-        .testTarget(name: "PGCoreTests", dependencies: ["PGCore"]),
+        .testTarget(name: "PGCoreTests", dependencies: ["PGCore", "DispatchCore"]),
         .testTarget(name: "DispatchCLIKitTests", dependencies: ["DispatchCLIKit", "DispatchCore"]),
         .testTarget(name: "DispatchBenchKitTests", dependencies: ["DispatchBenchKit"]),
         .testTarget(name: "DispatchLiveActivityTests", dependencies: ["DispatchLiveActivity", "DispatchCore"]),
         .testTarget(name: "DispatchCryptoTests", dependencies: ["DispatchCrypto"]),
-        .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl", "DispatchTestSupport"]),
+        .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl", "DispatchTestSupport", "DispatchBenchKit"]),
         .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore"]),
         .testTarget(name: "ServerIntegrationTests",
                     dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchCrypto",
                                    "DispatchLiveActivity", "dispatchd"]),
         .testTarget(name: "CLIIntegrationTests",
-                    dependencies: ["DispatchTestSupport", "DispatchCLIKit", "DispatchCore", "DispatchSystem", "dispatchd", "DispatchCLI"]),
+                    dependencies: ["DispatchTestSupport", "DispatchCLIKit", "DispatchCore", "DispatchSystem", "DispatchBenchKit", "dispatchd", "DispatchCLI"]),
         .testTarget(name: "BenchSmokeTests",
                     dependencies: ["DispatchTestSupport", "DispatchCore", "DispatchSystem", "dispatchd", "dispatch-bench"]),
     ],
@@ -91,7 +97,10 @@ let package = Package(
 )
 
 // The hub and codecs are generic or small functions in DispatchCore called on every event:
-// let release builds specialise and inline them across modules.
-for target in package.targets where target.type != .system && target.type != .plugin {
+// let release builds specialise and inline them across modules. Not DispatchLiveActivity: the
+// iOS app depends on it by URL and version, and SwiftPM refuses unsafe flags in such a
+// dependency (LiveActivityPackageTests); it is plain types, with nothing to inline across.
+let builtByApps: Set<String> = ["DispatchLiveActivity"]
+for target in package.targets where target.type != .system && target.type != .plugin && !builtByApps.contains(target.name) {
     target.swiftSettings = (target.swiftSettings ?? []) + [.unsafeFlags(["-cross-module-optimization"], .when(configuration: .release))]
 }

@@ -187,24 +187,11 @@ public enum CLIHTTP {
         return out
     }
 
-    /// Encodes a request. Header values are stripped of CR and LF so a flag value cannot inject headers.
+    /// Encodes a request (a JSON body when there is one). CR and LF are dropped from header
+    /// names and values, so a flag value cannot inject headers.
     public static func encodeRequest(method: String, path: String, endpoint: CLIEndpoint,
                                      headers: [(String, String)], body: [UInt8]?) -> [UInt8] {
-        var out: [UInt8] = []
-        out.reserveCapacity(256 + (body?.count ?? 0))
-        func line(_ s: String) { out.append(contentsOf: s.utf8); out.append(0x0D); out.append(0x0A) }
-        func clean(_ s: String) -> String { String(s.unicodeScalars.filter { $0 != "\r" && $0 != "\n" }) }
-        line("\(method) \(endpoint.basePath)\(path) HTTP/1.1")
-        line("Host: \(endpoint.hostHeader)")
-        for (name, value) in headers { line("\(clean(name)): \(clean(value))") }
-        if let body {
-            line("Content-Type: application/json")
-            line("Content-Length: \(body.count)")
-        }
-        line("Connection: close")
-        out.append(0x0D)
-        out.append(0x0A)
-        if let body { out.append(contentsOf: body) }
-        return out
+        HTTPRequestEncoder.encode(method: method, target: endpoint.basePath + path, host: endpoint.hostHeader,
+                                  headers: body == nil ? headers : headers + [("Content-Type", "application/json")], body: body)
     }
 }

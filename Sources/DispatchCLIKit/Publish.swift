@@ -68,13 +68,7 @@ public struct CLIRetryPolicy: Equatable, Sendable {
     /// `elapsed` seconds after the first attempt started; nil: give up.
     public func delay(failures: Int, elapsed: Double, retryAfter: Double? = nil) -> Double? {
         guard failures >= 1, elapsed < budget else { return nil }
-        var d = initialDelay
-        var n = 1
-        while n < failures && d < maxDelay {
-            d *= 2
-            n += 1
-        }
-        d = min(d, maxDelay)
+        var d = Backoff(initial: initialDelay, maximum: maxDelay).step(afterAttempt: failures)
         if let r = retryAfter, r.isFinite, r > 0 { d = max(d, min(r, maxRetryAfter)) }
         return min(d, budget - elapsed)
     }

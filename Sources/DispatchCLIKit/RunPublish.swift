@@ -32,8 +32,8 @@ public struct CLIRunPublishQueue: Equatable, Sendable {
 
     /// At most this often a progress value goes out (seconds).
     public static let progressInterval = 0.25
-    /// The longest pause between two tries of a failing step.
-    public static let maxRetryDelay = 5.0
+    /// The pause between two tries of a failing step: 0.5 s, 1 s, 2 s, 4 s, then 5 s.
+    public static let retryBackoff = Backoff(initial: 0.5, maximum: 5)
 
     /// Seconds between touches when nothing else was accepted (nil: no touches).
     public let touchInterval: Double?
@@ -132,7 +132,7 @@ public struct CLIRunPublishQueue: Equatable, Sendable {
         if end != nil { triedSinceEnd = true }
         if transient {
             failures += 1
-            retryAt = now + Self.retryDelay(failures: failures)
+            retryAt = now + Self.retryBackoff.step(afterAttempt: failures)
             return
         }
         failures = 0
@@ -166,10 +166,6 @@ public struct CLIRunPublishQueue: Equatable, Sendable {
         }
     }
 
-    /// 0.5 s, 1 s, 2 s, 4 s, then 5 s between tries.
-    public static func retryDelay(failures: Int) -> Double {
-        min(maxRetryDelay, 0.5 * Double(1 << min(max(failures, 1) - 1, 8)))
-    }
 }
 
 /// Activity ids `run` makes itself, so it can name the activity (and start the command) before

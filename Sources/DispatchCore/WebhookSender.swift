@@ -78,7 +78,7 @@ public struct WebhookSender {
         case release([WebhookDelivery])
     }
 
-    public let policy: RetryPolicy
+    public let policy: Backoff
     public let maxInFlight: Int
     public let perKey: Int
     public let perHost: Int
@@ -92,7 +92,7 @@ public struct WebhookSender {
     /// The last claim was full: more rows are probably due.
     private var moreDue = false
 
-    public init(policy: RetryPolicy = RetryPolicy(initial: 2, maximum: 3600), maxInFlight: Int = 64, perKey: Int = 8, perHost: Int = 4) {
+    public init(policy: Backoff = Backoff(initial: 2, maximum: 3600, jitter: .equal), maxInFlight: Int = 64, perKey: Int = 8, perHost: Int = 4) {
         self.policy = policy
         self.maxInFlight = maxInFlight
         self.perKey = max(1, perKey)
@@ -208,7 +208,7 @@ public struct WebhookSender {
 
     /// What one attempt's answer means for its row.
     public static func decide(_ d: WebhookDelivery, _ answer: WebhookAnswer, now: Double, giveUpAt: Double,
-                              policy: RetryPolicy, random: Double) -> Action {
+                              policy: Backoff, random: Double) -> Action {
         let status: String
         switch answer {
         case .status(let code) where (200...299).contains(code):

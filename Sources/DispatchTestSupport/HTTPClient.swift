@@ -1,3 +1,4 @@
+import DispatchBlockingHTTP
 import DispatchSystem
 import DispatchCore
 import DispatchIO
@@ -44,16 +45,15 @@ public struct HTTPClient: Sendable {
         var h = headers
         if let token, h["Authorization"] == nil { h["Authorization"] = "Bearer \(token)" }
         if json != nil, h["Content-Type"] == nil { h["Content-Type"] = "application/json" }
-        let body = Array((json ?? "").utf8)
-        var req = "\(method) \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nConnection: close\r\n"
-        for (k, v) in h { req += "\(k): \(v)\r\n" }
-        if json != nil || method == "POST" { req += "Content-Length: \(body.count)\r\n" }
-        req += "\r\n"
-        let sock = try TestSocket.connect(host: host, port: port)
-        defer { sock.close() }
-        try sock.send(Array(req.utf8) + body)
-        let raw = try sock.readAll(timeout: 30)
-        return try HTTPClient.parse(raw, isHeadRequest: method == "HEAD")
+        let body: [UInt8]? = json != nil || method == "POST" ? Array((json ?? "").utf8) : nil
+        let request = HTTPRequestEncoder.encode(method: method, target: path, host: "\(host):\(port)", headers: h.map { ($0.key, $0.value) },
+                                                body: body)
+        do {
+            return Response(try HTTP1Connection.exchange(host: host, port: port, request: request, timeout: 30,
+                                                         isHeadRequest: method == "HEAD", maxBody: .max))
+        } catch {
+            throw TestError("\(method) \(path): \(error.message)")
+        }
     }
 
     public func post(_ path: String, _ json: String, headers: [String: String] = [:]) throws -> Response {
@@ -74,6 +74,11 @@ public struct HTTPClient: Sendable {
     }
 }
 
+/// Whether something accepts TCP connections on 127.0.0.1:`port` at the moment of the call.
+public func isListening(_ port: Int) -> Bool {
+    (try? TestSocket.connect(port: port)) != nil
+}
+
 /// A raw TCP socket for tests: connect, send, read with timeouts, close or reset.
 public final class TestSocket: @unchecked Sendable {
     public let fd: Int32
@@ -82,19 +87,11 @@ public final class TestSocket: @unchecked Sendable {
     init(fd: Int32) { self.fd = fd }
 
     public static func connect(host: String = "127.0.0.1", port: Int) throws -> TestSocket {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw TestError("socket: \(String(cString: strerror(errno)))") }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr(host)
-        addr.sin_port = in_port_t(UInt16(port).bigEndian)
-        let r = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
-        guard r == 0 else {
-            let e = String(cString: strerror(errno))
-            Glibc.close(fd)
-            throw TestError("connect to \(host):\(port): \(e)")
+        do {
+            return TestSocket(fd: try TCPStream.connectBlocking(host: host, port: port, timeout: 10))
+        } catch {
+            throw TestError(error.message)
         }
-        return TestSocket(fd: fd)
     }
 
     public func send(_ bytes: [UInt8]) throws {
@@ -170,11 +167,10 @@ public final class SSEClient: @unchecked Sendable {
         socket = try TestSocket.connect(port: port)
         self.lastEventID = lastEventID
         if smallBuffer { socket.shrinkReceiveBuffer() }
-        var req = "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
-        if let token { req += "Authorization: Bearer \(token)\r\n" }
-        if let lastEventID { req += "Last-Event-ID: \(lastEventID)\r\n" }
-        req += "\r\n"
-        try socket.send(req)
+        var headers = [("Accept", "text/event-stream")]
+        if let token { headers.append(("Authorization", "Bearer \(token)")) }
+        if let lastEventID { headers.append(("Last-Event-ID", String(lastEventID))) }
+        try socket.send(HTTPRequestEncoder.encode(method: "GET", target: path, host: "127.0.0.1", headers: headers, close: false))
     }
 
     /// Pumps the socket for up to `timeout` seconds, or until `until` holds.
@@ -245,11 +241,12 @@ public final class KeepAliveConnection: @unchecked Sendable {
     public init(port: Int) throws { socket = try TestSocket.connect(port: port) }
 
     public func request(_ method: String, _ path: String, token: String?, json: String? = nil) throws -> HTTPClient.Response {
-        let body = Array((json ?? "").utf8)
-        var head = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        if let token { head += "Authorization: Bearer \(token)\r\n" }
-        if json != nil || method == "POST" { head += "Content-Type: application/json\r\nContent-Length: \(body.count)\r\n" }
-        try socket.send(Array((head + "\r\n").utf8) + body)
+        var headers: [(String, String)] = []
+        if let token { headers.append(("Authorization", "Bearer \(token)")) }
+        let hasBody = json != nil || method == "POST"
+        if hasBody { headers.append(("Content-Type", "application/json")) }
+        try socket.send(HTTPRequestEncoder.encode(method: method, target: path, host: "127.0.0.1", headers: headers,
+                                                  body: hasBody ? Array((json ?? "").utf8) : nil, close: false))
         var parser = HTTPResponseParser(isHeadRequest: method == "HEAD")
         var headOut: HTTPResponseHead?
         var bodyOut: [UInt8] = []

@@ -59,10 +59,10 @@ public final class StreamFleet: @unchecked Sendable {
             s.reconnectAt = later
             return
         }
-        var req = "GET \(s.path) HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
-        if let token { req += "Authorization: Bearer \(token)\r\n" }
-        if let id = lastEventID ?? s.lastID { req += "Last-Event-ID: \(id)\r\n" }
-        do { try sock.send(req + "\r\n") } catch {
+        var headers = [("Accept", "text/event-stream")]
+        if let token { headers.append(("Authorization", "Bearer \(token)")) }
+        if let id = lastEventID ?? s.lastID { headers.append(("Last-Event-ID", String(id))) }
+        do { try sock.send(HTTPRequestEncoder.encode(method: "GET", target: s.path, host: "127.0.0.1", headers: headers, close: false)) } catch {
             sock.close()
             s.reconnectAt = later
             return

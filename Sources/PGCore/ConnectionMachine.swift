@@ -1,3 +1,5 @@
+import DispatchCore
+
 /// A PostgreSQL connection's life, as a pure state machine (postgres-nio's shape): every input
 /// is a `mutating func` returning the actions the libpq shell performs, in order. The state is
 /// committed before any action runs, so a completion that calls back in sees the new state.
@@ -43,7 +45,9 @@ public struct PGConnectionMachine<Completion> {
 
     public private(set) var state: State = .idle
     public private(set) var queue = PipelineQueue<Completion>()
-    private var backoff: Backoff
+    private let backoff: Backoff
+    /// Connects that failed (or connections lost) since the last one that became ready.
+    private var failuresInARow = 0
     /// Seconds a caller waits for its batch unless it asks otherwise, and a connect may take.
     public let timeout: Double
     private var connectDeadline = Double.infinity
@@ -92,14 +96,14 @@ public struct PGConnectionMachine<Completion> {
     public mutating func connected() -> [Action] {
         guard state == .connecting else { return [.closeConnection] }
         state = .ready
-        backoff.reset()
+        failuresInARow = 0
         return [.becomeReady]
     }
 
     public mutating func connectFailed(_ reason: String) -> [Action] {
         guard state == .connecting else { return [] }
         state = .backingOff
-        return [.closeConnection, .scheduleReconnect(after: backoff.next(), reason: reason)]
+        return [.closeConnection, .scheduleReconnect(after: nextBackoff(), reason: reason)]
     }
 
     public mutating func reconnectDue(now: Double) -> [Action] {
@@ -156,28 +160,12 @@ public struct PGConnectionMachine<Completion> {
         var actions: [Action] = [.closeConnection]
         if !failed.isEmpty { actions.append(.fail(failed, PGError(reason))) }
         actions.append(.reportLost(reason))
-        actions.append(.scheduleReconnect(after: backoff.next(), reason: reason))
+        actions.append(.scheduleReconnect(after: nextBackoff(), reason: reason))
         return actions
     }
-}
 
-/// Exponential backoff with a cap; `reset` after a success.
-public struct Backoff: Sendable, Equatable {
-    public let initial: Double
-    public let maximum: Double
-    public private(set) var current: Double
-
-    public init(initial: Double, maximum: Double) {
-        self.initial = initial
-        self.maximum = maximum
-        current = initial
+    private mutating func nextBackoff() -> Double {
+        failuresInARow += 1
+        return backoff.delay(afterAttempt: failuresInARow, random: 0)
     }
-
-    public mutating func next() -> Double {
-        let d = current
-        current = min(current * 2, maximum)
-        return d
-    }
-
-    public mutating func reset() { current = initial }
 }

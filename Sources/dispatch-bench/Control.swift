@@ -1,3 +1,4 @@
+import DispatchBlockingHTTP
 import DispatchCore
 import DispatchSystem
 import DispatchBenchKit
@@ -112,25 +113,11 @@ enum BlockingHTTP {
 
     /// A blocking TCP connection to host:port with a receive timeout and TCP_NODELAY.
     static func connect(host: String, port: UInt16, timeout: Double) throws -> Int32 {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw BenchError("socket failed") }
-        var tv = timeval(tv_sec: Int(timeout), tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-        var one: Int32 = 1
-        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-        var sa = sockaddr_in()
-        sa.sin_family = sa_family_t(AF_INET)
-        sa.sin_port = port.bigEndian
-        sa.sin_addr.s_addr = inet_addr(host)
-        let rc = withUnsafePointer(to: &sa) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        do {
+            return try TCPStream.connectBlocking(host: host, port: Int(port), timeout: timeout, receiveTimeout: timeout)
+        } catch {
+            throw BenchError(error.message)
         }
-        guard rc == 0 else {
-            let error = BenchError("connect \(host):\(port): \(String(cString: strerror(errno)))")
-            Glibc.close(fd)
-            throw error
-        }
-        return fd
     }
 
     /// Sends one request on a fresh connection. `body` is produced right before sending, so a

@@ -1,3 +1,4 @@
+import DispatchBlockingHTTP
 import DispatchCore
 import DispatchSystem
 import DispatchBenchKit
@@ -132,8 +133,7 @@ enum FeedProbe {
     }
 
 
-    static func sendAll(_ fd: Int32, _ text: String) -> Bool {
-        let bytes = Array(text.utf8)
+    static func sendAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
         var off = 0
         while off < bytes.count {
             let r = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + off, bytes.count - off, Int32(MSG_NOSIGNAL)) }
@@ -146,25 +146,13 @@ enum FeedProbe {
     /// One request on a fresh connection (`Connection: close`); the status and body.
     static func request(_ t: Target, addr: String = "127.0.0.1", method: String, path: String, auth: String,
                         body: String = "") -> (status: Int, body: String)? {
-        guard let fd = try? BlockingHTTP.connect(host: addr, port: t.port, timeout: 10) else { return nil }
-        defer { Glibc.close(fd) }
-        var req = "\(method) \(path) HTTP/1.1\r\nHost: \(addr)\r\nConnection: close\r\nAuthorization: Bearer \(auth)\r\n"
-        if !body.isEmpty { req += "Content-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n" }
-        guard sendAll(fd, req + "\r\n" + body) else { return nil }
-        var out: [UInt8] = []
-        var buf = [UInt8](repeating: 0, count: 16384)
-        while true {
-            let r = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if r <= 0 { break }
-            out.append(contentsOf: buf[0..<r])
+        var headers = [("Authorization", "Bearer \(auth)")]
+        if !body.isEmpty { headers.append(("Content-Type", "application/json")) }
+        let request = HTTPRequestEncoder.encode(method: method, target: path, host: addr, headers: headers, body: body.isEmpty ? nil : body)
+        guard let r = try? HTTP1Connection.exchange(host: addr, port: Int(t.port), request: request, timeout: 10, maxBody: .max) else {
+            return nil
         }
-        let text = String(decoding: out, as: UTF8.self)
-        guard text.hasPrefix("HTTP/1.1 "), let status = Int(text.dropFirst(9).prefix(3)) else { return nil }
-        let separator = Array("\r\n\r\n".utf8)
-        guard let at = (0...max(0, out.count - 4)).first(where: { out.count >= 4 && out[$0..<($0 + 4)].elementsEqual(separator) }) else {
-            return (status, "")
-        }
-        return (status, String(decoding: out[(at + 4)...], as: UTF8.self))
+        return (r.head.status, String(decoding: r.body, as: UTF8.self))
     }
 
     /// One figure of the server's `/metrics` (summed over its workers).
@@ -207,7 +195,9 @@ enum FeedProbe {
         let t0 = Clock.monotonicNanoseconds()
         guard let fd = try? BlockingHTTP.connect(host: addr, port: t.port, timeout: 5) else { return Outcome(error: "connect failed") }
         defer { Glibc.close(fd) }
-        guard sendAll(fd, "GET /v1/stream HTTP/1.1\r\nHost: \(addr)\r\nAuthorization: Bearer \(key)\r\nAccept: text/event-stream\r\n\r\n") else {
+        let request = HTTPRequestEncoder.encode(method: "GET", target: "/v1/stream", host: addr,
+                                                headers: [("Authorization", "Bearer \(key)"), ("Accept", "text/event-stream")], close: false)
+        guard sendAll(fd, request) else {
             return Outcome(error: "send failed")
         }
         let marker = Array("\nevent: synced\n".utf8)

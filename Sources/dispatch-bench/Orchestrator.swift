@@ -1,140 +1,11 @@
-// Long because it is the run itself: configuration, the four side-by-side scenarios and the
-// report. The storms, the nodes and the push bench live in their own files.
+// The run itself: the four side-by-side scenarios and the report. The configuration is in
+// BenchConfig.swift; the storms, the nodes and the push bench live in their own files.
 import DispatchCore
 import DispatchSystem
 import DispatchBenchKit
 #if canImport(Glibc)
 import Glibc
 #endif
-
-/// The sizes of one run. `quick` fits in about 3 minutes, `full` in about 15, `smoke` in seconds.
-struct BenchConfig {
-    var mode = "quick"
-    var idleCounts = [1000, 10000]
-    var idleActivities = 1000
-    var fanoutSubscribers = 10000
-    var fanoutEvents = 10
-    var throughputSubscribers = 10000
-    var throughputActivities = 2000
-    var throughputPublishers = 64
-    var throughputSeconds = 4.0
-    var terminalConnections = 128
-    var terminalActivities = 1000
-    var terminalSeconds = 2.0
-    // Restart storm (RestartStorm.swift): EventSource-like streams through a server restart.
-    var stormStreams = 2000
-    var stormActivities = 200
-    var stormRate = 400.0
-    var stormPublishers = 16
-    var stormWarmup = 2.0
-    /// Every n-th stream's client is away from 1 s before the restart until 3 s after it.
-    var stormAwayEvery = 20
-    /// Longest wait after the restart for every stream to resume and catch up.
-    var stormSettle = 45.0
-    // Nodes (Nodes.swift): dispatchd supervisors on one PostgreSQL.
-    var nodeCounts = [1, 2, 4]
-    var nodeWorkers = 2
-    var nodeSubscribers = 5000
-    var nodeActivities = 1000
-    var nodePublishers = 32
-    var nodeSeconds = 4.0
-    /// How nodes hear each other's changes: PostgreSQL's LISTEN/NOTIFY, then NATS (a cluster
-    /// of one nats-server per node, started by the bench), which also runs the carrier outage.
-    var nodeCarriers = ["notify", "nats"]
-    /// The carrier outage: publishes/s (all publishers together) and longest catch-up wait.
-    var outageRate = 1000.0
-    var outageSettle = 30.0
-    /// Loads pg_stat_statements into the nodes' PostgreSQL and notes each run's costliest statements.
-    var pgStatStatements = false
-    // Replay storm (ReplayStorm.swift): Last-Event-ID: 0 on long histories, half not reading.
-    var replayStreams = 2000
-    var replayActivities = 20
-    var replayEvents = 1000
-    var replayStalledMod = 2
-    /// SO_RCVBUF of the streams that never read: backpressure reaches dispatchd after a few KB.
-    var replayStalledRcvbuf = 4096
-    // Feed (FeedBench.swift): live activities over several keys, readers until synced.
-    var feedSizes = [(activities: 10_000, readers: 200), (activities: 100_000, readers: 10)]
-    var feedKeys = 4
-    var feedIdleSeconds = 5.0
-    var feedTimeout = 300.0
-    /// Repetitions of the three scenarios above (each restarts servers; they take longer).
-    var stormRepeats = 1
-    var scenarios: Set<String> = BenchConfig.allScenarios
-    static let allScenarios: Set<String> = ["idle", "fanout", "throughput", "terminal", "restart", "nodes", "replay", "feed"]
-    var repeats = 3
-    var targets: [Target.Kind] = [.dispatch, .nchan]
-    var serverWorkers = 2
-    var addressCount = 8
-    var externalDispatchPort: UInt16?
-    var externalDispatchKey = ""
-    var dispatchd = ""
-    var template = "bench/nginx.conf.template"
-    var resultsDir = "bench/results"
-    var jsonOut: String?
-    var deadlineSeconds: UInt32 = 720
-
-    static func preset(_ mode: String) -> BenchConfig {
-        var c = BenchConfig()
-        c.mode = mode
-        switch mode {
-        case "full":
-            c.idleCounts = [1000, 10000, 50000]
-            c.fanoutEvents = 20
-            c.throughputSeconds = 10
-            c.terminalSeconds = 8
-            c.repeats = 5
-            c.serverWorkers = 3  // 50k streams need three processes of at most 20,000 files each
-            c.stormStreams = 10000
-            c.stormActivities = 1000
-            c.stormRate = 1000
-            c.stormPublishers = 32
-            c.nodeSubscribers = 10000
-            c.nodeActivities = 2000
-            c.nodePublishers = 64
-            c.nodeSeconds = 10
-            c.replayActivities = 50
-            c.stormRepeats = 3
-            c.deadlineSeconds = 2700
-        case "smoke":
-            c.idleCounts = [300]
-            c.idleActivities = 30
-            c.fanoutSubscribers = 300
-            c.fanoutEvents = 5
-            c.throughputSubscribers = 300
-            c.throughputActivities = 60
-            c.throughputPublishers = 8
-            c.throughputSeconds = 1.5
-            c.terminalConnections = 8
-            c.terminalActivities = 30
-            c.terminalSeconds = 1
-            c.stormStreams = 200
-            c.stormActivities = 20
-            c.stormRate = 40
-            c.stormPublishers = 4
-            c.stormWarmup = 2
-            c.stormSettle = 20
-            c.nodeCounts = [1, 2]
-            c.nodeSubscribers = 200
-            c.nodeActivities = 40
-            c.nodePublishers = 4
-            c.nodeSeconds = 1.5
-            c.nodeCarriers = ["notify"]
-            c.outageRate = 100
-            c.outageSettle = 15
-            c.replayStreams = 100
-            c.replayActivities = 4
-            c.replayEvents = 200
-            c.feedSizes = [(activities: 1000, readers: 20)]
-            c.feedIdleSeconds = 2
-            c.repeats = 1
-            c.deadlineSeconds = 240
-        default:
-            break
-        }
-        return c
-    }
-}
 
 /// One figure of one scenario, measured for each target in each repetition.
 struct Figure {
@@ -231,16 +102,11 @@ final class Orchestrator {
             if want.contains("nodes") && config.targets.contains(.dispatch) && config.externalDispatchPort == nil { try nodes(rep: rep) }
         }
         let elapsed = Double(Clock.monotonicNanoseconds() - start) / 1e9
-        let table = renderTable(elapsed: elapsed)
-        print(table)
-        let path = try writeJSON(elapsed: elapsed)
-        print("results: \(path)")
-        if !problems.isEmpty {
-            print("PROBLEMS:")
-            for p in problems { print("  " + p) }
-            return 2
-        }
-        return 0
+        // A run of some scenarios only does not replace the latest complete run.
+        let tag = config.scenarios == BenchConfig.allScenarios ? config.mode
+            : config.mode + "-" + config.scenarios.sorted().joined(separator: "+")
+        return try BenchReport.finish(table: renderTable(elapsed: elapsed), json: json(elapsed: elapsed),
+                                      to: .init(explicit: config.jsonOut, resultsDir: config.resultsDir, tag: tag), problems: problems)
     }
 
     func makeTempDir() -> String {
@@ -603,44 +469,25 @@ final class Orchestrator {
         return String(Double(Int(v * 100)) / 100)
     }
 
-    func machine() -> [(String, String)] {
-        var model = ""
-        for line in (Files.read("/proc/cpuinfo") ?? "").split(separator: "\n") where line.hasPrefix("model name") {
-            model = String(line.split(separator: ":", maxSplits: 1).last ?? "").trimmingCharacters(in: "\t")
-            break
-        }
-        let mem = Proc.kbField(Files.read("/proc/meminfo") ?? "", "MemTotal:")
-        var u = utsname()
-        uname(&u)
-        let kernel = withUnsafeBytes(of: u.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-        return [("cpu", model), ("cores", String(sysconf(Int32(_SC_NPROCESSORS_ONLN)))),
-                ("memory", "\(mem / 1024 / 1024) MiB"), ("kernel", kernel)]
-    }
-
     func renderTable(elapsed: Double) -> String {
         var lines: [String] = []
         let names = targets.map(\.name)
         let hasBoth = names.contains("dispatch") && names.contains("nchan")
-        // A column never runs into the next: a value as wide as its column gets one space.
-        func pad(_ s: String, _ n: Int, right: Bool = false) -> String {
-            s.count >= n ? (right ? " " + s : s + " ")
-                : (right ? String(repeating: " ", count: n - s.count) + s : s + String(repeating: " ", count: n - s.count))
-        }
         lines.append("Dispatch vs nginx+nchan — \(config.mode) mode, \(config.repeats) run(s) each, medians; \(fmt(elapsed)) s")
-        lines.append(machine().map { "\($0.0): \($0.1)" }.joined(separator: "; "))
-        var header = pad("scenario", 22) + pad("figure", 32) + pad("unit", 10)
-        for n in names { header += pad(n, 12, right: true) }
-        if hasBoth { header += pad("D/nchan", 10, right: true) + "  better" }
+        lines.append(BenchReport.machine().map { "\($0.0): \($0.1)" }.joined(separator: "; "))
+        var header = BenchReport.pad("scenario", 22) + BenchReport.pad("figure", 32) + BenchReport.pad("unit", 10)
+        for n in names { header += BenchReport.pad(n, 12, right: true) }
+        if hasBoth { header += BenchReport.pad("D/nchan", 10, right: true) + "  better" }
         lines.append(header)
         lines.append(String(repeating: "-", count: header.count))
         for f in figures where f.inTable {
-            var l = pad(f.scenario, 22) + pad(f.metric, 32) + pad(f.unit, 10)
-            for n in names { l += pad(f.median(n).map(fmt) ?? "-", 12, right: true) }
+            var l = BenchReport.pad(f.scenario, 22) + BenchReport.pad(f.metric, 32) + BenchReport.pad(f.unit, 10)
+            for n in names { l += BenchReport.pad(f.median(n).map(fmt) ?? "-", 12, right: true) }
             if hasBoth {
                 if let d = f.median("dispatch"), let c = f.median("nchan"), c != 0 {
-                    l += pad(fmt(d / c), 10, right: true)
+                    l += BenchReport.pad(fmt(d / c), 10, right: true)
                 } else {
-                    l += pad("-", 10, right: true)
+                    l += BenchReport.pad("-", 10, right: true)
                 }
                 l += "  " + (f.higherIsBetter ? "higher" : "lower")
             }
@@ -657,7 +504,7 @@ final class Orchestrator {
         return lines.joined(separator: "\n")
     }
 
-    func writeJSON(elapsed: Double) throws -> String {
+    func json(elapsed: Double) -> JSONWriter {
         var w = JSONWriter(capacity: 8192)
         w.beginObject()
         w.field("mode", config.mode)
@@ -667,7 +514,7 @@ final class Orchestrator {
         w.field("repeats", Int64(config.repeats))
         w.field("serverProcesses", Int64(config.serverWorkers))
         w.field("subscriberProcesses", Int64(subscribers.count))
-        w.key("machine"); w.beginObject(); for (k, v) in machine() { w.field(k, v) }; w.endObject()
+        BenchReport.writeMachine(&w)
         w.key("figures"); w.beginArray()
         for f in figures {
             w.beginObject()
@@ -694,27 +541,6 @@ final class Orchestrator {
         w.key("problems"); w.beginArray(); for p in problems { w.string(p) }; w.endArray()
         w.key("notes"); w.beginArray(); for n in notes { w.string(n) }; w.endArray()
         w.endObject()
-        let path: String
-        if let j = config.jsonOut {
-            path = j
-        } else {
-            let dir = Files.absolutePath(config.resultsDir)
-            try? Files.makeDirectory(dir)
-            var tm = tm()
-            var now = time_t(Clock.nowMilliseconds() / 1000)
-            gmtime_r(&now, &tm)
-            let stamp = String(format4(Int(tm.tm_year) + 1900)) + two(Int(tm.tm_mon) + 1) + two(Int(tm.tm_mday))
-                + "-" + two(Int(tm.tm_hour)) + two(Int(tm.tm_min)) + two(Int(tm.tm_sec))
-            // A run of some scenarios only does not replace the latest complete run.
-            let tag = config.scenarios == BenchConfig.allScenarios ? config.mode
-                : config.mode + "-" + config.scenarios.sorted().joined(separator: "+")
-            path = "\(dir)/\(stamp)-\(tag).json"
-            try Files.write("\(dir)/latest-\(tag).json", w.string + "\n")
-        }
-        try Files.write(path, w.string + "\n")
-        return path
+        return w
     }
-
-    func two(_ v: Int) -> String { v < 10 ? "0\(v)" : String(v) }
-    func format4(_ v: Int) -> String { String(v) }
 }

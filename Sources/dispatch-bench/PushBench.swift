@@ -1,5 +1,6 @@
-// Long because it is a whole second benchmark (runner, stand-ins, report), kept apart from the
-// stream scenarios so neither has to know the other.
+// A whole second benchmark (runner, scenarios, report), kept apart from the stream scenarios so
+// neither has to know the other; its APNs stand-ins are in APNsStandIn.swift.
+import DispatchBlockingHTTP
 import DispatchCore
 import DispatchBenchKit
 import DispatchSystem
@@ -157,16 +158,8 @@ final class PushRun {
         }
         if o.broadcast || o.broadcastOnly { try broadcastVsTokens() }
         let elapsed = Double(Clock.monotonicNanoseconds() - started) / 1e9
-        let table = render(elapsed: elapsed)
-        print(table)
-        let path = try writeJSON(elapsed: elapsed)
-        print("results: \(path)")
-        if !problems.isEmpty {
-            print("PROBLEMS:")
-            for p in problems { print("  " + p) }
-            return 2
-        }
-        return 0
+        return try BenchReport.finish(table: render(elapsed: elapsed), json: json(elapsed: elapsed),
+                                      to: .init(explicit: o.json, resultsDir: "bench/results", tag: o.mode), problems: problems)
     }
 
     func cleanup() {
@@ -414,18 +407,19 @@ final class PushRun {
     func render(elapsed: Double) -> String {
         var lines = ["Dispatch Live Activity pushes — \(o.activities) activities x \(o.devices) tokens, \(Int(o.rate)) updates/s for "
                      + "\(orchestrator.fmt(o.seconds)) s, \(o.workers) server processes; \(orchestrator.fmt(elapsed)) s",
-                     orchestrator.machine().map { "\($0.0): \($0.1)" }.joined(separator: "; ")]
-        func pad(_ s: String, _ n: Int, right: Bool = false) -> String {
-            s.count >= n ? s : (right ? String(repeating: " ", count: n - s.count) + s : s + String(repeating: " ", count: n - s.count))
-        }
-        lines.append(pad("scenario", 34) + pad("figure", 30) + pad("unit", 6) + pad("value", 12, right: true))
+                     BenchReport.machine().map { "\($0.0): \($0.1)" }.joined(separator: "; ")]
+        lines.append(BenchReport.pad("scenario", 34) + BenchReport.pad("figure", 30) + BenchReport.pad("unit", 6)
+                     + BenchReport.pad("value", 12, right: true))
         lines.append(String(repeating: "-", count: 82))
-        for r in rows { lines.append(pad(r.scenario, 34) + pad(r.figure, 30) + pad(r.unit, 6) + pad(orchestrator.fmt(r.value), 12, right: true)) }
+        for r in rows {
+            lines.append(BenchReport.pad(r.scenario, 34) + BenchReport.pad(r.figure, 30) + BenchReport.pad(r.unit, 6)
+                         + BenchReport.pad(orchestrator.fmt(r.value), 12, right: true))
+        }
         for n in notes { lines.append("note: " + n) }
         return lines.joined(separator: "\n")
     }
 
-    func writeJSON(elapsed: Double) throws -> String {
+    func json(elapsed: Double) -> JSONWriter {
         var w = JSONWriter(capacity: 4096)
         w.beginObject()
         w.field("mode", o.mode)
@@ -436,7 +430,7 @@ final class PushRun {
         w.field("rate", o.rate)
         w.field("seconds", o.seconds)
         w.field("serverProcesses", Int64(o.workers))
-        w.key("machine"); w.beginObject(); for (k, v) in orchestrator.machine() { w.field(k, v) }; w.endObject()
+        BenchReport.writeMachine(&w)
         w.key("figures"); w.beginArray()
         for r in rows {
             w.beginObject(); w.field("scenario", r.scenario); w.field("figure", r.figure); w.field("unit", r.unit)
@@ -446,286 +440,10 @@ final class PushRun {
         w.key("notes"); w.beginArray(); for n in notes { w.string(n) }; w.endArray()
         w.key("problems"); w.beginArray(); for p in problems { w.string(p) }; w.endArray()
         w.endObject()
-        if let path = o.json {
-            try Files.write(path, w.string + "\n")
-            return path
-        }
-        let results = Files.absolutePath("bench/results")
-        try? Files.makeDirectory(results)
-        var tm = tm()
-        var now = time(nil)
-        gmtime_r(&now, &tm)
-        let stamp = String(Int(tm.tm_year) + 1900) + orchestrator.two(Int(tm.tm_mon) + 1) + orchestrator.two(Int(tm.tm_mday))
-            + "-" + orchestrator.two(Int(tm.tm_hour)) + orchestrator.two(Int(tm.tm_min)) + orchestrator.two(Int(tm.tm_sec))
-        let path = "\(results)/\(stamp)-\(o.mode).json"
-        try Files.write(path, w.string + "\n")
-        try Files.write("\(results)/latest-\(o.mode).json", w.string + "\n")
-        return path
+        return w
     }
 }
 
 enum PushResultNames {
     static let failures = ["retired", "throttled", "server_error", "connection_error", "jwt_expired", "jwt_rejected", "rejected"]
-}
-
-/// A local APNs for the bench: the tests' fake (Python, checks everything, records every
-/// request) or nginx answering 200 over HTTP/2 + TLS (cheap: the sender's own ceiling).
-final class APNsStandIn {
-    let kind: String
-    let port: UInt16
-    let pid: pid_t
-    let controlPort: UInt16?
-    /// The fake's channel management listener (nginx answers channel calls on `port`).
-    var managePort: UInt16?
-    private let stdinFD: Int32?
-    private var stopped = false
-
-    init(kind: String, port: UInt16, pid: pid_t, controlPort: UInt16?, stdinFD: Int32?) {
-        self.kind = kind
-        self.port = port
-        self.pid = pid
-        self.controlPort = controlPort
-        self.stdinFD = stdinFD
-    }
-
-    static func fake(pki: String, dir: String) throws -> APNsStandIn {
-        guard access("/usr/bin/python3", X_OK) == 0 else { throw BenchError("the fake APNs needs /usr/bin/python3 with python3-h2 (make test-deps)") }
-        var input: [Int32] = [0, 0], output: [Int32] = [0, 0]
-        guard pipe(&input) == 0, pipe(&output) == 0 else { throw BenchError("pipe failed") }
-        for fd in [input[1], output[0]] { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
-        let logFd = open(dir + "/fake_apns.log", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
-        let pid = try Proc.spawn("/usr/bin/python3", [
-            "Tests/tools/fake_apns.py", "--cert", pki + "/server.pem", "--key", pki + "/server-key.pem",
-            "--auth-key-pub", pki + "/AuthKey_TESTKEY123.pub.pem", "--team-id", "TEAM123456", "--key-id", "TESTKEY123",
-            "--topic", "com.example.dispatch", "--port", "0", "--control-port", "0",
-        ], stdin: input[0], stdout: output[1], stderr: logFd, closeInChild: [input[1], output[0]])
-        Glibc.close(input[0]); Glibc.close(output[1]); Glibc.close(logFd)
-        defer { Glibc.close(output[0]) }
-        var line: [UInt8] = []
-        let deadline = Clock.monotonicNanoseconds() + 20_000_000_000
-        while !line.contains(10) && Clock.monotonicNanoseconds() < deadline {
-            var p = pollfd(fd: output[0], events: Int16(POLLIN), revents: 0)
-            if poll(&p, 1, 200) <= 0 { continue }
-            var buf = [UInt8](repeating: 0, count: 256)
-            let n = read(output[0], &buf, buf.count)
-            if n <= 0 { break }
-            line += buf[0..<n]
-        }
-        guard let v = try? JSONParser.parse(Array(line.prefix { $0 != 10 })), let port = v.int("port"), let control = v.int("controlPort") else {
-            Proc.stop(pid)
-            throw BenchError("fake_apns.py did not start; see \(dir)/fake_apns.log")
-        }
-        let standIn = APNsStandIn(kind: "fake", port: UInt16(port), pid: pid, controlPort: UInt16(control), stdinFD: input[1])
-        standIn.managePort = v.int("managePort").map { UInt16($0) }
-        return standIn
-    }
-
-    static let echoModule = "/usr/lib/nginx/modules/ngx_http_echo_module.so"
-
-    static func nginx(pki: String, dir: String) throws -> APNsStandIn {
-        guard let nginx = Proc.which("nginx"), access(echoModule, R_OK) == 0 else {
-            throw BenchError("the nginx stand-in needs nginx and its echo module (apt-get install nginx-light libnginx-mod-http-echo)")
-        }
-        let ndir = dir + "/apns-nginx"
-        for sub in ["tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi", "logs"] { try? Files.makeDirectory(ndir + "/" + sub) }
-        let port = Servers.freePort(startingAt: 19580)
-        try Files.write(ndir + "/nginx.conf", """
-        load_module \(echoModule);
-        daemon off;
-        master_process off;
-        worker_processes 1;
-        pid \(ndir)/nginx.pid;
-        error_log \(ndir)/logs/error.log warn;
-        events { worker_connections 1024; }
-        http {
-            access_log off;
-            client_body_temp_path \(ndir)/tmp/body;
-            proxy_temp_path \(ndir)/tmp/proxy;
-            fastcgi_temp_path \(ndir)/tmp/fastcgi;
-            uwsgi_temp_path \(ndir)/tmp/uwsgi;
-            scgi_temp_path \(ndir)/tmp/scgi;
-            keepalive_requests 100000000;
-            keepalive_timeout 600s;
-            http2_max_concurrent_streams 1000;
-            server {
-                listen 127.0.0.1:\(port) ssl http2;
-                ssl_certificate \(pki)/server.pem;
-                ssl_certificate_key \(pki)/server-key.pem;
-                location / {
-                    echo_read_request_body;
-                    echo -n '';
-                }
-                # Channel management: every creation gets the same id (enough for the bench).
-                location /1/apps/ {
-                    echo_read_request_body;
-                    add_header apns-channel-id YmVuY2hjaGFubmVsMDAwMQ== always;
-                    echo -n '';
-                }
-            }
-        }
-        """)
-        let logFd = open(ndir + "/stderr.log", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
-        let pid = try Proc.spawn(nginx, ["-p", ndir, "-c", ndir + "/nginx.conf", "-e", ndir + "/logs/error.log"], stdout: logFd, stderr: logFd)
-        Glibc.close(logFd)
-        let deadline = Clock.monotonicNanoseconds() + 10_000_000_000
-        while Clock.monotonicNanoseconds() < deadline && Servers.canBind("127.0.0.1", port) { usleep(50_000) }
-        guard Proc.alive(pid), !Servers.canBind("127.0.0.1", port) else { throw BenchError("nginx did not start; see \(ndir)/logs") }
-        return APNsStandIn(kind: "nginx", port: port, pid: pid, controlPort: nil, stdinFD: nil)
-    }
-
-    func stop() {
-        guard !stopped else { return }
-        stopped = true
-        Proc.stop(pid, signal: SIGTERM, grace: 5)
-        if let stdinFD { Glibc.close(stdinFD) }
-    }
-
-    func clearRecords() {
-        guard let c = controlPort else { return }
-        _ = PlainHTTP.request(port: c, method: "DELETE", path: "/requests")
-    }
-
-    /// Publish → arrival at the fake, in ms, from the `t=` status the bench publisher sends
-    /// (both clocks are this machine's CLOCK_REALTIME).
-    func latencySamples(tokens: [String]) -> [Double] {
-        guard let c = controlPort else { return [] }
-        var out: [Double] = []
-        for t in tokens {
-            guard let body = PlainHTTP.request(port: c, method: "GET", path: "/requests?token=\(t)"),
-                  let v = try? JSONParser.parse(body), case .array(let records)? = v["requests"] else { continue }
-            for r in records {
-                guard case .number(let arrived)? = r["time"], case .string(let status)? = r["body"]?["aps"]?["content-state"]?["status"],
-                      status.hasPrefix("t="), let sent = Double(status.dropFirst(2)) else { continue }
-                out.append(arrived * 1000 - sent / 1e6)
-            }
-        }
-        return out
-    }
-}
-
-/// A plain blocking HTTP/1.1 exchange (Connection: close) returning the body.
-enum PlainHTTP {
-    static func request(port: UInt16, method: String, path: String, address: String = "127.0.0.1") -> [UInt8]? {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return nil }
-        defer { Glibc.close(fd) }
-        var tv = timeval(tv_sec: 10, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-        var sa = sockaddr_in()
-        sa.sin_family = sa_family_t(AF_INET)
-        sa.sin_port = port.bigEndian
-        sa.sin_addr.s_addr = inet_addr(address)
-        let rc = withUnsafePointer(to: &sa) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard rc == 0 else { return nil }
-        let req = Array("\(method) \(path) HTTP/1.1\r\nHost: bench\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".utf8)
-        guard req.withUnsafeBytes({ Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == req.count else { return nil }
-        var raw: [UInt8] = []
-        var buf = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n <= 0 { break }
-            raw += buf[0..<n]
-        }
-        guard let end = (0..<max(0, raw.count - 3)).first(where: { raw[$0] == 13 && raw[$0 + 1] == 10 && raw[$0 + 2] == 13 && raw[$0 + 3] == 10 })
-        else { return nil }
-        let head = String(decoding: raw[..<end], as: UTF8.self).lowercased()
-        var body = Array(raw[(end + 4)...])
-        if head.contains("transfer-encoding: chunked") { body = dechunk(body) }
-        return body
-    }
-
-    static func dechunk(_ b: [UInt8]) -> [UInt8] {
-        var out: [UInt8] = []
-        var i = 0
-        while i < b.count {
-            guard let lineEnd = (i..<max(i, b.count - 1)).first(where: { b[$0] == 13 && b[$0 + 1] == 10 }),
-                  let size = Int(String(decoding: b[i..<lineEnd], as: UTF8.self).split(separator: ";")[0], radix: 16), size > 0
-            else { break }
-            let start = lineEnd + 2
-            guard start + size <= b.count else { break }
-            out += b[start..<start + size]
-            i = start + size + 2
-        }
-        return out
-    }
-}
-
-/// Prometheus text of a server. dispatchd answers /metrics for the whole server (every
-/// worker's samples summed; `dispatch_db_up` the lowest), so one scrape is enough. (It once
-/// answered per worker, and scraping until every `worker="N"` had been seen, as this did,
-/// now counted the whole server once per worker label it saw.)
-struct Metrics {
-    var samples: [String: [String: Double]] = [:]  // "server" -> "name{labels}" -> value
-
-    static func scrape(port: UInt16, workers: Int = 1) -> Metrics {
-        var m = Metrics()
-        for attempt in 0..<8 {
-            let address = Servers.addresses[attempt % Servers.addresses.count]
-            guard let body = PlainHTTP.request(port: port, method: "GET", path: "/metrics", address: address) else { continue }
-            var values: [String: Double] = [:]
-            for line in String(decoding: body, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
-                guard let space = line.lastIndex(of: " "), let v = Double(line[line.index(after: space)...]) else { continue }
-                values[String(line[..<space])] = v
-            }
-            if !values.isEmpty {
-                m.samples["server"] = values
-                break
-            }
-        }
-        return m
-    }
-
-    /// The sum over workers of every sample of `name` whose labels contain `label`.
-    func sum(_ name: String, _ label: String = "") -> Double {
-        samples.values.reduce(0.0) { total, values in
-            total + values.filter { ($0.key == name || $0.key.hasPrefix(name + "{")) && (label.isEmpty || $0.key.contains(label)) }
-                .reduce(0.0) { $0 + $1.value }
-        }
-    }
-
-    func max(_ name: String) -> Double {
-        samples.values.compactMap { $0.first { $0.key == name || $0.key.hasPrefix(name + "{") }?.value }.max() ?? 0
-    }
-
-    /// A histogram's cumulative buckets (upper bound -> count) over the series whose labels
-    /// contain `label`.
-    func histogram(_ name: String, _ label: String = "") -> CumulativeHistogram {
-        var buckets: [Double: Double] = [:]
-        for values in samples.values {
-            for (key, v) in values where key.hasPrefix(name + "_bucket{") && (label.isEmpty || key.contains(label)) {
-                guard let r = key.firstRange(of: "le=\""), let le = Double(key[r.upperBound...].prefix { $0 != "\"" }) ?? (key.contains("+Inf") ? .infinity : nil)
-                else { continue }
-                buckets[le, default: 0] += v
-            }
-        }
-        return CumulativeHistogram(buckets: buckets)
-    }
-}
-
-/// Prometheus buckets: percentiles by linear interpolation inside the bucket that holds them.
-struct CumulativeHistogram {
-    var buckets: [Double: Double]
-
-    func subtracting(_ other: CumulativeHistogram) -> CumulativeHistogram {
-        CumulativeHistogram(buckets: buckets.reduce(into: [:]) { $0[$1.key] = $1.value - (other.buckets[$1.key] ?? 0) })
-    }
-
-    func percentile(_ q: Double) -> Double? {
-        let sorted = buckets.sorted { $0.key < $1.key }
-        guard let total = sorted.last?.value, total > 0 else { return nil }
-        let rank = q * total
-        var previousBound = 0.0, previousCount = 0.0
-        for (bound, count) in sorted {
-            if count >= rank {
-                if bound.isInfinite { return previousBound }
-                let inBucket = count - previousCount
-                return inBucket <= 0 ? bound : previousBound + (bound - previousBound) * (rank - previousCount) / inBucket
-            }
-            previousBound = bound
-            previousCount = count
-        }
-        return nil
-    }
 }

@@ -1,6 +1,7 @@
 import DispatchCore
 import DispatchSystem
 import DispatchCLIKit
+import DispatchBlockingHTTP
 
 /// The Dispatch API as the CLI uses it: authenticated requests with bounded retries.
 struct Client {
@@ -42,7 +43,7 @@ struct Client {
         let request = CLIHTTP.encodeRequest(method: method, path: path, endpoint: global.endpoint,
                                             headers: headers(idempotencyKey: idempotencyKey), body: body)
         do {
-            let response = try HTTPConnection.exchange(endpoint: global.endpoint, caFile: global.caFile, request: request, timeout: attemptTimeout)
+            let response = try HTTP1Connection.exchange(endpoint: global.endpoint, caFile: global.caFile, request: request, timeout: attemptTimeout)
             switch CLIHTTPDisposition.of(status: response.head.status, body: response.body) {
             case .success: return .success(response)
             case .retry: return .transient(CLIServerError.describe(status: response.head.status, body: response.body))
@@ -77,7 +78,7 @@ struct Client {
                 timeout = t
             }
             do {
-                let response = try HTTPConnection.exchange(endpoint: global.endpoint, caFile: global.caFile, request: request, timeout: timeout)
+                let response = try HTTP1Connection.exchange(endpoint: global.endpoint, caFile: global.caFile, request: request, timeout: timeout)
                 switch CLIHTTPDisposition.of(status: response.head.status, body: response.body) {
                 case .success, .fail:
                     return .answered(response)

@@ -4,6 +4,7 @@ import Glibc
 import DispatchCore
 import DispatchSystem
 import DispatchCLIKit
+import DispatchBlockingHTTP
 
 /// The command `run` started, shared between the main thread (which spawns and reaps it) and
 /// the cancel watcher (which may signal it).
@@ -195,9 +196,10 @@ final class RunWatcher: @unchecked Sendable {
                 following = false
             case .dropped(let streamed):
                 failures = streamed ? 1 : failures + 1
-                // The server's retry: delay after a dropped stream, growing while it stays unreachable.
-                let base = Double(state.retryMilliseconds) / 1000
-                pause(min(30, base * Double(1 << min(failures - 1, 4))))
+                // The server's retry: delay after a dropped stream, growing while it stays
+                // unreachable, up to 16 times that and never above 30 s.
+                let advised = Double(state.retryMilliseconds) / 1000
+                pause(Backoff(initial: advised, maximum: min(30, advised * 16)).step(afterAttempt: failures))
             }
         }
     }
@@ -213,9 +215,9 @@ final class RunWatcher: @unchecked Sendable {
         if let last = state.lastEventID { headers.append(("Last-Event-ID", last)) }
         let request = CLIHTTP.encodeRequest(method: "GET", path: Client.activityPath(activityID, "/status"),
                                             endpoint: client.global.endpoint, headers: headers, body: nil)
-        let conn: HTTPConnection
+        let conn: HTTP1Connection
         do {
-            conn = try HTTPConnection.connect(to: client.global.endpoint, caFile: client.global.caFile, timeout: 5)
+            conn = try HTTP1Connection.connect(to: client.global.endpoint, caFile: client.global.caFile, timeout: 5)
             try conn.send(request, deadline: Clock.monotonic() + 5)
         } catch {
             return .dropped(streamed: false)

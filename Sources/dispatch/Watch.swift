@@ -4,6 +4,7 @@ import Glibc
 import DispatchCore
 import DispatchSystem
 import DispatchCLIKit
+import DispatchBlockingHTTP
 
 /// `dispatch watch`: follows `GET /v1/activities/{id}/status` until the activity ends,
 /// reconnecting with `Last-Event-ID` across dropped connections and server restarts.
@@ -96,9 +97,9 @@ struct WatchCommand {
         if let last = state.lastEventID { headers.append(("Last-Event-ID", last)) }
         let request = CLIHTTP.encodeRequest(method: "GET", path: Client.activityPath(options.activityID, "/status"),
                                             endpoint: client.global.endpoint, headers: headers, body: nil)
-        let conn: HTTPConnection
+        let conn: HTTP1Connection
         do {
-            conn = try HTTPConnection.connect(to: client.global.endpoint, caFile: client.global.caFile, timeout: 10)
+            conn = try HTTP1Connection.connect(to: client.global.endpoint, caFile: client.global.caFile, timeout: 10)
             try conn.send(request, deadline: Clock.monotonic() + 10)
         } catch {
             if !error.transient && !System.interrupted() {

@@ -94,10 +94,10 @@ struct CLITestContext {
         return (code, p.stdout, p.stderr)
     }
 
-    /// `GET path` with the admin key, through a plain socket (independent of the CLI's client).
+    /// `GET path` with the admin key, from this process (not through the CLI).
     func get(_ path: String) throws -> (Int, JSONValue?) {
-        let (status, body) = try rawRequest(port: server.port, "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(server.adminKey)\r\nConnection: close\r\n\r\n")
-        return (status, try? JSONParser.parse(body))
+        let r = try server.client.get(path)
+        return (r.status, r.json)
     }
 
     func snapshot(_ id: String) throws -> JSONValue? {
@@ -110,41 +110,6 @@ struct CLITestContext {
         let (_, json) = try get("/v1/activities/\(id)/events?after=0&limit=1000")
         guard case .array(let items)? = json?["events"] else { return [] }
         return items
-    }
-}
-
-func rawRequest(port: Int, _ request: String) throws -> (Int, [UInt8]) {
-    struct SocketError: Error { let what: String }
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    guard fd >= 0 else { throw SocketError(what: "socket") }
-    defer { close(fd) }
-    var tv = timeval(tv_sec: 30, tv_usec: 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_port = in_port_t(UInt16(port).bigEndian)
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    let rc = withUnsafePointer(to: &addr) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    }
-    guard rc == 0 else { throw SocketError(what: "connect") }
-    let bytes = Array(request.utf8)
-    guard send(fd, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count else { throw SocketError(what: "send") }
-    var parser = HTTPResponseParser()
-    var status = 0
-    var body: [UInt8] = []
-    var buffer = [UInt8](repeating: 0, count: 65536)
-    while true {
-        let n = recv(fd, &buffer, buffer.count, 0)
-        let events = n > 0 ? try parser.feed(buffer[..<n]) : try parser.finish()
-        for e in events {
-            switch e {
-            case .head(let h): status = h.status
-            case .body(let b): body += b
-            case .end: return (status, body)
-            }
-        }
-        if n <= 0 { throw SocketError(what: "recv") }
     }
 }
 
@@ -215,16 +180,10 @@ final class LossyProxy: @unchecked Sendable {
             }
             if request.count >= text.utf8.distance(from: text.utf8.startIndex, to: headEnd.upperBound) + length { break }
         }
-        let upstream = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { Glibc.close(upstream) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_port = in_port_t(UInt16(targetPort).bigEndian)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(upstream, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard connected == 0, send(upstream, request, request.count, Int32(MSG_NOSIGNAL)) == request.count else { return }
+        guard let socket = try? TestSocket.connect(port: targetPort) else { return }
+        defer { socket.close() }
+        let upstream = socket.fd
+        guard send(upstream, request, request.count, Int32(MSG_NOSIGNAL)) == request.count else { return }
         var response: [UInt8] = []
         var parser = HTTPResponseParser()
         reading: while true {

@@ -1,3 +1,4 @@
+import DispatchBenchKit
 import DispatchSystem
 import DispatchTestSupport
 import Foundation
@@ -24,35 +25,20 @@ final class TLSReverseProxy {
         port = try TestServer.freePort()
         try makeCertificates(in: dir)
         for sub in ["tmp", "logs"] { mkdir(dir + "/" + sub, 0o755) }
-        try Files.write(dir + "/nginx.conf", """
-        daemon off;
-        master_process off;
-        worker_processes 1;
-        pid \(dir)/nginx.pid;
-        error_log \(dir)/logs/error.log warn;
-        events { worker_connections 1024; }
-        http {
-            access_log off;
-            client_body_temp_path \(dir)/tmp/body;
-            proxy_temp_path \(dir)/tmp/proxy;
-            fastcgi_temp_path \(dir)/tmp/fastcgi;
-            uwsgi_temp_path \(dir)/tmp/uwsgi;
-            scgi_temp_path \(dir)/tmp/scgi;
-            server {
-                listen 127.0.0.1:\(port) ssl http2;
-                listen 127.0.0.2:\(port) ssl http2;  # an address the certificate does not name
-                ssl_certificate \(dir)/server.pem;
-                ssl_certificate_key \(dir)/server-key.pem;
-                location / {
-                    proxy_pass http://127.0.0.1:\(upstreamPort);
-                    proxy_http_version 1.1;
-                    proxy_set_header Connection "";
-                    proxy_buffering off;
-                    proxy_read_timeout 1h;
-                }
+        // 127.0.0.2: an address the certificate does not name.
+        let config = NginxConfig(
+            dir: dir, listen: ["127.0.0.1:\(port)", "127.0.0.2:\(port)"],
+            certificate: "\(dir)/server.pem", certificateKey: "\(dir)/server-key.pem",
+            server: """
+            location / {
+                proxy_pass http://127.0.0.1:\(upstreamPort);
+                proxy_http_version 1.1;
+                proxy_set_header Connection "";
+                proxy_buffering off;
+                proxy_read_timeout 1h;
             }
-        }
-        """)
+            """)
+        try Files.write(dir + "/nginx.conf", config.text)
         try start()
     }
 
@@ -136,18 +122,11 @@ final class ConnectProxy: @unchecked Sendable {
         lock.lock()
         tunnels.append(String(parts[1]))
         lock.unlock()
-        let upstream = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { Glibc.close(upstream) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_port = in_port_t(port.bigEndian)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")  // the tests only tunnel to this machine
-        let connected = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(upstream, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        let answer = connected == 0 ? "HTTP/1.1 200 Connection established\r\n\r\n" : "HTTP/1.1 502 Bad Gateway\r\n\r\n"
+        let socket = try? TestSocket.connect(port: Int(port))  // the tests only tunnel to this machine
+        defer { socket?.close() }
+        let answer = socket != nil ? "HTTP/1.1 200 Connection established\r\n\r\n" : "HTTP/1.1 502 Bad Gateway\r\n\r\n"
         _ = answer.withCString { send(client, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
-        guard connected == 0 else { return }
+        guard let upstream = socket?.fd else { return }
         var fds = [pollfd(fd: client, events: Int16(POLLIN), revents: 0), pollfd(fd: upstream, events: Int16(POLLIN), revents: 0)]
         var buffer = [UInt8](repeating: 0, count: 65536)
         while poll(&fds, 2, -1) > 0 {
@@ -172,18 +151,6 @@ func makeScratchDirectory(_ name: String) throws -> String {
     var template = Array("/tmp/dispatch-cli-\(name)-XXXXXX".utf8CString)
     guard let p = mkdtemp(&template) else { throw TLSTestFailure("mkdtemp failed") }
     return String(cString: p)
-}
-
-func isListening(_ port: Int) -> Bool {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    addr.sin_port = UInt16(port).bigEndian
-    return withUnsafePointer(to: &addr) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    } == 0
 }
 
 /// Missing tools are a failure, not a skip: `make test` installs them (scripts/install-deps.sh).

@@ -4,7 +4,7 @@ import XCTest
 /// The broadcast channel decisions (contract §5.5), one row and one answer at a time.
 final class BroadcastChannelTests: XCTestCase {
     let t0: Int64 = 1_796_070_000_000
-    let policy = RetryPolicy(initial: 1, maximum: 300)
+    let policy = Backoff(initial: 1, maximum: 300, jitter: .equal)
 
     func job(_ phase: BroadcastPhase, channel: String? = "Y2g=", attempts: Int = 1) -> BroadcastJob {
         BroadcastJob(activityID: "rel", leaseID: 3, phase: phase, channelID: channel, environment: .production, attempts: attempts,

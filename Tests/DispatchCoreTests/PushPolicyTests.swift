@@ -39,7 +39,7 @@ final class PushPolicyTests: XCTestCase {
     }
 
     func testRetryDelays() {
-        let policy = RetryPolicy(initial: 1, maximum: 300)
+        let policy = Backoff(initial: 1, maximum: 300, jitter: .equal)
         XCTAssertEqual(PushDecision.retryDelay(.connectionError, attempts: 1, policy: policy, random: 0.5), 0,
                        "a lost connection: at once, on a new one")
         XCTAssertEqual(PushDecision.retryDelay(.connectionError, attempts: 2, policy: policy, random: 0), 1)

@@ -65,16 +65,3 @@ final class StreamOutboxTests: XCTestCase {
         XCTAssertTrue(o.isFinished)
     }
 }
-
-final class RetryPolicyTests: XCTestCase {
-    func testBackoffDoublesWithJitterAndIsCapped() {
-        let p = RetryPolicy(initial: 1, maximum: 60)
-        let table: [(Int, Double, Double)] = [(1, 0.5, 1), (2, 1, 2), (3, 2, 4), (6, 16, 32), (7, 30, 60), (50, 30, 60)]
-        for (attempt, low, high) in table {
-            XCTAssertEqual(p.delay(afterAttempt: attempt, random: 0), low, "attempt \(attempt)")
-            XCTAssertEqual(p.delay(afterAttempt: attempt, random: 0.999_999), high, accuracy: 0.001, "attempt \(attempt)")
-            let mid = p.delay(afterAttempt: attempt, random: 0.5)
-            XCTAssertTrue(mid > low && mid < high)
-        }
-    }
-}

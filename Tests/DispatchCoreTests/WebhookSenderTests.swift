@@ -4,7 +4,7 @@ import XCTest
 /// The webhook outbox's sender, one transition per line, and the signature's format.
 final class WebhookSenderTests: XCTestCase {
     typealias Action = WebhookSender.Action
-    static let policy = RetryPolicy(initial: 2, maximum: 3600)
+    static let policy = Backoff(initial: 2, maximum: 3600, jitter: .equal)
 
     static func row(_ id: Int64, attempt: Int = 1, left: Double = 86_400) -> WebhookDelivery {
         WebhookDelivery(rowID: id, deliveryID: "d-\(id)", activityID: "a-\(id)", url: "https://example.com/hook", body: "{}",

@@ -1,6 +1,7 @@
 @testable import DispatchIO
 import DispatchSystem
 import Glibc
+import DispatchTestSupport
 import XCTest
 
 /// CurlClient over plain HTTP/1.1 against a real python3 http.server.
@@ -160,7 +161,7 @@ final class CurlHTTP1Tests: XCTestCase {
 
     func testConnectAndRequestErrors() throws {
         let c = client()
-        let refused = try XCTUnwrap(fetch(c, .init(url: "http://127.0.0.1:\(freePort())/"))?.failure)
+        let refused = try XCTUnwrap(fetch(c, .init(url: "http://127.0.0.1:\(try TestServer.freePort())/"))?.failure)
         XCTAssertEqual(refused.kind, .connect, refused.description)
         let noHost = try XCTUnwrap(fetch(c, .init(url: "http://no-such-host.invalid/"))?.failure)
         XCTAssertEqual(noHost.kind, .connect, noHost.description)

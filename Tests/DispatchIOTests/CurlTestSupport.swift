@@ -1,5 +1,7 @@
 @testable import DispatchIO
+import DispatchBenchKit
 import DispatchSystem
+import DispatchTestSupport
 import Glibc
 import XCTest
 
@@ -20,33 +22,6 @@ func runLoop(_ loop: EventLoop, timeout: Double, until done: @escaping () -> Boo
 func spin(_ loop: EventLoop, _ seconds: Double) {
     let deadline = Clock.monotonic() + seconds
     runLoop(loop, timeout: seconds + 1) { Clock.monotonic() >= deadline }
-}
-
-/// A port nothing listens on at the moment of the call.
-func freePort() -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    addr.sin_port = 0
-    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-    _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) } }
-    _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
-    return Int(UInt16(bigEndian: addr.sin_port))
-}
-
-/// Whether something accepts TCP connections on 127.0.0.1:`port` (a blocking probe, tests only).
-func isListening(_ port: Int) -> Bool {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    addr.sin_port = UInt16(port).bigEndian
-    return withUnsafePointer(to: &addr) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    } == 0
 }
 
 func waitFor(_ timeout: Double, _ condition: () -> Bool) -> Bool {
@@ -162,7 +137,7 @@ server.serve_forever()
 
     init() throws {
         dir = makeTempDir("http1")
-        port = freePort()
+        port = try TestServer.freePort()
         writeFile(dir + "/server.py", PythonHTTPServer.script)
         pid = Subprocess.start(["/usr/bin/python3", dir + "/server.py", String(port)])
         guard pid != nil, waitFor(10, { isListening(port) }) else {
@@ -198,45 +173,28 @@ final class NginxH2Server {
             throw TestFailure("needs nginx and its echo module (apt-get install nginx-light libnginx-mod-http-echo)")
         }
         dir = makeTempDir("h2")
-        port = freePort()
+        port = try TestServer.freePort()
         try makeCertificates()
         for sub in ["tmp", "logs"] { mkdir(dir + "/" + sub, 0o755) }
-        writeFile(dir + "/nginx.conf", """
-        load_module \(NginxH2Server.echoModule);
-        daemon off;
-        master_process off;
-        worker_processes 1;
-        pid \(dir)/nginx.pid;
-        error_log \(dir)/logs/error.log warn;
-        events { worker_connections 4096; }
-        http {
-            access_log off;
-            client_body_temp_path \(dir)/tmp/body;
-            proxy_temp_path \(dir)/tmp/proxy;
-            fastcgi_temp_path \(dir)/tmp/fastcgi;
-            uwsgi_temp_path \(dir)/tmp/uwsgi;
-            scgi_temp_path \(dir)/tmp/scgi;
-            keepalive_requests \(maxRequestsPerConnection);
-            http2_max_concurrent_streams 1000;
-            server {
-                listen 127.0.0.1:\(port) ssl http2;
-                ssl_certificate \(dir)/server.pem;
-                ssl_certificate_key \(dir)/server-key.pem;
-                default_type application/json;
-                location / {
-                    echo_read_request_body;
-                    echo -n '{"ok":true,"connection":$connection}';
-                }
-                location /early {
-                    return 200 '{"early":true}';
-                }
-                location /hang {
-                    echo_sleep 120;
-                    echo -n '{}';
-                }
+        let config = NginxConfig(
+            dir: dir, modules: [NginxH2Server.echoModule], workerConnections: 4096,
+            http: ["keepalive_requests \(maxRequestsPerConnection)", "http2_max_concurrent_streams 1000"],
+            listen: ["127.0.0.1:\(port)"], certificate: "\(dir)/server.pem", certificateKey: "\(dir)/server-key.pem",
+            server: """
+            default_type application/json;
+            location / {
+                echo_read_request_body;
+                echo -n '{"ok":true,"connection":$connection}';
             }
-        }
-        """)
+            location /early {
+                return 200 '{"early":true}';
+            }
+            location /hang {
+                echo_sleep 120;
+                echo -n '{}';
+            }
+            """)
+        writeFile(dir + "/nginx.conf", config.text)
         try start()
     }
 

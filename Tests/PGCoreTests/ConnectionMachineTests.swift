@@ -1,4 +1,5 @@
 @testable import PGCore
+import DispatchCore
 import XCTest
 
 /// The connection's life as a table: each input and the actions it must produce.

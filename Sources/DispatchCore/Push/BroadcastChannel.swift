@@ -100,7 +100,7 @@ public enum BroadcastOutcome: Equatable, Sendable {
     case retry(afterSeconds: Double, status: String)
 
     public static func decide(_ request: BroadcastRequest, _ answer: APNsAnswer, channelHeader: String?, attempts: Int,
-                              policy: RetryPolicy, random: Double) -> BroadcastOutcome {
+                              policy: Backoff, random: Double) -> BroadcastOutcome {
         let label = PushSenderMachine<Void>.label(answer)
         let retry = BroadcastOutcome.retry(afterSeconds: policy.delay(afterAttempt: max(1, attempts), random: random), status: label)
         switch (request, answer) {

@@ -120,7 +120,7 @@ public enum PushDecision: Equatable, Sendable {
     /// Seconds until the next try after `attempts` failed tries (1 for the first). A lost
     /// connection is retried at once the first time (on a new connection, as GOAWAY asks);
     /// everything else backs off with full jitter.
-    public static func retryDelay(_ result: PushResult, attempts: Int, policy: RetryPolicy, random: Double) -> Double {
+    public static func retryDelay(_ result: PushResult, attempts: Int, policy: Backoff, random: Double) -> Double {
         if result == .connectionError && attempts <= 1 { return 0 }
         return policy.delay(afterAttempt: attempts, random: random)
     }

@@ -85,7 +85,7 @@ public struct PushSenderMachine<Payload> {
         public var claimBatch = 500
         /// Pushes awaiting an answer at most (the APNs client's streams).
         public var maxInFlight = 1000
-        public var retry = RetryPolicy(initial: 1, maximum: 300)
+        public var retry = Backoff(initial: 1, maximum: 300, jitter: .equal)
         public var providerToken = ProviderTokenPolicy()
         /// How long sending stops after APNs refuses the provider token as invalid.
         public var rejectedTokenPause: Double = 600

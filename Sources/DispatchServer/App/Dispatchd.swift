@@ -8,48 +8,36 @@ import Glibc
 /// The `dispatchd` command: serve (as a supervisor of worker processes, or a single worker),
 /// `migrate`, `keys`, `webhooks` and `push status`.
 public enum Dispatchd {
-    /// Commands that work on an existing database and must never create one.
-    static let adminCommands: Set<String> = ["keys", "webhooks", "push"]
-
     public static func main(_ arguments: [String]) -> Int32 {
-        var args = arguments
-        if args.contains("--help") || args.contains("-h") || args.first == "help" {
+        let invocation = DispatchdInvocation.parse(arguments) { arg in
+            ServerConfig.settings.contains { arg == $0.flag || arg.hasPrefix($0.flag + "=") }
+        }
+        let command: DispatchdCommand?
+        let args: [String]
+        var keyArgs: [String] = []
+        switch invocation {
+        case .help:
             print(ServerConfig.usage(), terminator: "")
             return 0
-        }
-        if args.first == "--version" || args.first == "version" {
+        case .version:
             print("dispatchd \(Version.description)")
             return 0
-        }
-        var command = "serve"
-        if let first = args.first, !first.hasPrefix("-") {
-            command = first
-            args.removeFirst()
-        }
-        var keyArgs: [String] = []
-        if command == "keys" || command == "webhooks" || command == "push" {
-            // The command's own options come first; the rest are server settings (--database-url, ...).
-            keyArgs = args
-            args = []
-            var i = 0
-            while i < keyArgs.count {
-                if ServerConfig.settings.contains(where: { keyArgs[i] == $0.flag || keyArgs[i].hasPrefix($0.flag + "=") }) {
-                    let takesValue = !keyArgs[i].contains("=")
-                    args.append(keyArgs.remove(at: i))
-                    if takesValue, i < keyArgs.count { args.append(keyArgs.remove(at: i)) }
-                } else {
-                    i += 1
-                }
-            }
+        case .run(let c, let serverArguments, let commandArguments):
+            command = c
+            args = serverArguments
+            keyArgs = commandArguments
+        case .unknown(_, let serverArguments):
+            command = nil
+            args = serverArguments
         }
         // A hangup (a closed terminal, a reflexive `kill -HUP`) must not end a server: ignored
         // from the start (migrations included), then logged by the loops (Worker, Supervisor).
-        if command == "serve" { signal(SIGHUP, SIG_IGN) }
+        if command == .serve { signal(SIGHUP, SIG_IGN) }
         let env = Subprocess.currentEnvironment()
         var config: ServerConfig
         do {
             config = try ServerConfig.parse(environment: env, arguments: args, cores: Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
-            if command == "serve", env["DISPATCH_WORKER_INDEX"] == nil { try PushSetup.check(config) }
+            if command == .serve, env["DISPATCH_WORKER_INDEX"] == nil { try PushSetup.check(config) }
         } catch {
             printError("dispatchd: \(error.message)")
             return 2
@@ -70,19 +58,17 @@ public enum Dispatchd {
             }
             return runWorker(config: workerConfig, conninfo: conninfo, index: index, log: log, supervisor: getppid())
         }
-        switch command {
-        case "check": return ReadyCheck.run(config)
-        case "serve", "migrate", "keys", "webhooks", "push": break
-        default:
-            printError("dispatchd: unknown command \(command) (see --help)")
+        guard let command else {
+            if case .unknown(let name, _) = invocation { printError("dispatchd: unknown command \(name) (see --help)") }
             return 2
         }
+        if command == .check { return ReadyCheck.run(config) }
         // Only this server's workers may share its addresses: reserve them before any worker
         // binds, and fail once, clearly, when something else holds one. First of all: a second
         // server on a taken port must not run initdb or a migration (on a shared DATABASE_URL:
         // against the shared database) before it notices.
         var reservations: [PortReservation] = []
-        if command == "serve" {
+        if command == .serve {
             do {
                 reservations = try config.listen.map { a throws(SystemError) in try PortReservation(host: a.host, port: a.port) }
             } catch {
@@ -95,22 +81,22 @@ public enum Dispatchd {
         let conninfo: String
         if let url = config.databaseURL {
             conninfo = url
-            if adminCommands.contains(command) { printError("dispatchd \(command): using DATABASE_URL") }
+            if command.isAdmin { printError("dispatchd \(command.rawValue): using DATABASE_URL") }
         } else {
             // An admin command never creates a database: one made here would not be the server's.
-            if adminCommands.contains(command) {
+            if command.isAdmin {
                 guard EmbeddedPostgres.clusterExists(dataDir: config.dataDir) else {
                     printError("""
-                        dispatchd \(command): no database: DATABASE_URL is not set and there is no embedded cluster under \
+                        dispatchd \(command.rawValue): no database: DATABASE_URL is not set and there is no embedded cluster under \
                         \(Files.absolutePath(config.dataDir)) (run this where dispatchd runs, or pass --data-dir or --database-url)
                         """)
                     return 2
                 }
-                printError("dispatchd \(command): using the embedded PostgreSQL under \(Files.absolutePath(config.dataDir))")
+                printError("dispatchd \(command.rawValue): using the embedded PostgreSQL under \(Files.absolutePath(config.dataDir))")
             }
             do {
                 let pg = try EmbeddedPostgres(dataDir: config.dataDir, log: log)
-                try pg.start(exclusive: command == "serve")
+                try pg.start(exclusive: command == .serve)
                 embedded = pg
                 conninfo = pg.conninfo
             } catch {
@@ -126,16 +112,18 @@ public enum Dispatchd {
             return 1
         }
         switch command {
-        case "migrate":
+        case .migrate:
             log.info("migration.done")
             return 0
-        case "keys":
+        case .keys:
             return KeysCommand.run(keyArgs, conninfo: conninfo)
-        case "webhooks":
+        case .webhooks:
             return WebhooksCommand.run(keyArgs, conninfo: conninfo)
-        case "push":
+        case .push:
             return PushCommand.run(keyArgs, conninfo: conninfo)
-        default:
+        case .check:
+            return ReadyCheck.run(config)
+        case .serve:
             break
         }
         do {

@@ -1,6 +1,13 @@
 import DispatchCore
 import DispatchSystem
 
+/// How a webhook attempt ended: the `result` label of `dispatch_webhook_deliveries_total`.
+public enum WebhookResult: String, CaseIterable, Sendable {
+    case delivered, retried, failed
+    /// Not sent: the address is one webhooks may not reach (the SSRF check).
+    case refused
+}
+
 /// Prometheus figures for one worker process, labelled `worker`; `/metrics` answers with every
 /// worker's merged into the server's (`MetricsMerge`).
 public final class Metrics {
@@ -19,8 +26,8 @@ public final class Metrics {
     public var casRetries = 0
     /// Activities this worker ended as stale (contract §5.4).
     public var staleEnded = 0
-    /// Webhook attempts by result: delivered, retried, failed, refused (SSRF check).
-    public var webhookDeliveries: [String: Int] = [:]
+    /// Webhook attempts by result.
+    public var webhookDeliveries: [WebhookResult: Int] = [:]
     /// Pending rows in the webhook outbox, as last counted by this worker's sender (-1: not counted here).
     public var webhookOutboxPending = -1
     /// Read at render time: connections cut by the request deadline or the per-address cap.
@@ -126,7 +133,7 @@ public final class Metrics {
              [(w, "\(replayMemoryDisconnects)")])
         line("dispatch_stale_ended_total", "counter", "Activities ended as stale (no update within staleAfter).", [(w, "\(staleEnded)")])
         line("dispatch_webhook_deliveries_total", "counter", "Cancel webhook attempts, by result.",
-             ["delivered", "retried", "failed", "refused"].map { ("\(w),result=\"\($0)\"", "\(webhookDeliveries[$0] ?? 0)") })
+             WebhookResult.allCases.map { ("\(w),result=\"\($0.rawValue)\"", "\(webhookDeliveries[$0] ?? 0)") })
         if webhookOutboxPending >= 0 {
             line("dispatch_webhook_outbox_pending", "gauge", "Webhook deliveries waiting in the whole outbox.",
                  [(w, "\(webhookOutboxPending)")])

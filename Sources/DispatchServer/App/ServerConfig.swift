@@ -264,17 +264,7 @@ public struct ServerConfig: Equatable, Sendable {
         dispatchd: the Dispatch job-status streaming server
 
         Usage:
-          dispatchd [options]                 serve (runs migrations first)
-          dispatchd migrate [options]         apply database migrations and exit
-          dispatchd check [options]           exit 0 when the server on --listen is ready (health checks)
-          dispatchd --version                 the release and the commit it was built from
-          dispatchd keys create --name NAME --scope SCOPE[,SCOPE] [--machine M]
-          dispatchd keys list
-          dispatchd keys revoke NAME
-          dispatchd webhooks status [--state pending|delivered|failed] [--limit N]
-          dispatchd webhooks retry DELIVERY_ID
-          dispatchd push status               the Live Activity push outbox: pending, failed, up to date
-
+        \(DispatchdCommand.usageLines)
         Every option is also an environment variable:
 
         """

@@ -20,7 +20,7 @@ final class BroadcastService {
     private let dismissalSeconds: Int64
     private let leaseMs: Int
     private let requestTimeout: Double
-    private let retry = RetryPolicy(initial: 1, maximum: 300)
+    private let retry = Backoff(initial: 1, maximum: 300, jitter: .equal)
     private var token: ProviderTokenStore.Token?
     /// The JWT APNs last called expired: not to be used again.
     private var refusedJWT: String?

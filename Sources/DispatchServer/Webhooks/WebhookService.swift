@@ -96,16 +96,16 @@ final class WebhookService {
             case .send(let d):
                 send(d)
             case .markDelivered(let d, let status):
-                count("delivered")
+                count(.delivered)
                 log.info("webhook.delivered", [("delivery", d.deliveryID), ("activity", d.activityID), ("attempt", d.attempt), ("status", status)])
                 mark(d, WebhookSQL.delivered(d, status: status))
             case .markRetry(let d, let after, let status):
-                count("retried")
+                count(.retried)
                 log.info("webhook.retry", [("delivery", d.deliveryID), ("activity", d.activityID), ("attempt", d.attempt),
                                            ("status", WebhookSender.loggable(status)), ("after_s", Int(after.rounded(.up)))])
                 mark(d, WebhookSQL.retry(d, after: after, status: status))
             case .markFailed(let d, let status, let reason):
-                count(reason == .refused ? "refused" : "failed")
+                count(reason == .refused ? .refused : .failed)
                 log.warning(reason == .refused ? "webhook.refused" : "webhook.failed",
                             [("delivery", d.deliveryID), ("activity", d.activityID), ("attempt", d.attempt), ("status", status)])
                 mark(d, WebhookSQL.failed(d, status: status))
@@ -152,7 +152,7 @@ final class WebhookService {
         }
     }
 
-    private func count(_ result: String) {
+    private func count(_ result: WebhookResult) {
         metrics.webhookDeliveries[result, default: 0] += 1
     }
 
