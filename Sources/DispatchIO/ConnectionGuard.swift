@@ -92,9 +92,7 @@ final class ConnectionGuard {
             if t.answering || t.stream != nil { continue }
             // evhttp dropped a connection that never completed a request (no close callback
             // was set for it): our reference is the last one.
-            var readcb: bufferevent_data_cb?
-            bufferevent_getcb(bev, &readcb, nil, nil, nil)
-            if readcb == nil && t.requests == 0 {
+            if t.requests == 0 && LibeventInternals.evhttpDroppedConnection(bev) {
                 dropped.append(bev)
                 continue
             }
