@@ -32,10 +32,27 @@ public protocol HTTPStreamDelegate: AnyObject {
     func streamDrained(_ tag: Int)
 }
 
+/// What a server-sent-events session writes to: `HTTPStream` in dispatchd, DispatchHarness's
+/// `ScriptedStream` in unit tests (no socket).
+public protocol StreamTransport: AnyObject {
+    var started: Bool { get }
+    /// Bytes waiting in user space for this client.
+    var backlog: Int { get }
+    var delegate: HTTPStreamDelegate? { get set }
+    var tag: Int { get set }
+    /// `delegate.streamDrained` is called when the backlog falls below this.
+    var drainMark: Int { get set }
+    func begin(headers: [(String, String)], writeTimeout: Double, maxInputBuffer: Int)
+    func write(_ payload: StreamPayload, maxBacklog: Int) -> HTTPStream.WriteResult
+    func respond(status: Int, headers: [(String, String)], body: [UInt8])
+    func end()
+    func abort()
+}
+
 /// A long-lived streamed response (SSE). Writes go straight to the socket while its buffer is
 /// empty and queue in the connection's output buffer otherwise. Exactly one of `end`, `abort`,
 /// or the peer closing ends it; after that the evhttp pointers are never touched again.
-public final class HTTPStream {
+public final class HTTPStream: StreamTransport {
     public enum WriteResult { case written, queued, backlogExceeded, failed }
 
     private let loop: EventLoop
