@@ -55,7 +55,7 @@ public protocol StreamTransport: AnyObject {
 public final class HTTPStream: StreamTransport {
     public enum WriteResult { case written, queued, backlogExceeded, failed }
 
-    private let loop: EventLoop
+    private let loop: LoopScheduling
     /// The server whose connection this stream took over: its connection guard tells the
     /// stream when the peer goes away (the connection's one close callback is the guard's).
     private var server: HTTPServer?
@@ -77,7 +77,7 @@ public final class HTTPStream: StreamTransport {
 
     private let requestTimeout: Double
 
-    public init(loop: EventLoop, requestTimeout: Double = HTTPLimits().requestTimeoutSeconds) {
+    public init(loop: LoopScheduling, requestTimeout: Double = HTTPLimits().requestTimeoutSeconds) {
         self.loop = loop
         self.requestTimeout = requestTimeout
     }

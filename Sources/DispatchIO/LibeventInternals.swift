@@ -59,7 +59,7 @@ public enum LibeventInternals {
 
     /// evhttp 2.1 detaches a reply still in progress from its connection when the peer leaves,
     /// and then never frees it: frees it on a later loop turn, once libevent is done with it.
-    static func freeReplyDetachedByPeerClose(_ request: UnsafeMutablePointer<evhttp_request>, loop: EventLoop) {
+    static func freeReplyDetachedByPeerClose(_ request: UnsafeMutablePointer<evhttp_request>, loop: LoopScheduling) {
         guard evhttp_request_get_connection(request) == nil else { return }
         loop.soon { evhttp_request_free(request) }
     }

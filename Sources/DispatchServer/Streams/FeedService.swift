@@ -29,7 +29,7 @@ final class FeedSession: KeyedStream {
 /// worker's own commits, which would reorder positions across processes), and each is framed
 /// once for every subscriber.
 final class FeedService {
-    let loop: EventLoop
+    let loop: LoopScheduling
     let repository: FeedRepository
     let metrics: Metrics
     let log: Logger
@@ -52,7 +52,7 @@ final class FeedService {
     /// Finished activities younger than this are part of the initial set.
     static let recentWindowMs: Int64 = 24 * 3_600_000
 
-    init(loop: EventLoop, repository: FeedRepository, metrics: Metrics, log: Logger, settings: StreamService.Settings) {
+    init(loop: LoopScheduling, repository: FeedRepository, metrics: Metrics, log: Logger, settings: StreamService.Settings) {
         self.loop = loop
         self.repository = repository
         self.metrics = metrics
@@ -75,9 +75,17 @@ final class FeedService {
     /// read (not a number), which is answered with `reset` and the initial set.
     func open(_ req: HTTPRequest, filter: FeedFilter, lastEventID: Int64?, invalidLastEventID: Bool, keyID: Int64,
               extraHeaders: [(String, String)]) {
+        let http = HTTPStream(loop: loop)
+        http.attach(req)
+        open(http, filter: filter, lastEventID: lastEventID, invalidLastEventID: invalidLastEventID, keyID: keyID, extraHeaders: extraHeaders)
+    }
+
+    /// The same on any transport (a test's scripted stream).
+    func open(_ http: StreamTransport, filter: FeedFilter, lastEventID: Int64?, invalidLastEventID: Bool, keyID: Int64,
+              extraHeaders: [(String, String)]) {
         let session = sessions.add { id in
             FeedSession(id: id, keyID: keyID,
-                        connection: SSEConnection(req, loop: loop, tag: id, delegate: sessions, extraHeaders: extraHeaders,
+                        connection: SSEConnection(http, loop: loop, tag: id, delegate: sessions, extraHeaders: extraHeaders,
                                                   maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 64 * 1024),
                         since: Clock.nowMilliseconds() - FeedService.recentWindowMs)
         }

@@ -33,16 +33,7 @@ final class SSEConnection {
     /// Page reads granted and not yet over (`pageDone`).
     private var reservations = 0
 
-    /// A stream on `req`'s connection.
-    convenience init(_ req: HTTPRequest, loop: EventLoop, tag: Int, delegate: HTTPStreamDelegate, extraHeaders: [(String, String)],
-                     maxBacklog: Int, writeTimeout: Double, pageCap: Int) {
-        let http = HTTPStream(loop: loop)
-        http.attach(req)
-        self.init(http, loop: loop, tag: tag, delegate: delegate, extraHeaders: extraHeaders, maxBacklog: maxBacklog,
-                  writeTimeout: writeTimeout, pageCap: pageCap)
-    }
-
-    /// A stream on any transport and loop (a test's scripted ones).
+    /// `http`: an `HTTPStream` attached to its request, or a test's scripted stream.
     init(_ http: StreamTransport, loop: LoopScheduling, tag: Int, delegate: HTTPStreamDelegate, extraHeaders: [(String, String)],
          maxBacklog: Int, writeTimeout: Double, pageCap: Int) {
         self.http = http

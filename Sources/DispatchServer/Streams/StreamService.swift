@@ -32,7 +32,7 @@ final class StreamService {
         var historyPage: Int64 = 1000
     }
 
-    let loop: EventLoop
+    let loop: LoopScheduling
     let activities: ActivityRepository
     let metrics: Metrics
     let log: Logger
@@ -48,7 +48,7 @@ final class StreamService {
     /// The worker's replay memory budget, shared with feeds.
     var memory: ReplayMemory?
 
-    init(loop: EventLoop, activities: ActivityRepository, metrics: Metrics, log: Logger, settings: Settings) {
+    init(loop: LoopScheduling, activities: ActivityRepository, metrics: Metrics, log: Logger, settings: Settings) {
         self.loop = loop
         self.activities = activities
         self.metrics = metrics
@@ -69,9 +69,16 @@ final class StreamService {
     // MARK: - Opening
 
     func open(_ req: HTTPRequest, activityID: String, lastEventID: Int64?, keyID: Int64, extraHeaders: [(String, String)] = []) {
+        let http = HTTPStream(loop: loop)
+        http.attach(req)
+        open(http, activityID: activityID, lastEventID: lastEventID, keyID: keyID, extraHeaders: extraHeaders)
+    }
+
+    /// The same on any transport (a test's scripted stream).
+    func open(_ http: StreamTransport, activityID: String, lastEventID: Int64?, keyID: Int64, extraHeaders: [(String, String)] = []) {
         let session = sessions.add { id in
             StreamSession(id: id, activityID: activityID, keyID: keyID,
-                          connection: SSEConnection(req, loop: loop, tag: id, delegate: sessions, extraHeaders: extraHeaders,
+                          connection: SSEConnection(http, loop: loop, tag: id, delegate: sessions, extraHeaders: extraHeaders,
                                                     maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 16 * 1024))
         }
         if let memory { session.connection.budgeted(by: memory, as: BudgetedStream(kind: .status, id: session.id), key: keyID) }
