@@ -9,61 +9,29 @@ import XCTest
 /// rows), its clients are scripted streams, its clock a manual loop.
 final class StreamServiceShellTests: XCTestCase {
     var loop: ManualLoop!
-    var reader: ScriptedPGDriver!
-    var drivers: [ScriptedPGDriver] = []
-    var db: Database!
+    var scripted: ScriptedDatabase!
     var service: StreamService!
     var metrics: Metrics!
-    /// Commands of the reader's driver already answered.
-    var answered = 0
 
     override func setUp() {
         loop = ManualLoop()
-        drivers = (0..<3).map { _ in ScriptedPGDriver() }
-        reader = drivers[1]
-        let log = Logger(level: .error)
-        let sessions = zip(["writer", "reader", "feed_reader"], drivers).map {
-            PGConnection(loop: loop, driver: $1, conninfo: "scripted", name: $0, log: log)
-        }
         metrics = Metrics(worker: 0)
-        db = Database(writer: sessions[0], reader: sessions[1], feedReader: sessions[2], metrics: metrics)
-        db.start()
-        for d in drivers { d.socketReady() }
-        XCTAssertTrue(db.isReady)
-        answered = 0
-        service = StreamService(loop: loop, activities: ActivityRepository(db: db), metrics: metrics, log: log,
+        scripted = ScriptedDatabase(loop: loop, metrics: metrics)
+        XCTAssertTrue(scripted.db.isReady)
+        service = StreamService(loop: loop, activities: ActivityRepository(db: scripted.db), metrics: metrics, log: Logger(level: .error),
                                 settings: .init(heartbeatSeconds: 4, maxBacklog: 64 * 1024, writeTimeout: 60))
     }
 
     override func tearDown() {
         service.shutdown()
-        db.close()
+        scripted.db.close()
         loop.runSoon()
-        for d in drivers { XCTAssertEqual(d.violations, []) }
+        XCTAssertEqual(scripted.violations, [])
     }
 
-    /// Statements sent to the reader and not answered yet, by prepared name.
-    var pendingStatements: [String] {
-        reader.sent[answered...].compactMap {
-            if case .executePrepared(let name, _) = $0 { return name }
-            return nil
-        }
-    }
-
-    /// Answers every statement sent to the reader so far, each with `rows(name)`.
-    func answerReader(_ rows: (String) -> PGResult) {
-        var wire: [ScriptedPGDriver.Wire] = []
-        for command in reader.sent[answered...] {
-            switch command {
-            case .prepare: wire += [.input(.result(PGResult())), .input(.endOfQuery)]
-            case .executePrepared(let name, _): wire += [.input(.result(rows(name))), .input(.endOfQuery)]
-            case .execute: wire += [.input(.result(PGResult())), .input(.endOfQuery)]
-            case .sync: wire.append(.input(.sync))
-            }
-        }
-        answered = reader.sent.count
-        reader.arrive(wire)
-    }
+    var reader: ScriptedPGDriver { scripted.reader }
+    var pendingStatements: [String] { scripted.pending(on: reader) }
+    func answerReader(_ rows: (String) -> PGResult) { scripted.answer(on: reader, rows) }
 
     /// A row of every column the repository reads (`ActivityRepository.columns`).
     func activityRow(_ id: String, state: ActivityState, seq: Int64) -> PGResult {
@@ -74,9 +42,7 @@ final class StreamServiceShellTests: XCTestCase {
         return PGResult(columns: columns, rows: [columns.map { values[$0] }])
     }
 
-    func ids(_ s: ScriptedStream) -> [String] {
-        s.written.filter { $0.hasPrefix("id: ") }.map { String($0.dropFirst(4).prefix { $0 != "\n" }) }
-    }
+    func ids(_ s: ScriptedStream) -> [String] { eventIDs(s) }
 
     /// Subscribe, read the snapshot, go live, deliver what commits, end at the final event;
     /// a later client of the finished activity is answered from memory, with no read.
