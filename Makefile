@@ -43,7 +43,7 @@ test-tsan: test-deps
 test-asan: test-deps
 	$(SWIFT) build --build-tests --build-path .build-asan -Xswiftc -sanitize=address
 	ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 $(SWIFT) test --skip-build --build-path .build-asan --disable-swift-testing \
-	  --filter 'LibeventInternalsTests|PGConnectionShellTests'
+	  --filter 'LibeventInternalsTests|ConnectionGuardTests|PGConnectionShellTests'
 
 bench: deps
 	./bench/run

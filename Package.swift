@@ -80,7 +80,7 @@ let package = Package(
         .testTarget(name: "DispatchBenchKitTests", dependencies: ["DispatchBenchKit"]),
         .testTarget(name: "DispatchLiveActivityTests", dependencies: ["DispatchLiveActivity", "DispatchCore"]),
         .testTarget(name: "DispatchCryptoTests", dependencies: ["DispatchCrypto"]),
-        .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl", "DispatchTestSupport", "DispatchHarness"]),
+        .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl", "CLibevent", "DispatchCore", "DispatchTestSupport", "DispatchHarness"]),
         .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore", "DispatchHarness"]),
         .testTarget(name: "ServerIntegrationTests",
                     dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchCrypto",
