@@ -3,7 +3,7 @@ SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: run test test-tsan build deps test-deps bench bench-full install uninstall compose-env clean
+.PHONY: run test test-tsan test-asan build deps test-deps bench bench-full install uninstall compose-env clean
 
 deps:
 	@./scripts/install-deps.sh
@@ -35,6 +35,16 @@ test-tsan: test-deps
 	$(SWIFT) build --build-tests --build-path .build-tsan -Xswiftc -sanitize=thread
 	TSAN_OPTIONS=halt_on_error=1 $(SWIFT) test --skip-build --build-path .build-tsan --disable-swift-testing \
 	  --filter 'NATSClientTests|NATSCarrierTests'
+
+# The code that reaches into libevent 2.1's private layout (DispatchIO/LibeventInternals.swift:
+# fields of evhttp_request freed by hand, a dropped connection read from its callbacks) under
+# AddressSanitizer, in process: the unit tests that start streams and drop connections on a
+# real loop. A use-after-free or double free there halts the run. Leaks are not checked:
+# LeakSanitizer cannot follow Swift's weak-reference side tables (XCTest's test cases read as leaked).
+test-asan: test-deps
+	$(SWIFT) build --build-tests --build-path .build-asan -Xswiftc -sanitize=address
+	ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 $(SWIFT) test --skip-build --build-path .build-asan --disable-swift-testing \
+	  --filter 'LibeventInternalsTests|ConnectionGuardTests|PGConnectionShellTests'
 
 bench: deps
 	./bench/run

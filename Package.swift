@@ -76,6 +76,9 @@ let package = Package(
 
         // Tests: one unit-test target per library; the integration targets start real processes
         // against a real PostgreSQL (DispatchTestSupport).
+        // Fakes for shells' unit tests: a manually stepped loop and a scripted libpq driver
+        // (in the spirit of swift-nio's NIOEmbedded); never linked into dispatchd.
+        .target(name: "DispatchHarness", dependencies: ["DispatchIO"]),
         .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchBlockingHTTP"]),
         .testTarget(name: "DispatchCoreTests", dependencies: ["DispatchCore"]),
         .testTarget(name: "PGCoreTests", dependencies: ["PGCore", "DispatchCore"]),
@@ -83,8 +86,9 @@ let package = Package(
         .testTarget(name: "DispatchBenchKitTests", dependencies: ["DispatchBenchKit"]),
         .testTarget(name: "DispatchLiveActivityTests", dependencies: ["DispatchLiveActivity", "DispatchCore"]),
         .testTarget(name: "DispatchCryptoTests", dependencies: ["DispatchCrypto"]),
-        .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl", "DispatchTestSupport", "DispatchBenchKit"]),
-        .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore"]),
+        .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl", "CLibevent", "DispatchCore", "DispatchTestSupport",
+                                                           "DispatchBenchKit", "DispatchHarness"]),
+        .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore", "DispatchHarness"]),
         .testTarget(name: "ServerIntegrationTests",
                     dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchCrypto",
                                    "DispatchLiveActivity", "dispatchd"]),

@@ -62,7 +62,7 @@ public final class BlockingPG {
                 guard PQconsumeInput(conn) == 1 else { throw PGError(errorMessage) }
                 while PQisBusy(conn) == 0 {
                     guard let r = PQgetResult(conn) else { return failed ?? last ?? PGResult() }
-                    let copied = PGConnection.copy(r)
+                    let copied = LibpqDriver.copy(r)
                     PQclear(r)
                     if copied.errorMessage != nil, failed == nil { failed = copied }
                     last = copied

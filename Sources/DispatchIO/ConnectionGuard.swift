@@ -26,13 +26,13 @@ final class ConnectionGuard {
         weak var stream: HTTPStream?
     }
 
-    private let loop: EventLoop
+    private let loop: LoopScheduling
     var policy: ConnectionPolicy
     private var tracked: [OpaquePointer: Tracked] = [:]
     private var sweeper: Timer?
     private(set) var cut = 0
 
-    init(loop: EventLoop, policy: ConnectionPolicy) {
+    init(loop: LoopScheduling, policy: ConnectionPolicy) {
         self.loop = loop
         self.policy = policy
         sweeper = loop.timer(after: 0.5, repeating: true) { [weak self] in self?.sweep() }
@@ -44,7 +44,7 @@ final class ConnectionGuard {
     func newConnection(base: OpaquePointer) -> OpaquePointer? {
         guard let bev = bufferevent_socket_new(base, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else { return nil }
         bufferevent_incref(bev)
-        tracked[bev] = Tracked(since: Clock.monotonic())
+        tracked[bev] = Tracked(since: loop.now)
         return bev
     }
 
@@ -63,7 +63,7 @@ final class ConnectionGuard {
     func answered(_ evcon: OpaquePointer) {
         guard let bev = evhttp_connection_get_bufferevent(evcon) else { return }
         tracked[bev]?.answering = false
-        tracked[bev]?.since = Clock.monotonic()
+        tracked[bev]?.since = loop.now
     }
 
     /// A stream took the connection over (never cut here), or gave it back (keep-alive).
@@ -71,7 +71,7 @@ final class ConnectionGuard {
         guard let bev = evhttp_connection_get_bufferevent(evcon) else { return }
         tracked[bev]?.stream = stream
         tracked[bev]?.answering = false
-        if stream == nil { tracked[bev]?.since = Clock.monotonic() }
+        if stream == nil { tracked[bev]?.since = loop.now }
     }
 
     /// evhttp is closing `evcon` (its close callback): tell its stream, drop our reference.
@@ -83,7 +83,7 @@ final class ConnectionGuard {
     }
 
     private func sweep() {
-        let now = Clock.monotonic()
+        let now = loop.now
         var snapshot: [ConnectionPolicy.Connection] = []
         var dropped: [OpaquePointer] = []
         for (bev, t) in tracked {
@@ -92,9 +92,7 @@ final class ConnectionGuard {
             if t.answering || t.stream != nil { continue }
             // evhttp dropped a connection that never completed a request (no close callback
             // was set for it): our reference is the last one.
-            var readcb: bufferevent_data_cb?
-            bufferevent_getcb(bev, &readcb, nil, nil, nil)
-            if readcb == nil && t.requests == 0 {
+            if t.requests == 0 && LibeventInternals.evhttpDroppedConnection(bev) {
                 dropped.append(bev)
                 continue
             }

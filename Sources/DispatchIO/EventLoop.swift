@@ -2,9 +2,27 @@ import CLibevent
 import DispatchSystem
 import Glibc
 
+/// What a shell needs of its loop: the time, work deferred to a later turn, and timers.
+/// `EventLoop` is the one dispatchd runs; a test steps DispatchHarness's `ManualLoop` instead,
+/// with a clock that moves only when told.
+public protocol LoopScheduling: AnyObject {
+    /// Monotonic seconds.
+    var now: Double { get }
+    /// Runs `body` on a later turn of the loop, outside whatever callback is running now.
+    func soon(_ body: @escaping () -> Void)
+    func timer(after seconds: Double, repeating: Bool, _ body: @escaping () -> Void) -> Timer
+}
+
+extension LoopScheduling {
+    @discardableResult
+    public func timer(after seconds: Double, _ body: @escaping () -> Void) -> Timer {
+        timer(after: seconds, repeating: false, body)
+    }
+}
+
 /// One libevent loop: timers, deferred work and signals, with Swift closures. Everything that
 /// registers an event on it holds the loop, so the base is freed only after the last event.
-public final class EventLoop {
+public final class EventLoop: LoopScheduling {
     let base: OpaquePointer
 
     public init() {
@@ -13,6 +31,8 @@ public final class EventLoop {
     }
 
     deinit { event_base_free(base) }
+
+    public var now: Double { Clock.monotonic() }
 
     public func run() { event_base_dispatch(base) }
     public func stop() { event_base_loopbreak(base) }
@@ -52,12 +72,13 @@ final class ClosureBox {
 /// until it fires or is cancelled; a repeating one lives as long as its owner holds it.
 public final class Timer {
     /// Held so the loop's base outlives this event (`event_free` after `event_base_free` is a
-    /// use-after-free).
-    private let loop: EventLoop
+    /// use-after-free). Nil for a timer another scheduler fires.
+    private let loop: EventLoop?
     private var event: OpaquePointer?
     private let interval: Double
     private let body: () -> Void
     private var keepAlive: Timer?
+    public private(set) var isCancelled = false
 
     init(loop: EventLoop, interval: Double, repeating: Bool, body: @escaping () -> Void) {
         self.loop = loop
@@ -65,12 +86,16 @@ public final class Timer {
         self.body = body
         let flags = Int16(repeating ? EV_PERSIST : 0)
         event = event_new(loop.base, -1, flags, { _, _, arg in
-            let timer = Unmanaged<Timer>.fromOpaque(arg!).takeUnretainedValue()
-            let held = timer.keepAlive
-            timer.keepAlive = nil
-            timer.body()
-            _ = held
+            Unmanaged<Timer>.fromOpaque(arg!).takeUnretainedValue().fire()
         }, Unmanaged.passUnretained(self).toOpaque())
+        if !repeating { keepAlive = self }
+    }
+
+    /// A timer that another scheduler (a test's manual loop) fires by calling `fire()`.
+    public init(interval: Double, repeating: Bool, body: @escaping () -> Void) {
+        loop = nil
+        self.interval = interval
+        self.body = body
         if !repeating { keepAlive = self }
     }
 
@@ -90,10 +115,20 @@ public final class Timer {
         event_add(event, &tv)
     }
 
+    /// The timer is due: runs its body (a one-shot stops holding itself first).
+    public func fire() {
+        guard !isCancelled else { return }
+        let held = keepAlive
+        keepAlive = nil
+        body()
+        _ = held
+    }
+
     public func cancel() {
         if let event { event_free(event) }
         event = nil
         keepAlive = nil
+        isCancelled = true
     }
 
     deinit { cancel() }

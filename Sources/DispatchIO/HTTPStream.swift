@@ -32,13 +32,30 @@ public protocol HTTPStreamDelegate: AnyObject {
     func streamDrained(_ tag: Int)
 }
 
+/// What a server-sent-events session writes to: `HTTPStream` in dispatchd, DispatchHarness's
+/// `ScriptedStream` in unit tests (no socket).
+public protocol StreamTransport: AnyObject {
+    var started: Bool { get }
+    /// Bytes waiting in user space for this client.
+    var backlog: Int { get }
+    var delegate: HTTPStreamDelegate? { get set }
+    var tag: Int { get set }
+    /// `delegate.streamDrained` is called when the backlog falls below this.
+    var drainMark: Int { get set }
+    func begin(headers: [(String, String)], writeTimeout: Double, maxInputBuffer: Int)
+    func write(_ payload: StreamPayload, maxBacklog: Int) -> HTTPStream.WriteResult
+    func respond(status: Int, headers: [(String, String)], body: [UInt8])
+    func end()
+    func abort()
+}
+
 /// A long-lived streamed response (SSE). Writes go straight to the socket while its buffer is
 /// empty and queue in the connection's output buffer otherwise. Exactly one of `end`, `abort`,
 /// or the peer closing ends it; after that the evhttp pointers are never touched again.
-public final class HTTPStream {
+public final class HTTPStream: StreamTransport {
     public enum WriteResult { case written, queued, backlogExceeded, failed }
 
-    private let loop: EventLoop
+    private let loop: LoopScheduling
     /// The server whose connection this stream took over: its connection guard tells the
     /// stream when the peer goes away (the connection's one close callback is the guard's).
     private var server: HTTPServer?
@@ -60,7 +77,7 @@ public final class HTTPStream {
 
     private let requestTimeout: Double
 
-    public init(loop: EventLoop, requestTimeout: Double = HTTPLimits().requestTimeoutSeconds) {
+    public init(loop: LoopScheduling, requestTimeout: Double = HTTPLimits().requestTimeoutSeconds) {
         self.loop = loop
         self.requestTimeout = requestTimeout
     }
@@ -85,7 +102,7 @@ public final class HTTPStream {
     /// Sends the status line and headers, and takes over the connection's timeouts.
     public func begin(headers: [(String, String)], writeTimeout: Double, maxInputBuffer: Int = 4096) {
         guard isOpen, !aborting, !started, let raw = request, let conn = connection else { return }
-        if raw.pointee.major == 1 && raw.pointee.minor == 0 {
+        if LibeventInternals.isHTTP10(raw) {
             // HTTP/1.0 has no chunking: the stream is framed by closing the connection, so a
             // keep-alive request must not make evhttp announce an empty body.
             evhttp_remove_header(evhttp_request_get_input_headers(raw), "Connection")
@@ -98,10 +115,8 @@ public final class HTTPStream {
         // them, nor the parsed URI, in memory (evhttp_request_free frees only what is set).
         evhttp_clear_headers(evhttp_request_get_input_headers(raw))
         evhttp_clear_headers(out)
-        if let uri = raw.pointee.uri_elems { evhttp_uri_free(uri); raw.pointee.uri_elems = nil }
-        if let uri = raw.pointee.uri { free(uri); raw.pointee.uri = nil }
-        if let line = raw.pointee.response_code_line { free(line); raw.pointee.response_code_line = nil }
-        chunked = raw.pointee.chunked != 0
+        LibeventInternals.releaseWhatAStartedReplyNoLongerNeeds(raw)
+        chunked = LibeventInternals.isChunked(raw)
         let bev = evhttp_connection_get_bufferevent(conn)
         output = bufferevent_get_output(bev)
         fd = Int32(bufferevent_getfd(bev))
@@ -129,11 +144,7 @@ public final class HTTPStream {
     /// evhttp's close callback.
     func peerClosed() {
         let wasAborting = aborting
-        // A reply still in progress when the peer leaves is detached from its connection by
-        // evhttp and then never freed by it: free it here, once libevent is done with it.
-        if let r = request, evhttp_request_get_connection(r) == nil {
-            loop.soon { evhttp_request_free(r) }
-        }
+        if let r = request { LibeventInternals.freeReplyDetachedByPeerClose(r, loop: loop) }
         forget()
         if !wasAborting { delegate?.streamPeerClosed(tag) }
         delegate = nil

@@ -1,5 +1,3 @@
-import CLibevent
-import CLibpq
 import DispatchSystem
 import Glibc
 @_exported import PGCore
@@ -7,22 +5,19 @@ import Glibc
 /// An asynchronous libpq connection in pipeline mode, driven by the event loop.
 ///
 /// The decisions (when to connect, what to send, which batch a result belongs to, what fails
-/// when the connection is lost) are `PGConnectionMachine`'s; this class only talks to libpq
-/// and libevent and performs the machine's actions in one exhaustive switch. Owners must
-/// `close()` it before letting it go: its libevent events and libpq's notice processor point
-/// at it.
+/// when the connection is lost) are `PGConnectionMachine`'s; libpq and its socket are the
+/// driver's (`PGDriver`: `LibpqDriver` in dispatchd, a scripted one in tests); this class
+/// drives the driver and performs the machine's actions in one exhaustive switch. Owners must
+/// `close()` it before letting it go: the driver's callbacks point at it.
 public final class PGConnection {
     public typealias Completion = (Result<[PGResult], PGError>) -> Void
 
     public let name: String
-    private let loop: EventLoop
+    private let loop: LoopScheduling
+    private let driver: PGDriver
     private let conninfo: String
     private let log: Logger
     private var machine: PGConnectionMachine<Completion>
-    private var conn: OpaquePointer?
-    private var readEvent: OpaquePointer?
-    private var writeEvent: OpaquePointer?
-    private var connectEvent: OpaquePointer?
     private var reconnectTimer: Timer?
     /// Calls the machine's `tick` a few times a second, from `start()` to `close()`.
     private var deadlineTimer: Timer?
@@ -38,13 +33,19 @@ public final class PGConnection {
     public var isReady: Bool { machine.isReady }
     public var pendingBatches: Int { machine.queue.inFlightBatches }
     /// Whether a round trip is past its deadline right now.
-    public var isOverdue: Bool { machine.isOverdue(now: Clock.monotonic()) }
+    public var isOverdue: Bool { machine.isOverdue(now: loop.now) }
     public var timeout: Double { machine.timeout }
 
     /// `timeout`: seconds a caller waits for its batch (unless it passes its own) and a
     /// connection attempt may take.
-    public init(loop: EventLoop, conninfo: String, name: String, log: Logger, timeout: Double = 5) {
+    public convenience init(loop: EventLoop, conninfo: String, name: String, log: Logger, timeout: Double = 5) {
+        self.init(loop: loop, driver: LibpqDriver(loop: loop), conninfo: conninfo, name: name, log: log, timeout: timeout)
+    }
+
+    /// On any loop and driver: a test passes a manual loop and a scripted driver.
+    public init(loop: LoopScheduling, driver: PGDriver, conninfo: String, name: String, log: Logger, timeout: Double = 5) {
         self.loop = loop
+        self.driver = driver
         self.conninfo = conninfo
         self.name = name
         self.log = log
@@ -59,12 +60,12 @@ public final class PGConnection {
         if deadlineTimer == nil {
             deadlineTimer = loop.timer(after: min(0.5, max(0.05, machine.timeout / 10)), repeating: true) { [weak self] in
                 guard let self else { return }
-                let actions = self.machine.tick(now: Clock.monotonic())
+                let actions = self.machine.tick(now: self.loop.now)
                 if !actions.isEmpty { self.onDeadlineMissed?() }
                 self.perform(actions)
             }
         }
-        perform(machine.start(now: Clock.monotonic()))
+        perform(machine.start(now: loop.now))
     }
 
     public func close() {
@@ -79,7 +80,7 @@ public final class PGConnection {
     /// call, with a failure when no answer came within `timeout` seconds (the connection's own
     /// when nil).
     public func execute(_ queries: [PGQuery], timeout: Double? = nil, completion: @escaping Completion) {
-        perform(machine.execute(queries, completion: completion, now: Clock.monotonic(), timeout: timeout))
+        perform(machine.execute(queries, completion: completion, now: loop.now, timeout: timeout))
     }
 
     // MARK: - Performing the machine's actions
@@ -107,174 +108,82 @@ public final class PGConnection {
                 log.warning("postgres.reconnect", [("conn", name), ("in_s", delay), ("error", reason.trimmingNewlines)])
                 reconnectTimer = loop.timer(after: delay) { [weak self] in
                     guard let self else { return }
-                    self.perform(self.machine.reconnectDue(now: Clock.monotonic()))
+                    self.perform(self.machine.reconnectDue(now: self.loop.now))
                 }
             }
         }
     }
 
-    // MARK: - libpq and libevent
+    // MARK: - Driving the driver
 
     private func connect() {
-        // The URL or conninfo is expanded as dbname; application_name tells operators (and
-        // tests) which process and connection a backend serves.
-        let keywords: [String?] = ["dbname", "application_name", nil]
-        let values: [String?] = [conninfo, "dispatchd-\(getpid())-\(name)", nil]
-        let started = withCStrings(keywords) { k in withCStrings(values) { v in PQconnectStartParams(k, v, 1) } }
-        guard let c = started else { return perform(machine.connectFailed("out of memory")) }
-        conn = c
-        if PQstatus(c) == CONNECTION_BAD { return perform(machine.connectFailed(errorMessage)) }
-        poll(PGRES_POLLING_WRITING)
+        // application_name tells operators (and tests) which process and connection a backend serves.
+        poll(driver.connect(conninfo: conninfo, applicationName: "dispatchd-\(getpid())-\(name)"))
     }
 
-    private func poll(_ status: PostgresPollingStatusType) {
-        guard let c = conn else { return }
-        freeEvent(&connectEvent)
+    private func poll(_ status: PGPollStatus) {
         switch status {
-        case PGRES_POLLING_OK:
+        case .connected:
             perform(machine.connected())
-        case PGRES_POLLING_FAILED:
-            perform(machine.connectFailed(errorMessage))
-        default:
-            let what = status == PGRES_POLLING_READING ? EV_READ : EV_WRITE
+        case .failed(let reason):
+            perform(machine.connectFailed(reason))
+        case .reading, .writing:
             // The machine's connect deadline (tick) gives up on a server that never answers.
-            connectEvent = event_new(loop.base, PQsocket(c), Int16(what), { _, _, arg in
-                let me = Unmanaged<PGConnection>.fromOpaque(arg!).takeUnretainedValue()
-                guard let c = me.conn else { return }
-                me.poll(PQconnectPoll(c))
-            }, Unmanaged.passUnretained(self).toOpaque())
-            event_add(connectEvent, nil)
+            driver.awaitSocket(status) { [unowned self] in
+                guard self.driver.isOpen else { return }
+                self.poll(self.driver.continueConnecting())
+            }
         }
     }
 
     private func becomeReady() {
-        guard let c = conn else { return }
-        PQsetnonblocking(c, 1)
-        PQsetNoticeProcessor(c, { arg, message in
-            let me = Unmanaged<PGConnection>.fromOpaque(arg!).takeUnretainedValue()
-            let text = message.map { String(cString: $0) } ?? ""
-            me.log.info("postgres.notice", [("conn", me.name), ("notice", text.trimmingNewlines)])
-        }, Unmanaged.passUnretained(self).toOpaque())
-        guard PQenterPipelineMode(c) == 1 else {
+        guard driver.isOpen else { return }
+        let entered = driver.enterPipelineMode { [unowned self] text in
+            self.log.info("postgres.notice", [("conn", self.name), ("notice", text.trimmingNewlines)])
+        }
+        guard entered else {
             log.error("postgres.pipeline_failed", [("conn", name)])
             return perform(machine.connectionLost("cannot enter pipeline mode"))
         }
-        let me = Unmanaged.passUnretained(self).toOpaque()
-        readEvent = event_new(loop.base, PQsocket(c), Int16(EV_READ | EV_PERSIST), { _, _, arg in
-            Unmanaged<PGConnection>.fromOpaque(arg!).takeUnretainedValue().readable()
-        }, me)
-        event_add(readEvent, nil)
-        writeEvent = event_new(loop.base, PQsocket(c), Int16(EV_WRITE), { _, _, arg in
-            Unmanaged<PGConnection>.fromOpaque(arg!).takeUnretainedValue().flush()
-        }, me)
+        driver.watchReadable { [unowned self] in self.readable() }
         log.info("postgres.connected", [("conn", name)])
         onReady?()
     }
 
-    private func send(_ commands: [PipelineQueue<Completion>.Command]) {
-        guard let c = conn else { return perform(machine.connectionLost("no connection")) }
+    private func send(_ commands: [PGCommand]) {
+        guard driver.isOpen else { return perform(machine.connectionLost("no connection")) }
         for command in commands {
-            let ok: Bool
-            switch command {
-            case .prepare(let stmt, let sql, let count):
-                ok = PQsendPrepare(c, stmt, sql, Int32(count), nil) == 1
-            case .executePrepared(let stmt, let params):
-                ok = withCStrings(params) { PQsendQueryPrepared(c, stmt, Int32(params.count), $0, nil, nil, 0) } == 1
-            case .execute(let sql, let params):
-                ok = withCStrings(params) { PQsendQueryParams(c, sql, Int32(params.count), nil, $0, nil, nil, 0) } == 1
-            case .sync:
-                ok = PQpipelineSync(c) == 1
-            }
             // The pipeline's state is unknown now: start over on a fresh connection.
-            guard ok else { return perform(machine.connectionLost("send failed: \(errorMessage)")) }
+            guard driver.send(command) else { return perform(machine.connectionLost("send failed: \(driver.errorMessage)")) }
         }
         flush()
     }
 
     private func flush() {
-        guard let c = conn else { return }
-        let r = PQflush(c)
-        if r == 1 {
-            event_add(writeEvent, nil)
-        } else if r < 0 {
-            perform(machine.connectionLost(errorMessage))
+        guard driver.isOpen else { return }
+        switch driver.flush() {
+        case .done: break
+        case .more: driver.awaitWritable { [unowned self] in self.flush() }
+        case .failed: perform(machine.connectionLost(driver.errorMessage))
         }
     }
 
+    /// The socket has input. libpq may hold only part of a result after reading it: results
+    /// are taken while it is not busy, and the rest waits for the next readable socket.
     private func readable() {
-        guard let c = conn else { return }
-        guard PQconsumeInput(c) == 1 else { return perform(machine.connectionLost(errorMessage)) }
-        while let c = conn, machine.isReady, machine.queue.awaitingResults, PQisBusy(c) == 0 {
-            let input: PipelineQueue<Completion>.Input
-            if let r = PQgetResult(c) {
-                input = PQresultStatus(r) == PGRES_PIPELINE_SYNC ? .sync : .result(PGConnection.copy(r))
-                PQclear(r)
-            } else {
-                input = .endOfQuery
-            }
-            perform(machine.received(input, now: Clock.monotonic()))
+        guard driver.isOpen else { return }
+        guard driver.consumeInput() else { return perform(machine.connectionLost(driver.errorMessage)) }
+        while driver.isOpen, machine.isReady, machine.queue.awaitingResults, !driver.isBusy {
+            perform(machine.received(driver.nextResult(), now: loop.now))
         }
-        guard let c = conn else { return }
-        while let n = PQnotifies(c) {
-            let channel = String(cString: n.pointee.relname)
-            let payload = String(cString: n.pointee.extra)
-            PQfreemem(n)
-            onNotify?(channel, payload)
-            if conn == nil { return }
+        guard driver.isOpen else { return }
+        while let n = driver.nextNotification() {
+            onNotify?(n.channel, n.payload)
+            if !driver.isOpen { return }
         }
     }
 
     private func closeConnection() {
-        freeEvent(&readEvent)
-        freeEvent(&writeEvent)
-        freeEvent(&connectEvent)
-        if let c = conn { PQfinish(c) }
-        conn = nil
-    }
-
-    private func freeEvent(_ event: inout OpaquePointer?) {
-        if let e = event { event_free(e) }
-        event = nil
-    }
-
-    private var errorMessage: String {
-        conn.map { String(cString: PQerrorMessage($0)).trimmingNewlines } ?? "no connection"
-    }
-
-    /// Copies a libpq result into Swift values (the PGresult is freed by the caller).
-    static func copy(_ r: OpaquePointer) -> PGResult {
-        let status = PQresultStatus(r)
-        switch status {
-        case PGRES_TUPLES_OK, PGRES_COMMAND_OK, PGRES_SINGLE_TUPLE:
-            let nrows = PQntuples(r), ncols = PQnfields(r)
-            let columns = PGColumns((0..<ncols).map { String(cString: PQfname(r, $0)) })
-            var rows: [PGRow] = []
-            rows.reserveCapacity(Int(nrows))
-            for i in 0..<nrows {
-                var values: [String?] = []
-                values.reserveCapacity(Int(ncols))
-                for j in 0..<ncols {
-                    values.append(PQgetisnull(r, i, j) == 1 ? nil : String(cString: PQgetvalue(r, i, j)))
-                }
-                rows.append(PGRow(columns: columns, values: values))
-            }
-            return PGResult(rows: rows, columns: columns, affectedRows: Int(String(cString: PQcmdTuples(r))) ?? 0)
-        case PGRES_PIPELINE_ABORTED:
-            return .aborted
-        default:
-            let message = PQresultErrorMessage(r).map { String(cString: $0) } ?? ""
-            let state = PQresultErrorField(r, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
-            return .failure(message.isEmpty ? "query failed (status \(status.rawValue))" : message, sqlState: state)
-        }
-    }
-}
-
-/// Passes Swift strings as a C `const char * const *` array (NULL for SQL NULL).
-func withCStrings<R>(_ values: [String?], _ body: (UnsafePointer<UnsafePointer<CChar>?>?) -> R) -> R {
-    if values.isEmpty { return body(nil) }
-    var pointers: [UnsafeMutablePointer<CChar>?] = values.map { $0.map { strdup($0) } ?? nil }
-    defer { for p in pointers { free(p) } }
-    return pointers.withUnsafeMutableBufferPointer { buf in
-        buf.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: max(buf.count, 1)) { body($0) }
+        driver.finish()
     }
 }

@@ -1,3 +1,22 @@
+/// What to put on the wire, in order (one libpq send call each).
+public enum PGCommand: Equatable, Sendable {
+    case prepare(name: String, sql: String, parameterCount: Int)
+    case executePrepared(name: String, params: [String?])
+    case execute(sql: String, params: [String?])
+    case sync
+}
+
+/// One thing `PQgetResult` returned. Not generic (unlike the queue), so the driver that
+/// produces it need not know the queue's completion type.
+public enum PGInput: Sendable {
+    /// A statement's (or a Parse's) result.
+    case result(PGResult)
+    /// NULL: the current query has no more results.
+    case endOfQuery
+    /// `PGRES_PIPELINE_SYNC`.
+    case sync
+}
+
 /// The bookkeeping of libpq's pipeline mode, with no libpq in it.
 ///
 /// A batch is a list of statements followed by a sync point; PostgreSQL runs it as one implicit
@@ -10,23 +29,8 @@
 /// A finished batch leaves nothing behind: its results are handed over with its completion
 /// and dropped here at once.
 public struct PipelineQueue<Completion> {
-    /// What to put on the wire, in order.
-    public enum Command: Equatable, Sendable {
-        case prepare(name: String, sql: String, parameterCount: Int)
-        case executePrepared(name: String, params: [String?])
-        case execute(sql: String, params: [String?])
-        case sync
-    }
-
-    /// One thing `PQgetResult` returned.
-    public enum Input: Sendable {
-        /// A statement's (or a Parse's) result.
-        case result(PGResult)
-        /// NULL: the current query has no more results.
-        case endOfQuery
-        /// `PGRES_PIPELINE_SYNC`.
-        case sync
-    }
+    public typealias Command = PGCommand
+    public typealias Input = PGInput
 
     public enum Action {
         /// The batch reached its sync point: one result per statement, in order.

@@ -103,7 +103,9 @@ final class PipelineQueueTests: XCTestCase {
     }
 
     /// Results arriving in several reads: any split of the same input sequence completes the
-    /// same batches with the same results.
+    /// same batches with the same results. This is the queue's half only (it sees whole
+    /// results); the split that matters, a read ending inside a result while libpq is busy,
+    /// is the shell's: PGConnectionShellTests (DispatchIOTests) tests it.
     func testResultsArrivingInSeveralReads() {
         let inputs: [Queue.Input] = [.result(row("1")), .endOfQuery, .result(row("2")), .endOfQuery, .sync,
                                      .result(row("3")), .endOfQuery, .sync]

@@ -337,7 +337,9 @@ final class FeedTests: XCTestCase {
         let status = String(repeating: "s", count: 200)
         for i in 0..<600 { try s.update("hb", #"{"progress":\#(Double(i) / 600),"status":"\#(status)"}"#) }
         XCTAssertTrue(try waitUntil(10) { try s.metric("dispatch_feed_closes_total", labels: "slow_client") >= 1 }, "cut off")
-        try slow.pump(timeout: 5) { $0.ended }
+        // Cut off, it still reads what the kernel held for it, through its small window: that
+        // can take seconds on a busy machine, and it ends only after.
+        try slow.pump(timeout: 60) { $0.ended }
         XCTAssertTrue(slow.ended)
         let got = slow.changeIDs
         XCTAssertLessThan(got.count, 600, "it was cut off before the end")

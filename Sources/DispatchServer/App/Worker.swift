@@ -57,7 +57,7 @@ public final class Worker {
         metrics.carrierUp = { [listener] in listener.isReady }
         publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
         publisher.maxLivePerKey = config.limits.maxLivePerKey
-        streams = StreamService(loop: loop, activities: publisher.activities, publisher: publisher, metrics: metrics, log: log,
+        streams = StreamService(loop: loop, activities: publisher.activities, metrics: metrics, log: log,
                                 settings: .init(heartbeatSeconds: config.heartbeatSeconds, maxBacklog: config.streamBacklogBytes,
                                                 writeTimeout: limits.streamWriteTimeoutSeconds))
         feeds = FeedService(loop: loop, repository: FeedRepository(db: db), metrics: metrics, log: log, settings: streams.settings)
@@ -99,6 +99,7 @@ public final class Worker {
         }
         if let carrier {
             carrier.onCancelRequested = { [unowned self] in self.webhooks?.kick() }
+            carrier.onChangeHeard = { [unowned self] in self.publisher.heard($0) }
             try carrier.start()
         }
         db.writer.onReady = { [unowned self] in
@@ -184,6 +185,7 @@ public final class Worker {
                 return self.log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
             }
             if notice.event == ActivityEvent.cancelRequested { self.webhooks?.kick() }
+            self.publisher.heard(notice)
             self.streams.notified(notice)
             self.feeds.notified(notice)
         }

@@ -29,6 +29,8 @@ final class NATSCarrier {
     let sequencer: Sequencer?
     /// A remote cancel request arrived (wakes the webhook sender).
     var onCancelRequested: (() -> Void)?
+    /// A change another server committed arrived (the publisher's cache takes it).
+    var onChangeHeard: ((ChangeNotice) -> Void)?
 
     /// Streams here per activity: the activity's subject is listened to while any.
     private var interest: [String: Int] = [:]
@@ -139,7 +141,9 @@ final class NATSCarrier {
                 return log.warning("carrier.malformed", [("subject", "activity"), ("bytes", payload.count)])
             }
             if c.event == ActivityEvent.cancelRequested { onCancelRequested?() }
-            streams.notified(ChangeNotice(position: 0, activityID: c.activityID, seq: c.seq, event: c.event, json: c.json))
+            let notice = ChangeNotice(position: 0, activityID: c.activityID, seq: c.seq, event: c.event, json: c.json)
+            onChangeHeard?(notice)
+            streams.notified(notice)
         }
     }
 

@@ -14,10 +14,18 @@ final class Database {
     let reader: PGConnection
     let feedReader: PGConnection
 
-    init(loop: EventLoop, conninfo: String, log: Logger, metrics: Metrics, timeout: Double = 5) {
-        writer = PGConnection(loop: loop, conninfo: conninfo, name: "writer", log: log, timeout: timeout)
-        reader = PGConnection(loop: loop, conninfo: conninfo, name: "reader", log: log, timeout: timeout)
-        feedReader = PGConnection(loop: loop, conninfo: conninfo, name: "feed_reader", log: log, timeout: timeout)
+    convenience init(loop: EventLoop, conninfo: String, log: Logger, metrics: Metrics, timeout: Double = 5) {
+        self.init(writer: PGConnection(loop: loop, conninfo: conninfo, name: "writer", log: log, timeout: timeout),
+                  reader: PGConnection(loop: loop, conninfo: conninfo, name: "reader", log: log, timeout: timeout),
+                  feedReader: PGConnection(loop: loop, conninfo: conninfo, name: "feed_reader", log: log, timeout: timeout),
+                  metrics: metrics)
+    }
+
+    /// On given sessions (a test's, on scripted drivers).
+    init(writer: PGConnection, reader: PGConnection, feedReader: PGConnection, metrics: Metrics) {
+        self.writer = writer
+        self.reader = reader
+        self.feedReader = feedReader
         writer.onRoundTrip = { [metrics] in metrics.writerRoundTrips.observe($0) }
         reader.onRoundTrip = { [metrics] in metrics.readerRoundTrips.observe($0) }
         feedReader.onRoundTrip = { [metrics] in metrics.readerRoundTrips.observe($0) }

@@ -75,6 +75,17 @@ final class Publisher {
 
     func observe(_ event: ActivityEvent) { machine.observe(event) }
 
+    /// A change committed by another process (NOTIFY or the carrier): a cached activity older
+    /// than it takes it (or is dropped when the notice carries no snapshot).
+    func heard(_ notice: ChangeNotice) {
+        guard isStale(notice.activityID, seq: notice.seq) else { return }
+        if !notice.json.isEmpty, let value = try? JSONParser.parse(notice.json), let a = Activity.decode(value) {
+            observe(ActivityEvent(name: notice.event, snapshot: a))
+        } else if notice.json.isEmpty {
+            forget(notice.activityID)
+        }
+    }
+
     // MARK: - Publishing
 
     /// `completion` runs once, after the change committed or was refused; never in the middle

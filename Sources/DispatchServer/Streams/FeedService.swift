@@ -24,11 +24,12 @@ final class FeedSession: KeyedStream {
 
 /// The IO shell around `FeedHub` (see its comment for the ordering design): opens feeds,
 /// performs the hub's reads and writes, paces initial sets and replays by what each socket
-/// takes, heartbeats idle feeds, and tears each feed down once. Changes enter only in NOTIFY
-/// order (never from this worker's own commits, which would reorder positions across
-/// processes), and each is framed once for every subscriber.
-final class FeedService: HTTPStreamDelegate {
-    let loop: EventLoop
+/// takes; heartbeats, the one teardown, revocation and shutdown are the shell it shares with
+/// status streams (`SSESessions`). Changes enter only in NOTIFY order (never from this
+/// worker's own commits, which would reorder positions across processes), and each is framed
+/// once for every subscriber.
+final class FeedService {
+    let loop: LoopScheduling
     let repository: FeedRepository
     let metrics: Metrics
     let log: Logger
@@ -37,8 +38,7 @@ final class FeedService: HTTPStreamDelegate {
     /// Rows per page read, learnt from the rows' sizes so a read brings what its budget sends.
     private var initialSizer: PageSizer
     private var replaySizer: PageSizer
-    private var sessions = StreamTable<FeedSession>()
-    private var heartbeatTimer: Timer?
+    private let sessions: SSESessions<FeedSession>
     /// The carrier's interest in the feed: called when the first feed opens here and when
     /// the last one ends (NATS listens to feed announcements only meanwhile).
     var onFirstFeed: (() -> Void)?
@@ -52,7 +52,11 @@ final class FeedService: HTTPStreamDelegate {
     /// Finished activities younger than this are part of the initial set.
     static let recentWindowMs: Int64 = 24 * 3_600_000
 
-    init(loop: EventLoop, repository: FeedRepository, metrics: Metrics, log: Logger, settings: StreamService.Settings) {
+    /// What the hub asked when a feed left (a follower taking over its reads), performed once
+    /// the teardown is over.
+    private var handedOver: [FeedHub<Int, FeedEvent>.Action] = []
+
+    init(loop: LoopScheduling, repository: FeedRepository, metrics: Metrics, log: Logger, settings: StreamService.Settings) {
         self.loop = loop
         self.repository = repository
         self.metrics = metrics
@@ -60,8 +64,10 @@ final class FeedService: HTTPStreamDelegate {
         self.settings = settings
         initialSizer = PageSizer(maxRows: Int(settings.historyPage))
         replaySizer = PageSizer(maxRows: Int(settings.historyPage))
-        let tick = min(1, settings.heartbeatSeconds / 4)
-        heartbeatTimer = loop.timer(after: tick, repeating: true) { [weak self] in self?.heartbeat(tick: tick) }
+        sessions = SSESessions(loop: loop, heartbeatSeconds: settings.heartbeatSeconds)
+        sessions.delivered = { [unowned self] in self.metrics.feedDeliveries += $0 }
+        sessions.closing = { [unowned self] session in self.handedOver += self.hub.unsubscribe(session.id) }
+        sessions.closed = { [unowned self] session, reason in self.closed(session, reason: reason) }
     }
 
     var openFeeds: Int { sessions.count }
@@ -73,9 +79,17 @@ final class FeedService: HTTPStreamDelegate {
     /// read (not a number), which is answered with `reset` and the initial set.
     func open(_ req: HTTPRequest, filter: FeedFilter, lastEventID: Int64?, invalidLastEventID: Bool, keyID: Int64,
               extraHeaders: [(String, String)]) {
+        let http = HTTPStream(loop: loop)
+        http.attach(req)
+        open(http, filter: filter, lastEventID: lastEventID, invalidLastEventID: invalidLastEventID, keyID: keyID, extraHeaders: extraHeaders)
+    }
+
+    /// The same on any transport (a test's scripted stream).
+    func open(_ http: StreamTransport, filter: FeedFilter, lastEventID: Int64?, invalidLastEventID: Bool, keyID: Int64,
+              extraHeaders: [(String, String)]) {
         let session = sessions.add { id in
             FeedSession(id: id, keyID: keyID,
-                        connection: SSEConnection(req, loop: loop, tag: id, delegate: self, extraHeaders: extraHeaders,
+                        connection: SSEConnection(http, loop: loop, tag: id, delegate: sessions, extraHeaders: extraHeaders,
                                                   maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 64 * 1024),
                         since: Clock.nowMilliseconds() - FeedService.recentWindowMs)
         }
@@ -189,10 +203,10 @@ final class FeedService: HTTPStreamDelegate {
                 metrics.feedSharedPages += 1
                 send(s, events)
             case .synced(let s, let position):
-                offer(s, StreamPayload(SSE.encode(id: String(position), event: "synced", data: "{\"position\":\(position)}")), delivered: 0)
+                sessions.offer(s, StreamPayload(SSE.encode(id: String(position), event: "synced", data: "{\"position\":\(position)}")), delivered: 0)
             case .reset(let s):
                 metrics.feedResets += 1
-                offer(s, StreamPayload(SSE.encode(id: nil, event: "reset", data: "{}")), delivered: 0)
+                sessions.offer(s, StreamPayload(SSE.encode(id: nil, event: "reset", data: "{}")), delivered: 0)
             case .drop(let s, let why):
                 close(s, reason: why.closeReason)
             }
@@ -222,10 +236,10 @@ final class FeedService: HTTPStreamDelegate {
             guard let self else { return }
             switch result {
             case .failure:
-                guard attempt < 60 else { return self.perform(self.hub.changesReadFailed(generation: generation)) }
-                self.loop.timer(after: min(2, 0.1 * Double(attempt + 1))) { [weak self] in
-                    self?.readChanges(after: after, generation: generation, attempt: attempt + 1)
+                let retrying = self.sessions.retryLater(attempt: attempt) { [weak self] next in
+                    self?.readChanges(after: after, generation: generation, attempt: next)
                 }
+                if !retrying { self.perform(self.hub.changesReadFailed(generation: generation)) }
             case .success(let page):
                 self.perform(self.hub.changesLoaded(generation: generation, page.events, complete: page.complete))
             }
@@ -238,46 +252,19 @@ final class FeedService: HTTPStreamDelegate {
         e.payload { metrics.feedFramed += 1 }
     }
 
-    /// One live change goes straight to the socket when nothing waits (counted against the
-    /// slow-client cap); several (a page) queue and are written as the socket drains.
     private func send(_ id: Int, _ events: [FeedEvent]) {
-        guard let session = sessions[id] else { return }
-        if events.count == 1 { return offer(id, frame(events[0]), delivered: 1) }
-        session.connection.enqueue(events.map(frame))
-        metrics.feedDeliveries += events.count
-        pump(id)
+        // Framed only for a feed still open (a change is framed once, for its first reader).
+        guard sessions[id] != nil else { return }
+        sessions.send(id, events.map(frame))
     }
-
-    private func offer(_ id: Int, _ payload: StreamPayload, delivered: Int) {
-        guard let session = sessions[id] else { return }
-        if let failure = session.connection.offer(payload) {
-            close(id, reason: failure == .slowClient ? .slowClient : .writeFailed)
-        } else {
-            metrics.feedDeliveries += delivered
-        }
-    }
-
-    private func pump(_ id: Int) {
-        if sessions[id]?.connection.pump() == .failed { close(id, reason: .writeFailed) }
-    }
-
-    private func heartbeat(tick: Double) {
-        let beat = StreamPayload(SSE.heartbeat)
-        for id in sessions.needingHeartbeat(now: Clock.monotonic(), after: settings.heartbeatSeconds - tick) {
-            offer(id, beat, delivered: 0)
-        }
-    }
-
-    func streamPeerClosed(_ tag: Int) { close(tag, reason: .clientClosed) }
-    func streamDrained(_ tag: Int) { pump(tag) }
 
     // MARK: - The one teardown path
 
     /// Removes a feed from memory and ends its connection; safe to call more than once.
-    func close(_ id: Int, reason: StreamCloseReason) {
-        guard let session = sessions.remove(id) else { return }
-        let handedOver = hub.unsubscribe(id)
-        session.connection.detach()
+    func close(_ id: Int, reason: StreamCloseReason) { sessions.close(id, reason: reason) }
+
+    /// The feed's part of its teardown, once it left the table and was detached.
+    private func closed(_ session: FeedSession, reason: StreamCloseReason) {
         metrics.feedsActive = sessions.count
         metrics.feedCloses[reason, default: 0] += 1
         if sessions.count == 0 { onLastFeedClosed?() }
@@ -291,26 +278,17 @@ final class FeedService: HTTPStreamDelegate {
             http.abort()
         }
         // Another reader followed this one's initial reads: it reads on by itself.
-        perform(handedOver)
+        let actions = handedOver
+        handedOver = []
+        perform(actions)
     }
 
     /// Ends the feeds opened with a key that was revoked.
-    func closeStreams(ofKey keyID: Int64) {
-        for id in sessions.ids(ofKey: keyID) { close(id, reason: .revoked) }
-    }
+    func closeStreams(ofKey keyID: Int64) { sessions.closeStreams(ofKey: keyID) }
 
     var keysWithStreams: [Int64] { sessions.keys }
 
-    /// Ends every feed (server shutdown), each told when to come back (spread out as status
-    /// streams are: `StreamService.reconnectWindow`); clients resume with Last-Event-ID.
-    func shutdown(alongside otherStreams: Int = 0) {
-        heartbeatTimer?.cancel()
-        let window = StreamService.reconnectWindow(streams: sessions.count + otherStreams)
-        var rng = SystemRandomNumberGenerator()
-        for id in sessions.ids {
-            let delay = 500 + Int(Double.random(in: 0..<window, using: &rng) * 1000)
-            offer(id, StreamPayload(SSE.retry(milliseconds: delay)), delivered: 0)
-            close(id, reason: .shutdown)
-        }
-    }
+    /// Ends every feed (server shutdown), each told when to come back, spread out with the
+    /// status streams (`SSESessions.shutdown`); clients resume with Last-Event-ID.
+    func shutdown(alongside otherStreams: Int = 0) { sessions.shutdown(alongside: otherStreams) }
 }

@@ -14,7 +14,8 @@ final class SSEConnection {
     ]
     static let retryMilliseconds = 3000
 
-    let http: HTTPStream
+    let http: StreamTransport
+    private let loop: LoopScheduling
     /// CORS headers of the request, for every answer the stream gives.
     let extraHeaders: [(String, String)]
     private(set) var outbox: StreamOutbox<StreamPayload>
@@ -32,15 +33,16 @@ final class SSEConnection {
     /// Page reads granted and not yet over (`pageDone`).
     private var reservations = 0
 
-    init(_ req: HTTPRequest, loop: EventLoop, tag: Int, delegate: HTTPStreamDelegate, extraHeaders: [(String, String)],
+    /// `http`: an `HTTPStream` attached to its request, or a test's scripted stream.
+    init(_ http: StreamTransport, loop: LoopScheduling, tag: Int, delegate: HTTPStreamDelegate, extraHeaders: [(String, String)],
          maxBacklog: Int, writeTimeout: Double, pageCap: Int) {
-        http = HTTPStream(loop: loop)
-        http.attach(req)
+        self.http = http
+        self.loop = loop
         self.extraHeaders = extraHeaders
         self.maxBacklog = maxBacklog
         self.writeTimeout = writeTimeout
         outbox = StreamOutbox(maxBacklog: maxBacklog, lowWater: min(16 * 1024, maxBacklog / 4), pageBudget: min(pageCap, maxBacklog / 2))
-        lastWrite = Clock.monotonic()
+        lastWrite = loop.now
         http.tag = tag
         http.drainMark = outbox.lowWater
         http.delegate = delegate
@@ -81,7 +83,7 @@ final class SSEConnection {
     /// Sends the headers and the reconnect delay, once.
     func begin() {
         guard !http.started else { return }
-        http.begin(headers: SSEConnection.headers + extraHeaders, writeTimeout: writeTimeout)
+        http.begin(headers: SSEConnection.headers + extraHeaders, writeTimeout: writeTimeout, maxInputBuffer: 4096)
         _ = http.write(StreamPayload(SSE.retry(milliseconds: SSEConnection.retryMilliseconds)), maxBacklog: maxBacklog)
     }
 
@@ -94,7 +96,7 @@ final class SSEConnection {
         case .writeNow(let p):
             switch http.write(p, maxBacklog: maxBacklog) {
             case .written, .queued:
-                lastWrite = Clock.monotonic()
+                lastWrite = loop.now
                 return nil
             case .backlogExceeded: return .slowClient
             case .failed: return .writeFailed
@@ -116,7 +118,7 @@ final class SSEConnection {
     func pump() -> Pumped {
         while let payload = outbox.next(socketBacklog: http.backlog) {
             switch http.write(payload, maxBacklog: Int.max) {
-            case .written, .queued: lastWrite = Clock.monotonic()
+            case .written, .queued: lastWrite = loop.now
             case .backlogExceeded, .failed: return .failed
             }
         }

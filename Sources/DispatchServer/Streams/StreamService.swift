@@ -21,9 +21,9 @@ final class StreamSession: KeyedStream {
 }
 
 /// The IO shell around `Hub`: opens and serves status streams, performs the hub's reads and
-/// writes, paces replays by what each socket takes, heartbeats idle streams from one timer,
-/// and tears each stream down once.
-final class StreamService: HTTPStreamDelegate {
+/// writes, paces replays by what each socket takes; heartbeats, the one teardown, revocation
+/// and shutdown are the shell it shares with feeds (`SSESessions`).
+final class StreamService {
     struct Settings {
         var heartbeatSeconds: Double
         var maxBacklog: Int
@@ -32,17 +32,15 @@ final class StreamService: HTTPStreamDelegate {
         var historyPage: Int64 = 1000
     }
 
-    let loop: EventLoop
+    let loop: LoopScheduling
     let activities: ActivityRepository
-    let publisher: Publisher
     let metrics: Metrics
     let log: Logger
     let settings: Settings
     private var hub = Hub<Int, WireEvent>()
-    private var sessions = StreamTable<StreamSession>()
+    private let sessions: SSESessions<StreamSession>
     /// Final events of finished activities, answered from memory; bounded by bytes.
     private var terminalCache = BoundedCache<String, WireEvent>(maxBytes: 32 << 20)
-    private var heartbeatTimer: Timer?
     /// The carrier's interest in an activity: one call per stream subscribed to it, and one
     /// `unwatch` per such stream when it ends (NATS subscribes to what streams here follow).
     var watch: ((String) -> Void)?
@@ -50,15 +48,19 @@ final class StreamService: HTTPStreamDelegate {
     /// The worker's replay memory budget, shared with feeds.
     var memory: ReplayMemory?
 
-    init(loop: EventLoop, activities: ActivityRepository, publisher: Publisher, metrics: Metrics, log: Logger, settings: Settings) {
+    init(loop: LoopScheduling, activities: ActivityRepository, metrics: Metrics, log: Logger, settings: Settings) {
         self.loop = loop
         self.activities = activities
-        self.publisher = publisher
         self.metrics = metrics
         self.log = log
         self.settings = settings
-        let tick = min(1, settings.heartbeatSeconds / 4)
-        heartbeatTimer = loop.timer(after: tick, repeating: true) { [weak self] in self?.heartbeat(tick: tick) }
+        sessions = SSESessions(loop: loop, heartbeatSeconds: settings.heartbeatSeconds)
+        sessions.delivered = { [unowned self] in self.metrics.eventsDelivered += $0 }
+        sessions.closing = { [unowned self] session in
+            self.hub.unsubscribe(session.id)
+            if session.watching { self.unwatch?(session.activityID) }
+        }
+        sessions.closed = { [unowned self] session, reason in self.closed(session, reason: reason) }
     }
 
     var openStreams: Int { sessions.count }
@@ -67,9 +69,16 @@ final class StreamService: HTTPStreamDelegate {
     // MARK: - Opening
 
     func open(_ req: HTTPRequest, activityID: String, lastEventID: Int64?, keyID: Int64, extraHeaders: [(String, String)] = []) {
+        let http = HTTPStream(loop: loop)
+        http.attach(req)
+        open(http, activityID: activityID, lastEventID: lastEventID, keyID: keyID, extraHeaders: extraHeaders)
+    }
+
+    /// The same on any transport (a test's scripted stream).
+    func open(_ http: StreamTransport, activityID: String, lastEventID: Int64?, keyID: Int64, extraHeaders: [(String, String)] = []) {
         let session = sessions.add { id in
             StreamSession(id: id, activityID: activityID, keyID: keyID,
-                          connection: SSEConnection(req, loop: loop, tag: id, delegate: self, extraHeaders: extraHeaders,
+                          connection: SSEConnection(http, loop: loop, tag: id, delegate: sessions, extraHeaders: extraHeaders,
                                                     maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 16 * 1024))
         }
         if let memory { session.connection.budgeted(by: memory, as: BudgetedStream(kind: .status, id: session.id), key: keyID) }
@@ -152,23 +161,18 @@ final class StreamService: HTTPStreamDelegate {
         perform(hub.published(topic: activityID, event))
     }
 
-    /// A change heard through NOTIFY (`ChangeNotice`).
+    /// A change heard through NOTIFY or the carrier (`ChangeNotice`).
     func notified(_ notice: ChangeNotice) {
         let id = notice.activityID, seq = notice.seq, name = notice.event
         if seq == 1 { terminalCache.remove(id) }
         let terminal = WireEvent.terminalName(name)
-        let observe = publisher.isStale(id, seq: seq)
         // Most NOTIFYs concern nothing held here (or echo this worker's own commit): skip them cheaply.
-        guard observe || terminal || hub.wants(topic: id, seq: seq) else { return }
+        guard terminal || hub.wants(topic: id, seq: seq) else { return }
         let json = notice.json
         if !json.isEmpty {
-            if observe, let value = try? JSONParser.parse(json), let a = Activity.decode(value) {
-                publisher.observe(ActivityEvent(name: name, snapshot: a))
-            }
             committed(activityID: id, seq: seq, name: name, json: json)
             return
         }
-        if observe { publisher.forget(id) }
         guard hub.wants(topic: id, seq: seq) else { return }
         activities.history(id, after: seq - 1, limit: 1) { [weak self] result in
             guard let self, case .success(let events) = result, let e = events.first else { return }
@@ -236,7 +240,7 @@ final class StreamService: HTTPStreamDelegate {
                 w.beginObject(); w.field("activityId", session.activityID); w.endObject()
                 // `id: 0`: a browser's EventSource reconnects once with Last-Event-ID: 0, which is
                 // answered 204 (it stops) or, if the activity exists by then, its whole history.
-                offer(s, StreamPayload(SSE.encode(id: "0", event: "not_found", data: w.string)), delivered: 0)
+                sessions.offer(s, StreamPayload(SSE.encode(id: "0", event: "not_found", data: w.string)), delivered: 0)
                 close(s, reason: .notFound)
             case .drop(let s, let why):
                 close(s, reason: why.closeReason)
@@ -251,13 +255,11 @@ final class StreamService: HTTPStreamDelegate {
             guard let self else { return }
             switch result {
             case .failure:
-                guard attempt < 60, self.hub.isCurrent(topic: topic, generation: generation) else {
-                    self.perform(self.hub.readFailed(topic: topic, generation: generation))
-                    return
-                }
-                self.loop.timer(after: min(2, 0.1 * Double(attempt + 1))) { [weak self] in
-                    self?.resync(topic, generation: generation, after: after, attempt: attempt + 1)
-                }
+                let retrying = self.hub.isCurrent(topic: topic, generation: generation)
+                    && self.sessions.retryLater(attempt: attempt) { [weak self] next in
+                        self?.resync(topic, generation: generation, after: after, attempt: next)
+                    }
+                if !retrying { self.perform(self.hub.readFailed(topic: topic, generation: generation)) }
             case .success(let events):
                 self.perform(self.hub.topicHistoryLoaded(topic: topic, generation: generation, events.map(WireEvent.init(stored:))))
                 self.beginLiveSubscribers(of: topic)
@@ -267,61 +269,24 @@ final class StreamService: HTTPStreamDelegate {
 
     // MARK: - Writing
 
-    /// One live event goes straight to the socket when nothing waits (counted against the
-    /// slow-client cap); several (a replay page) queue and are written as the socket drains.
     private func send(_ id: Int, _ events: [WireEvent]) {
-        guard let session = sessions[id] else { return }
-        if events.count == 1 { return offer(id, events[0].payload, delivered: 1) }
-        session.connection.enqueue(events.map(\.payload))
-        metrics.eventsDelivered += events.count
-        pump(id)
+        guard sessions[id] != nil else { return }
+        sessions.send(id, events.map(\.payload))
     }
 
-    /// Offers one payload (a live event, a heartbeat, `not_found`) to a stream.
-    private func offer(_ id: Int, _ payload: StreamPayload, delivered: Int) {
-        guard let session = sessions[id] else { return }
-        if let failure = session.connection.offer(payload) {
-            close(id, reason: failure == .slowClient ? .slowClient : .writeFailed)
-        } else {
-            metrics.eventsDelivered += delivered
-        }
-    }
-
-    private func pump(_ id: Int) {
-        switch sessions[id]?.connection.pump() {
-        case .finished?: close(id, reason: .terminal)
-        case .failed?: close(id, reason: .writeFailed)
-        case .open?, nil: break
-        }
-    }
-
-    private func finishWhenDrained(_ id: Int) {
-        guard let session = sessions[id] else { return }
-        if session.connection.finishWhenDrained() { close(id, reason: .terminal) }
-    }
-
-    private func heartbeat(tick: Double) {
-        let beat = StreamPayload(SSE.heartbeat)
-        for id in sessions.needingHeartbeat(now: Clock.monotonic(), after: settings.heartbeatSeconds - tick) {
-            offer(id, beat, delivered: 0)
-        }
-    }
-
-    func streamPeerClosed(_ tag: Int) { close(tag, reason: .clientClosed) }
-    func streamDrained(_ tag: Int) { pump(tag) }
+    private func finishWhenDrained(_ id: Int) { sessions.finishWhenDrained(id) }
 
     // MARK: - The one teardown path
 
     /// Removes a stream from memory and ends its connection; safe to call more than once.
-    func close(_ id: Int, reason: StreamCloseReason) {
-        guard let session = sessions.remove(id) else { return }
-        hub.unsubscribe(id)
-        if session.watching { unwatch?(session.activityID) }
-        session.connection.detach()
+    func close(_ id: Int, reason: StreamCloseReason) { sessions.close(id, reason: reason) }
+
+    /// The status stream's part of its teardown, once it left the table and was detached.
+    private func closed(_ session: StreamSession, reason: StreamCloseReason) {
         metrics.streamsActive = sessions.count
         metrics.streamCloses[reason, default: 0] += 1
         if log.enabled(.info) {
-            log.info("stream.close", [("activity", session.activityID), ("stream", id), ("reason", reason.rawValue),
+            log.info("stream.close", [("activity", session.activityID), ("stream", session.id), ("reason", reason.rawValue),
                                       ("duration_s", ((Clock.monotonic() - session.opened) * 1000).rounded() / 1000)])
         }
         let http = session.connection.http
@@ -344,33 +309,11 @@ final class StreamService: HTTPStreamDelegate {
     }
 
     /// Ends the streams opened with a key that was revoked.
-    func closeStreams(ofKey keyID: Int64) {
-        for id in sessions.ids(ofKey: keyID) { close(id, reason: .revoked) }
-    }
+    func closeStreams(ofKey keyID: Int64) { sessions.closeStreams(ofKey: keyID) }
 
     /// The keys that hold streams here (to re-check after missed revocations).
     var keysWithStreams: [Int64] { sessions.keys }
 
-    /// Ends every stream (server shutdown). Each is told first to reconnect after its own
-    /// delay, spread over a window that grows with the number of streams, so that tens of
-    /// thousands of clients do not all come back in the same second; they resume with
-    /// Last-Event-ID and lose nothing.
-    func shutdown(alongside otherStreams: Int = 0) {
-        heartbeatTimer?.cancel()
-        let window = StreamService.reconnectWindow(streams: sessions.count + otherStreams)
-        var rng = SystemRandomNumberGenerator()
-        for id in sessions.ids {
-            if sessions[id]?.connection.started == true {
-                let delay = 500 + Int(Double.random(in: 0..<window, using: &rng) * 1000)
-                offer(id, StreamPayload(SSE.retry(milliseconds: delay)), delivered: 0)
-            }
-            close(id, reason: .shutdown)
-        }
-    }
-
-    /// Seconds over which streams ended by a shutdown are asked to come back: about 2,000
-    /// reconnects a second, at least 2 s, at most 30 s.
-    static func reconnectWindow(streams: Int) -> Double {
-        min(30, max(2, Double(streams) / 2000))
-    }
+    /// Ends every stream (server shutdown), each told when to come back (`SSESessions.shutdown`).
+    func shutdown(alongside otherStreams: Int = 0) { sessions.shutdown(alongside: otherStreams) }
 }

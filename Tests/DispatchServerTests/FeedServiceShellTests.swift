@@ -1,0 +1,96 @@
+import DispatchCore
+import DispatchHarness
+import DispatchIO
+import XCTest
+@testable import DispatchServer
+
+/// FeedService in one process: its pages are answered on a scripted feed session, its
+/// clients are scripted streams, its clock a manual loop.
+final class FeedServiceShellTests: XCTestCase {
+    var loop: ManualLoop!
+    var scripted: ScriptedDatabase!
+    var service: FeedService!
+    var metrics: Metrics!
+    var carrier: [String] = []
+
+    override func setUp() {
+        loop = ManualLoop()
+        metrics = Metrics(worker: 0)
+        scripted = ScriptedDatabase(loop: loop, metrics: metrics)
+        service = FeedService(loop: loop, repository: FeedRepository(db: scripted.db), metrics: metrics, log: Logger(level: .error),
+                              settings: .init(heartbeatSeconds: 4, maxBacklog: 64 * 1024, writeTimeout: 60))
+        carrier = []
+        service.onFirstFeed = { [unowned self] in self.carrier.append("first") }
+        service.onLastFeedClosed = { [unowned self] in self.carrier.append("last") }
+    }
+
+    override func tearDown() {
+        service.shutdown()
+        scripted.db.close()
+        loop.runSoon()
+        XCTAssertEqual(scripted.violations, [])
+    }
+
+    /// One page of the initial set: `head`, then (position, event) rows.
+    func initialPage(head: Int64, _ rows: [(Int64, String)]) -> PGResult {
+        PGResult(columns: ["head", "position", "event", "data", "machine"],
+                 rows: rows.isEmpty ? [[String(head), nil, nil, nil, nil]]
+                     : rows.map { [String(head), String($0.0), $0.1, "{\"position\":\($0.0)}", nil] })
+    }
+
+    func open(_ client: ScriptedStream, invalidLastEventID: Bool = false, key: Int64 = 1) {
+        service.open(client, filter: FeedFilter(), lastEventID: nil, invalidLastEventID: invalidLastEventID, keyID: key, extraHeaders: [])
+    }
+
+    /// Headers at once; the initial set; `synced` at the head the read saw; then changes as
+    /// NOTIFY brings them, each framed once for every feed.
+    func testAFeedSendsItsInitialSetThenSyncedThenLiveChanges() {
+        let a = ScriptedStream(), b = ScriptedStream()
+        open(a)
+        open(b)
+        XCTAssertTrue(a.started, "headers before the first read")
+        XCTAssertEqual(carrier, ["first"])
+        XCTAssertEqual(scripted.pending(on: scripted.feedReader), ["feed_initial_page", "feed_initial_page"])
+        scripted.answer(on: scripted.feedReader) { _ in self.initialPage(head: 12, [(10, "processing"), (12, "completed")]) }
+        for client in [a, b] {
+            XCTAssertEqual(eventIDs(client), ["10", "12", "12"])
+            XCTAssertTrue(client.written.last?.contains("event: synced") == true, client.written.last ?? "")
+        }
+        let framed = metrics.feedFramed
+        service.notified(ChangeNotice(position: 13, activityID: "job", seq: 1, event: "queued", json: "{\"machine\":\"m1\"}"))
+        XCTAssertEqual(eventIDs(a).last, "13")
+        XCTAssertEqual(eventIDs(b).last, "13")
+        XCTAssertEqual(metrics.feedFramed - framed, 1, "framed once for both")
+        XCTAssertEqual(metrics.feedDeliveries, 6)
+    }
+
+    /// A Last-Event-ID that is not a number: `reset`, then the initial set.
+    func testAnUnreadableLastEventIDGetsResetThenTheInitialSet() {
+        let client = ScriptedStream()
+        open(client, invalidLastEventID: true)
+        scripted.answer(on: scripted.feedReader) { _ in self.initialPage(head: 5, [(5, "processing")]) }
+        let events = client.written.filter { $0.contains("event: ") }.map { String($0.split(separator: "\n").first { $0.hasPrefix("event: ") }!.dropFirst(7)) }
+        XCTAssertEqual(events, ["reset", "processing", "synced"])
+        XCTAssertEqual(metrics.feedResets, 1)
+    }
+
+    /// The last feed leaving tells the carrier; a revoked key's feeds are aborted; shutdown
+    /// ends the rest with a reconnect delay.
+    func testTeardownsTellTheCarrierOnceTheLastFeedIsGone() {
+        let kept = ScriptedStream(), revoked = ScriptedStream(), leaving = ScriptedStream()
+        open(kept, key: 1)
+        open(revoked, key: 2)
+        open(leaving, key: 1)
+        scripted.answer(on: scripted.feedReader) { _ in self.initialPage(head: 0, []) }
+        leaving.peerLeaves()
+        service.closeStreams(ofKey: 2)
+        XCTAssertEqual(revoked.ending, .aborted)
+        XCTAssertEqual(service.openFeeds, 1)
+        XCTAssertEqual(carrier, ["first"])
+        service.shutdown()
+        XCTAssertTrue(kept.written.last?.hasPrefix("retry: ") == true)
+        XCTAssertEqual(kept.ending, .ended)
+        XCTAssertEqual(carrier, ["first", "last"])
+        XCTAssertEqual(metrics.feedCloses, [.clientClosed: 1, .revoked: 1, .shutdown: 1])
+    }
+}

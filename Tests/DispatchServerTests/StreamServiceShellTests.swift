@@ -1,0 +1,128 @@
+import DispatchCore
+import DispatchHarness
+import DispatchIO
+import XCTest
+@testable import DispatchServer
+
+/// StreamService end to end inside one process with nothing real under it: its repository's
+/// SQL goes to PGConnections on scripted libpq drivers (the test answers each statement with
+/// rows), its clients are scripted streams, its clock a manual loop.
+final class StreamServiceShellTests: XCTestCase {
+    var loop: ManualLoop!
+    var scripted: ScriptedDatabase!
+    var service: StreamService!
+    var metrics: Metrics!
+
+    override func setUp() {
+        loop = ManualLoop()
+        metrics = Metrics(worker: 0)
+        scripted = ScriptedDatabase(loop: loop, metrics: metrics)
+        XCTAssertTrue(scripted.db.isReady)
+        service = StreamService(loop: loop, activities: ActivityRepository(db: scripted.db), metrics: metrics, log: Logger(level: .error),
+                                settings: .init(heartbeatSeconds: 4, maxBacklog: 64 * 1024, writeTimeout: 60))
+    }
+
+    override func tearDown() {
+        service.shutdown()
+        scripted.db.close()
+        loop.runSoon()
+        XCTAssertEqual(scripted.violations, [])
+    }
+
+    var reader: ScriptedPGDriver { scripted.reader }
+    var pendingStatements: [String] { scripted.pending(on: reader) }
+    func answerReader(_ rows: (String) -> PGResult) { scripted.answer(on: reader, rows) }
+
+    /// A row of every column the repository reads (`ActivityRepository.columns`).
+    func activityRow(_ id: String, state: ActivityState, seq: Int64) -> PGResult {
+        let columns = ActivityRepository.columns.split(separator: ",").map { String($0.split(separator: ".").last!) }
+        let values: [String: String] = ["activity_id": id, "task_name": "build", "state": state.rawValue, "attempt": "1",
+                                        "seq": String(seq), "created_ms": "1000", "updated_ms": "2000", "last_event": state.rawValue,
+                                        "start_fingerprint": "fp"]
+        return PGResult(columns: columns, rows: [columns.map { values[$0] }])
+    }
+
+    func ids(_ s: ScriptedStream) -> [String] { eventIDs(s) }
+
+    /// Subscribe, read the snapshot, go live, deliver what commits, end at the final event;
+    /// a later client of the finished activity is answered from memory, with no read.
+    func testAStreamReadsItsSnapshotGoesLiveAndEndsAtTheFinalEvent() {
+        let client = ScriptedStream()
+        service.open(client, activityID: "job-1", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activity"])
+        XCTAssertFalse(client.started, "headers wait for the snapshot")
+        answerReader { _ in self.activityRow("job-1", state: .processing, seq: 3) }
+        XCTAssertEqual(ids(client), ["3"])
+        XCTAssertEqual(service.openStreams, 1)
+
+        service.committed(activityID: "job-1", seq: 4, name: "processing", json: "{\"seq\":4}")
+        XCTAssertEqual(ids(client), ["3", "4"])
+        service.committed(activityID: "job-1", seq: 4, name: "processing", json: "{\"seq\":4}")
+        XCTAssertEqual(ids(client), ["3", "4"], "a change heard twice is sent once")
+        service.committed(activityID: "job-1", seq: 5, name: "completed", json: "{\"seq\":5}")
+        XCTAssertEqual(ids(client), ["3", "4", "5"])
+        XCTAssertEqual(client.ending, .ended)
+        XCTAssertEqual(service.openStreams, 0)
+        XCTAssertEqual(metrics.streamCloses[.terminal], 1)
+
+        let late = ScriptedStream()
+        service.open(late, activityID: "job-1", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, [], "the final event is in memory")
+        XCTAssertEqual(ids(late), ["5"])
+        XCTAssertEqual(late.ending, .ended)
+        let caughtUp = ScriptedStream()
+        service.open(caughtUp, activityID: "job-1", lastEventID: 5, keyID: 1)
+        XCTAssertEqual(caughtUp.ending, .responded(204))
+    }
+
+    /// A resuming client gets the history after its Last-Event-ID, then live changes, with
+    /// no gap and no duplicate even when a change commits while the history is read.
+    func testAResumeReadsTheHistoryThenGoesLiveWithoutAGap() {
+        let client = ScriptedStream()
+        service.open(client, activityID: "job-2", lastEventID: 1, keyID: 1)
+        answerReader { _ in self.activityRow("job-2", state: .processing, seq: 3) }
+        XCTAssertEqual(pendingStatements, ["read_history"])
+        service.committed(activityID: "job-2", seq: 4, name: "processing", json: "{}")
+        answerReader { _ in
+            PGResult(columns: ["seq", "event", "data", "created_ms"], rows: [["2", "processing", "{}", "1"], ["3", "processing", "{}", "2"]])
+        }
+        XCTAssertEqual(ids(client), ["2", "3", "4"])
+        service.committed(activityID: "job-2", seq: 5, name: "processing", json: "{}")
+        XCTAssertEqual(ids(client), ["2", "3", "4", "5"])
+    }
+
+    /// The database goes away while a stream waits for its snapshot: the client gets 503
+    /// (nothing was sent yet) and the stream is gone.
+    func testTheDatabaseLostBeforeTheSnapshotAnswers503() {
+        let client = ScriptedStream()
+        service.open(client, activityID: "job-3", lastEventID: nil, keyID: 1)
+        reader.breakConnection()
+        loop.runSoon()
+        XCTAssertEqual(client.ending, .responded(503))
+        XCTAssertEqual(service.openStreams, 0)
+        XCTAssertEqual(metrics.streamCloses[.database], 1)
+    }
+
+    /// A client that leaves while its snapshot is read: the late answer reaches nobody.
+    func testAClientLeavingBeforeItsSnapshotIsForgotten() {
+        let client = ScriptedStream()
+        service.open(client, activityID: "job-4", lastEventID: nil, keyID: 1)
+        client.peerLeaves()
+        XCTAssertEqual(service.openStreams, 0)
+        answerReader { _ in self.activityRow("job-4", state: .processing, seq: 1) }
+        XCTAssertEqual(client.written, [])
+        XCTAssertEqual(metrics.streamCloses[.clientClosed], 1)
+    }
+
+    /// Idle streams get heartbeats on the stepped clock; revoking the key aborts them.
+    func testHeartbeatsThenRevocation() {
+        let client = ScriptedStream()
+        service.open(client, activityID: "job-5", lastEventID: nil, keyID: 9)
+        answerReader { _ in self.activityRow("job-5", state: .processing, seq: 1) }
+        loop.advance(by: 3.5)
+        XCTAssertEqual(client.written.filter { $0.hasPrefix(": heartbeat") }.count, 1)
+        service.closeStreams(ofKey: 9)
+        XCTAssertEqual(client.ending, .aborted)
+        XCTAssertEqual(service.keysWithStreams, [])
+    }
+}
