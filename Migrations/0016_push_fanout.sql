@@ -12,7 +12,7 @@
 -- state) or already pushed this seq, and raises that row's wanted_seq instead.
 --
 -- The pace (DISPATCH_PUSH_PACE) and timestamps are per activity: due_at after a push, and
--- last_timestamp, the newest aps.timestamp any push of the activity carried.
+-- last_timestamp, the aps.timestamp of the last fan-out.
 CREATE TABLE push_activity_outbox (
     activity_id      text PRIMARY KEY,
     wanted_seq       bigint NOT NULL,
@@ -24,6 +24,10 @@ CREATE TABLE push_activity_outbox (
     lease_id         bigint,
     lease_until      timestamptz,
     last_timestamp   bigint NOT NULL DEFAULT 0,
+    -- The newest aps.timestamp a per-device row of the activity pushed: the next fan-out goes
+    -- after it. Kept apart from last_timestamp, which the rows continue from, so that rows
+    -- pushed in the same second to many phones do not ratchet each other ahead of the clock.
+    row_timestamp    bigint NOT NULL DEFAULT 0,
     -- How many tokens the last fan-out pushed to, and when.
     last_devices     integer NOT NULL DEFAULT 0,
     last_status      text,

@@ -13,8 +13,11 @@ extension PushTests {
         defer { s.stop() }
         try s.startActivity("fan", state: "queued")
         let tokens = (0..<5).map { _ in token() }
-        for t in tokens { try register(s, device: token(), tokens: [("fan", t)]) }
-        try f.wait { rs in Set(self.delivered(rs).filter { $0.seq == 1 }.map(\.token)) == Set(tokens) }
+        // One phone after the other, each first push on its own row within a second or so.
+        for t in tokens {
+            try register(s, device: token(), tokens: [("fan", t)])
+            try f.wait(token: t) { !self.delivered($0).isEmpty }
+        }
         let rows = "SELECT device_id::text || ':' || xmin::text FROM push_outbox WHERE activity_id = 'fan' ORDER BY device_id"
         let before = try sql(s, rows)
         XCTAssertEqual(before.count, 5, "each registration's first push had its own row")
@@ -24,6 +27,11 @@ extension PushTests {
         try s.update("fan", #"{"state":"processing"}"#)
         let got = try f.wait(timeout: 15) { rs in Set(self.delivered(rs).filter { $0.seq == 2 }.map(\.token)) == Set(tokens) }
         let seq2 = got.filter { $0.seq == 2 }
+        for r in delivered(got) {
+            // Each phone's first push must not push the activity's timestamps ahead of the
+            // clock for the next (the next fan-out would wait for them).
+            XCTAssertLessThanOrEqual(r.timestamp ?? 0, Int(r.time) + 2, "a timestamp near the clock")
+        }
         for t in tokens { XCTAssertEqual(delivered(seq2).filter { $0.token == t }.count, 1, "each phone once") }
         let refused = try XCTUnwrap(seq2.first { $0.token == throttled && $0.status == 429 })
         let retried = try XCTUnwrap(seq2.first { $0.token == throttled && $0.status == 200 })

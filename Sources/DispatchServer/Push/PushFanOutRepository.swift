@@ -18,7 +18,8 @@ enum PushFanOutRepository {
               WHERE wanted_seq > sent_seq AND due_at <= now()
               ORDER BY due_at LIMIT $1::int
               FOR UPDATE SKIP LOCKED))
-            RETURNING o.activity_id, o.lease_id, o.priority, o.pending_since_ms, o.last_timestamp, o.attempts,
+            RETURNING o.activity_id, o.lease_id, o.priority, o.pending_since_ms, GREATEST(o.last_timestamp, o.row_timestamp) AS last_timestamp,
+                      o.attempts,
                       (extract(epoch FROM now()) * 1000)::bigint AS claimed_ms
             """, [String(limit), String(leaseMs)], name: "push_fanout_claim")
     }
@@ -183,18 +184,19 @@ enum PushFanOutRepository {
     }
 
     /// A row's push delivered to an update token also counts for its activity's entry: the
-    /// entry's timestamps continue after it, and an entry with nothing waiting starts its pace
+    /// next fan-out's timestamp continues after it (`row_timestamp`: rows continue from the
+    /// fan-outs' `last_timestamp`, never from each other), and an entry with nothing waiting starts its pace
     /// from it (so the first push to a new token and the next change are paced like any two
     /// pushes of the activity). An activity without an entry gets one, up to date.
     static func rowsDelivered(_ jobs: [PushJob], paceSeconds: Double) -> PGQuery {
         PGQuery("""
-            INSERT INTO push_activity_outbox AS e (activity_id, wanted_seq, sent_seq, last_timestamp, due_at, sent_at, last_status)
+            INSERT INTO push_activity_outbox AS e (activity_id, wanted_seq, sent_seq, row_timestamp, due_at, sent_at, last_status)
             SELECT m.activity_id, max(m.seq), max(m.seq), max(m.ts),
                    GREATEST(now(), to_timestamp(max(m.changed_ms) / 1000.0) + $5::float8 * interval '1 second', to_timestamp(max(m.ts))),
                    now(), '200'
             FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS m(activity_id, seq, ts, changed_ms)
             GROUP BY m.activity_id ORDER BY m.activity_id
-            ON CONFLICT (activity_id) DO UPDATE SET last_timestamp = GREATEST(e.last_timestamp, EXCLUDED.last_timestamp),
+            ON CONFLICT (activity_id) DO UPDATE SET row_timestamp = GREATEST(e.row_timestamp, EXCLUDED.row_timestamp),
               due_at = CASE WHEN e.wanted_seq <= e.sent_seq AND e.lease_id IS NULL THEN GREATEST(e.due_at, EXCLUDED.due_at) ELSE e.due_at END
             """, [PGArray.text(jobs.map(\.activityID)), PGArray.numbers(jobs.map(\.seq)), PGArray.numbers(jobs.map(\.timestamp)),
                   PGArray.numbers(jobs.map { $0.changedAtMs > 0 ? $0.changedAtMs : $0.claimedAtMs }), String(max(0, paceSeconds))],

@@ -98,7 +98,8 @@ enum PushOutboxRepository {
         row.tokenSealed = Bytea.decode(r["token_sealed"])
         row.channelPhase = r["channel_phase"].flatMap(BroadcastPhase.init(rawValue:))
         row.job.environment = r["device_environment"].flatMap(APNsEnvironment.init(rawValue:)) ?? .production
-        // The activity's fan-outs may have pushed newer timestamps to this phone than the row did.
+        // The activity's fan-outs may have pushed newer timestamps to this phone than the row did
+        // (the fan-outs' own, not other rows': those never reached this phone).
         if let entry = r.int64("entry_timestamp"), entry > row.lastTimestamp { row.lastTimestamp = entry }
     }
 
