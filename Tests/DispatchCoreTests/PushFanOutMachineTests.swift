@@ -163,3 +163,26 @@ final class PushFanOutMachineTests: XCTestCase {
         XCTAssertEqual(names(m.marked(ok: true, now: 2)), ["mark entry 1 pushed 1/1", "claim 4"])
     }
 }
+
+extension PushFanOutMachineTests {
+    /// A fan-out wider than `maxInFlight` waits in the machine and goes as answers make room;
+    /// stopping gives what never went back to its devices' own rows.
+    func testAWideFanOutWaitsForRoomAndStoppingGivesTheRestBack() {
+        var s = Machine.Settings()
+        s.claimBatch = 4
+        s.maxInFlight = 2
+        s.claimInterval = 0
+        s.markInterval = 0
+        var m = Machine(settings: s)
+        _ = m.tick(now: 0)
+        let jobs = (1...5).map { push(1, device: Int64($0)) }
+        XCTAssertEqual(names(m.claimed([.fanOut(entry(1), jobs)], requested: 2, now: 0)), ["token 1", "send d1 body1", "send d2 body1"])
+        XCTAssertEqual(m.inFlightCount, 2)
+        XCTAssertEqual(names(m.tick(now: 0.5)), [], "no claim while pushes wait for room")
+        XCTAssertEqual(names(m.answered(11, ok, now: 1, random: 0)), ["report d1 delivered", "send d3 body1"])
+        XCTAssertEqual(names(m.stop(now: 2)), ["mark retry d4 +0.0 not sent (shutdown) uncounted,retry d5 +0.0 not sent (shutdown) uncounted"])
+        XCTAssertEqual(names(m.answered(12, ok, now: 3, random: 0)), ["report d2 delivered"])
+        XCTAssertEqual(names(m.answered(13, ok, now: 3, random: 0)), ["report d3 delivered"])
+        XCTAssertEqual(names(m.marked(ok: true, now: 4)), ["mark entry 1 pushed 3/5"], "the entry is done when every push is settled")
+    }
+}

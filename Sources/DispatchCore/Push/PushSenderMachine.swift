@@ -81,6 +81,9 @@ public struct PushSenderMachine<Payload> {
     private var inFlight: [Int64: (job: PushJob, payload: Payload, generation: Int)] = [:]
     /// Fanned-out entries with pushes unanswered.
     private var entries: [Int64: EntryProgress] = [:]
+    /// Fanned-out pushes waiting for room under `maxInFlight`, oldest first.
+    private var backlog: [(job: PushJob, payload: Payload)] = []
+    private var backlogHead = 0
     struct EntryProgress {
         var entry: PushEntry
         var devices: Int
@@ -147,10 +150,10 @@ public struct PushSenderMachine<Payload> {
                 }
                 actions += ensureProviderToken(now: now)
                 entries[entry.entryID] = EntryProgress(entry: entry, devices: jobs.count, outstanding: jobs.count)
-                for (job, payload) in jobs {
-                    inFlight[job.outboxID] = (job, payload, tokenGeneration)
-                    actions.append(.send(job, payload, tokenGeneration: tokenGeneration))
-                }
+                // A fan-out wider than the room left waits here, not in the HTTP/2 client's
+                // queue, where its requests' deadlines would run while they wait.
+                backlog.append(contentsOf: jobs.map { (job: $0.0, payload: $0.1) })
+                actions += sendBacklog()
             case .send(let job, let payload):
                 if !running {
                     pendingMarks.append(.retry(job, afterSeconds: 0, status: .shutdown, countsAsAttempt: false))
@@ -240,7 +243,7 @@ public struct PushSenderMachine<Payload> {
             settle(.retry(job, afterSeconds: 0, status: .answer(answer), countsAsAttempt: false))
         }
         actions.append(.report(.answered(job, decision.result, answer, latency: latency)))
-        return actions + flushMarks(now: now) + maybeClaim(now: now)
+        return actions + sendBacklog() + flushMarks(now: now) + maybeClaim(now: now)
     }
 
     /// The marks handed out last were written (`ok`) or not (they are written again later;
@@ -283,10 +286,36 @@ public struct PushSenderMachine<Payload> {
     /// Shutting down: no more claims; what is answered is still marked.
     public mutating func stop(now: Double) -> [Action] {
         running = false
+        // Fanned-out pushes not sent yet: their devices get rows of their own, due at once.
+        while backlogHead < backlog.count {
+            settle(.retry(backlog[backlogHead].job, afterSeconds: 0, status: .shutdown, countsAsAttempt: false))
+            backlogHead += 1
+        }
+        backlog.removeAll()
+        backlogHead = 0
         return flushMarks(now: now)
     }
 
     // MARK: - Decisions
+
+    /// Sends waiting fanned-out pushes while there is room.
+    private mutating func sendBacklog() -> [Action] {
+        var actions: [Action] = []
+        while backlogHead < backlog.count && inFlight.count < settings.maxInFlight && running {
+            let (job, payload) = backlog[backlogHead]
+            backlogHead += 1
+            inFlight[job.outboxID] = (job, payload, tokenGeneration)
+            actions.append(.send(job, payload, tokenGeneration: tokenGeneration))
+        }
+        if backlogHead == backlog.count {
+            backlog.removeAll(keepingCapacity: true)
+            backlogHead = 0
+        } else if backlogHead > 1024 && backlogHead * 2 > backlog.count {
+            backlog.removeFirst(backlogHead)
+            backlogHead = 0
+        }
+        return actions
+    }
 
     /// A push is settled: its mark is queued, and its entry's when it was the last of the fan-out.
     /// A fanned-out push delivered writes nothing of its own unless it changes the device.
@@ -319,7 +348,7 @@ public struct PushSenderMachine<Payload> {
             tokenMintedAt = nil
             return [.report(.sendingResumed)] + maybeClaim(now: now)
         }
-        let room = settings.maxInFlight - inFlight.count
+        let room = settings.maxInFlight - inFlight.count - (backlog.count - backlogHead)
         let limit = min(settings.claimBatch, room)
         // Wait for room rather than claim a handful at a time.
         guard limit > 0, limit * 4 >= min(settings.claimBatch, settings.maxInFlight) || inFlight.isEmpty else { return [] }
