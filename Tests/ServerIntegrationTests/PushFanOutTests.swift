@@ -1,3 +1,4 @@
+import DispatchSystem
 import DispatchTestSupport
 import Foundation
 import Glibc
@@ -52,5 +53,14 @@ extension PushTests {
         let third = try f.wait(timeout: 10) { rs in Set(self.delivered(rs).filter { $0.seq == 3 }.map(\.token)) == Set(tokens) }
         XCTAssertEqual(delivered(third).count, 5, "one push per phone")
         XCTAssertEqual(try sql(s, rows), settled, "no per-phone row written")
+
+        // `push status` shows the entry beside the per-phone rows.
+        XCTAssertTrue(try waitUntil(5) { try self.count(s, "SELECT count(*) FROM push_activity_outbox WHERE wanted_seq > sent_seq") == 0 })
+        let out = Subprocess.run([TestPaths.binary("dispatchd"), "push", "status", "--database-url", s.conninfo],
+                                 environment: ["DISPATCH_MIGRATIONS_DIR": TestPaths.repositoryRoot + "/Migrations", "PATH": "/usr/bin:/bin"])
+        XCTAssertEqual(out.status, 0, out.output)
+        XCTAssertTrue(out.output.contains("outbox: 0 pending"), out.output)
+        XCTAssertTrue(out.output.contains("activities: 0 with a change to push (0 due now, 0 being sent, 0 paced), 1 in all"), out.output)
+        XCTAssertTrue(out.output.contains("tokens: 5 devices"), out.output)
     }
 }

@@ -274,8 +274,9 @@ enum DeviceRepository {
              + (SELECT count(*) FROM push_activity_outbox WHERE wanted_seq > sent_seq) AS depth
         """, name: "push_depth")
 
-    /// Per device: pending pushes, failed ones, and live activities started on it by a
-    /// push-to-start whose update token has not arrived yet (their changes wait for it).
+    /// Per device: pending pushes on its own rows, failed ones, live activities started on it by
+    /// a push-to-start whose update token has not arrived yet (their changes wait for it), and
+    /// when it was last pushed to.
     static let perDevice = PGQuery("""
         SELECT d.id, d.token_hint, d.push_to_start_hint,
                (SELECT count(*) FROM activity_tokens t WHERE t.device_id = d.id) AS activity_tokens,
@@ -284,7 +285,11 @@ enum DeviceRepository {
                count(o.kind) FILTER (WHERE o.kind = 'start' AND o.sent_seq > 0 AND NOT EXISTS (
                    SELECT 1 FROM activity_tokens t WHERE t.device_id = d.id AND t.activity_id = o.activity_id)
                  AND EXISTS (SELECT 1 FROM activities a WHERE a.activity_id = o.activity_id AND a.ended_ms IS NULL)) AS waiting_for_token,
-               max(o.sent_at) AS last_sent,
+               -- Its own rows' pushes, or the last fan-out of an activity it holds a token for
+               -- (fan-outs write nothing per device; a push of one that failed has a row).
+               GREATEST(max(o.sent_at), (SELECT max(e.sent_at) FROM activity_tokens t
+                                         JOIN push_activity_outbox e ON e.activity_id = t.activity_id
+                                         WHERE t.device_id = d.id AND e.last_devices > 0)) AS last_sent,
                (SELECT x.last_status FROM push_outbox x WHERE x.device_id = d.id AND x.last_status IS NOT NULL
                 ORDER BY coalesce(x.sent_at, x.due_at) DESC LIMIT 1) AS last_status
         FROM devices d LEFT JOIN push_outbox o ON o.device_id = d.id
