@@ -45,6 +45,9 @@ final class PushSenderMachineTests: XCTestCase {
         case .retire(let j, let since, _): return "retire \(j.outboxID) since \(since)"
         case .failed(let j, _): return "failed \(j.outboxID)"
         case .drop(let j): return "drop \(j.outboxID)"
+        case .fannedOut(let e, let devices, let delivered): return "entry \(e.entryID) pushed \(delivered)/\(devices)"
+        case .releaseEntry(let e, let after, let status): return "release entry \(e.entryID) +\(after) \(status.label)"
+        case .dropEntry(let e): return "drop entry \(e.entryID)"
         }
     }
 
@@ -335,7 +338,7 @@ final class PushSenderMachineTests: XCTestCase {
                     guard let batch = markBatch else { continue }
                     markBatch = nil
                     let ok = Int.random(in: 0..<4, using: &rng) > 0
-                    if ok { for mark in batch { written[mark.job.outboxID, default: 0] += 1 } }
+                    if ok { for mark in batch { written[mark.job?.outboxID ?? -1, default: 0] += 1 } }
                     perform(m.marked(ok: ok, now: now))
                 default:
                     if pendingClaim != nil && Bool.random(using: &rng) { pendingClaim = nil; perform(m.claimFailed(now: now)) }
@@ -351,7 +354,7 @@ final class PushSenderMachineTests: XCTestCase {
                     perform(m.answered(id, ok, now: now, random: 0.5))
                 } else if let batch = markBatch {
                     markBatch = nil
-                    for mark in batch { written[mark.job.outboxID, default: 0] += 1 }
+                    for mark in batch { written[mark.job?.outboxID ?? -1, default: 0] += 1 }
                     perform(m.marked(ok: true, now: now))
                 } else {
                     perform(m.tick(now: now))

@@ -1,78 +1,9 @@
-/// One claimed outbox row on its way to APNs: which row under which lease, and what it pushes.
-public struct PushJob: Equatable, Sendable {
-    public var outboxID: Int64
-    /// The lease this claim holds; every mark is fenced by it, so a sender whose lease expired
-    /// (and whose row another sender claimed) changes nothing.
-    public var leaseID: Int64
-    public var kind: PushKind
-    public var activityID: String
-    public var deviceID: Int64
-    /// The activity's seq in the snapshot pushed (the newest at claim time).
-    public var seq: Int64
-    /// The push's `aps.timestamp`.
-    public var timestamp: Int64
-    /// Tries of this row so far, this one included.
-    public var attempts: Int
-    /// When the oldest change this push carries was committed (ms since the epoch).
-    public var pendingSinceMs: Int64?
-    public var claimedAtMs: Int64
-    /// The look-up MAC of the token pushed to (a retirement removes exactly that token).
-    public var tokenMac: [UInt8]
-    /// The token's last digits, for logs.
-    public var tokenHint: String
-    /// The APNs environment this push goes to (the device's, or the other one on the retry
-    /// after `BadDeviceToken`).
-    public var environment: APNsEnvironment = .production
-    /// This is that retry: when it is delivered, the device's environment is corrected.
-    public var switchedEnvironment = false
-    /// When the change pushed was made (ms): the pace counts from it, not from the send, so a
-    /// job reporting exactly once per pace is never held back by its own push's latency.
-    public var changedAtMs: Int64 = 0
-
-    public init(outboxID: Int64, leaseID: Int64, kind: PushKind, activityID: String, deviceID: Int64, seq: Int64,
-                timestamp: Int64, attempts: Int, pendingSinceMs: Int64?, claimedAtMs: Int64, tokenMac: [UInt8] = [], tokenHint: String = "") {
-        self.outboxID = outboxID
-        self.leaseID = leaseID
-        self.kind = kind
-        self.activityID = activityID
-        self.deviceID = deviceID
-        self.seq = seq
-        self.timestamp = timestamp
-        self.attempts = attempts
-        self.pendingSinceMs = pendingSinceMs
-        self.claimedAtMs = claimedAtMs
-        self.tokenMac = tokenMac
-        self.tokenHint = tokenHint
-    }
-}
-
-/// What the sender writes back to an outbox row (fenced by its lease).
-public enum PushMark: Equatable, Sendable {
-    /// Pushed: the row's seq and timestamp advance; the row is due again at once if a newer
-    /// change arrived meanwhile (not before `PushTimestamp.nextAllowed`).
-    case delivered(PushJob)
-    /// Nothing to push (a push-to-start for an activity that ended first): counts as sent.
-    case skipped(PushJob)
-    case retry(PushJob, afterSeconds: Double, status: String, countsAsAttempt: Bool)
-    /// Retire the token unless it was registered again after `invalidSinceMs`, cancelling
-    /// its pending pushes; if it was registered again, the row is due again at once.
-    case retire(PushJob, invalidSinceMs: Int64, status: String)
-    /// Our bug: kept, flagged failed, not retried (a newer change clears the flag).
-    case failed(PushJob, status: String)
-    /// The activity or the token no longer exists: the row goes.
-    case drop(PushJob)
-
-    public var job: PushJob {
-        switch self {
-        case .delivered(let j), .skipped(let j), .drop(let j): return j
-        case .retry(let j, _, _, _), .retire(let j, _, _), .failed(let j, _): return j
-        }
-    }
-}
-
 /// The push sender of one server process, as a pure state machine: claims due outbox rows
-/// in batches, sends each (many in flight on one HTTP/2 connection), decides from each
-/// answer what to write back, and writes marks in batches. The shell (`PushService`)
+/// and activity entries in batches, sends each row's push and each entry's push to every
+/// token of its activity (many in flight on one HTTP/2 connection), decides from each
+/// answer what to write back, and writes marks in batches. An entry is marked once every push
+/// of its fan-out is answered; a push that failed leaves its device a row of its own (its own
+/// backoff), so one phone never holds the others back. The shell (`PushService`)
 /// performs the actions; `Payload` is whatever it attaches to a job (request body, token)
 /// and gets back in `.send`. Time is Unix seconds, passed in.
 ///
@@ -103,8 +34,11 @@ public struct PushSenderMachine<Payload> {
 
     public enum Claimed {
         case send(PushJob, Payload)
-        /// Settled without a push (skipped, dropped, an unreadable token).
+        /// Settled without a push (skipped, dropped, an unreadable token, an entry given back).
         case settle(PushMark)
+        /// An activity entry and its pushes, one per token (none: the entry is done at once).
+        /// Each job's `entryID` is the entry's.
+        case fanOut(PushEntry, [(PushJob, Payload)])
     }
 
     public enum Action {
@@ -145,6 +79,17 @@ public struct PushSenderMachine<Payload> {
     public private(set) var marking: [PushMark]?
     public private(set) var pendingMarks: [PushMark] = []
     private var inFlight: [Int64: (job: PushJob, payload: Payload, generation: Int)] = [:]
+    /// Fanned-out entries with pushes unanswered.
+    private var entries: [Int64: EntryProgress] = [:]
+    /// Fanned-out pushes waiting for room under `maxInFlight`, oldest first.
+    private var backlog: [(job: PushJob, payload: Payload)] = []
+    private var backlogHead = 0
+    struct EntryProgress {
+        var entry: PushEntry
+        var devices: Int
+        var outstanding: Int
+        var delivered = 0
+    }
     /// Rows may be due: claim as soon as there is room and no claim runs.
     private var wantClaim = true
     private var claimRetryAt: Double = 0
@@ -162,6 +107,8 @@ public struct PushSenderMachine<Payload> {
     public init(settings: Settings = Settings()) { self.settings = settings }
 
     public var inFlightCount: Int { inFlight.count }
+    /// Fanned-out entries with pushes unanswered.
+    public var entriesInFlight: Int { entries.count }
 
     // MARK: - Inputs
 
@@ -180,20 +127,36 @@ public struct PushSenderMachine<Payload> {
         return maybeClaim(now: now)
     }
 
-    /// A claim came back: `requested` rows were asked for.
-    public mutating func claimed(_ items: [Claimed], requested: Int, now: Double) -> [Action] {
+    /// A claim came back: `requested` rows were asked for (`full`: the shell tells whether a
+    /// batch came back full, when it claimed rows and entries apart).
+    public mutating func claimed(_ items: [Claimed], requested: Int, full: Bool? = nil, now: Double) -> [Action] {
         claiming = false
         // A full batch: more may be waiting, at once.
-        lastClaimFull = items.count >= requested
+        lastClaimFull = full ?? (items.count >= requested)
         if lastClaimFull { wantClaim = true }
         var actions: [Action] = []
         for item in items {
             switch item {
             case .settle(let mark):
                 pendingMarks.append(mark)
+            case .fanOut(let entry, let jobs):
+                if !running {
+                    pendingMarks.append(.releaseEntry(entry, afterSeconds: 0, status: .shutdown))
+                    continue
+                }
+                guard !jobs.isEmpty else {
+                    pendingMarks.append(.fannedOut(entry, devices: 0, delivered: 0))
+                    continue
+                }
+                actions += ensureProviderToken(now: now)
+                entries[entry.entryID] = EntryProgress(entry: entry, devices: jobs.count, outstanding: jobs.count)
+                // A fan-out wider than the room left waits here, not in the HTTP/2 client's
+                // queue, where its requests' deadlines would run while they wait.
+                backlog.append(contentsOf: jobs.map { (job: $0.0, payload: $0.1) })
+                actions += sendBacklog()
             case .send(let job, let payload):
                 if !running {
-                    pendingMarks.append(.retry(job, afterSeconds: 0, status: "not sent (shutdown)", countsAsAttempt: false))
+                    pendingMarks.append(.retry(job, afterSeconds: 0, status: .shutdown, countsAsAttempt: false))
                     continue
                 }
                 actions += ensureProviderToken(now: now)
@@ -219,7 +182,7 @@ public struct PushSenderMachine<Payload> {
         var latency: Double?
         switch decision {
         case .delivered:
-            pendingMarks.append(.delivered(job))
+            settle(.delivered(job))
             if let since = job.pendingSinceMs { latency = max(0, now - Double(since) / 1000) }
         case .retire(let since):
             // "Bad token" also means "wrong environment": one try in the other before the
@@ -231,10 +194,10 @@ public struct PushSenderMachine<Payload> {
                 inFlight[outboxID] = (other, entry.payload, tokenGeneration)
                 return [.report(.triedOtherEnvironment(job)), .send(other, entry.payload, tokenGeneration: tokenGeneration)]
             }
-            pendingMarks.append(.retire(job, invalidSinceMs: since ?? job.claimedAtMs, status: Self.label(answer)))
+            settle(.retire(job, invalidSinceMs: since ?? job.claimedAtMs, status: .answer(answer)))
         case .retry(let result):
             let delay = PushDecision.retryDelay(result, attempts: job.attempts, policy: settings.retry, random: random)
-            pendingMarks.append(.retry(job, afterSeconds: delay, status: Self.label(answer), countsAsAttempt: true))
+            settle(.retry(job, afterSeconds: delay, status: .answer(answer), countsAsAttempt: true))
         case .renewProviderToken:
             switch settings.providerToken.onExpired(generation: entry.generation, current: tokenGeneration,
                                                     mintedAt: tokenMintedAt ?? now, renewedForExpiry: tokenRenewedForExpiry, now: now) {
@@ -246,12 +209,12 @@ public struct PushSenderMachine<Payload> {
                     inFlight[outboxID] = (job, entry.payload, tokenGeneration)
                     actions.append(.send(job, entry.payload, tokenGeneration: tokenGeneration))
                 } else {
-                    pendingMarks.append(.retry(job, afterSeconds: 0, status: Self.label(answer), countsAsAttempt: false))
+                    settle(.retry(job, afterSeconds: 0, status: .answer(answer), countsAsAttempt: false))
                 }
             case .backOff:
                 actions.append(.report(.providerTokenStillExpired))
                 let delay = settings.retry.delay(afterAttempt: job.attempts, random: random)
-                pendingMarks.append(.retry(job, afterSeconds: delay, status: Self.label(answer), countsAsAttempt: true))
+                settle(.retry(job, afterSeconds: delay, status: .answer(answer), countsAsAttempt: true))
             }
         case .stopSending:
             let until: Double
@@ -263,7 +226,7 @@ public struct PushSenderMachine<Payload> {
                 renewOnResume = true
                 actions.append(.report(.sendingStopped(until: until, answer)))
             }
-            pendingMarks.append(.retry(job, afterSeconds: until - now, status: Self.label(answer), countsAsAttempt: false))
+            settle(.retry(job, afterSeconds: until - now, status: .answer(answer), countsAsAttempt: false))
         case .pauseForProviderToken:
             let until: Double
             if let s = stoppedUntil, s > now {
@@ -273,14 +236,14 @@ public struct PushSenderMachine<Payload> {
                 stoppedUntil = until
                 actions.append(.report(.sendingPaused(until: until)))
             }
-            pendingMarks.append(.retry(job, afterSeconds: until - now, status: Self.label(answer), countsAsAttempt: false))
+            settle(.retry(job, afterSeconds: until - now, status: .answer(answer), countsAsAttempt: false))
         case .reject:
-            pendingMarks.append(.failed(job, status: Self.label(answer)))
+            settle(.failed(job, status: .answer(answer)))
         case .release:
-            pendingMarks.append(.retry(job, afterSeconds: 0, status: Self.label(answer), countsAsAttempt: false))
+            settle(.retry(job, afterSeconds: 0, status: .answer(answer), countsAsAttempt: false))
         }
         actions.append(.report(.answered(job, decision.result, answer, latency: latency)))
-        return actions + flushMarks(now: now) + maybeClaim(now: now)
+        return actions + sendBacklog() + flushMarks(now: now) + maybeClaim(now: now)
     }
 
     /// The marks handed out last were written (`ok`) or not (they are written again later;
@@ -323,10 +286,58 @@ public struct PushSenderMachine<Payload> {
     /// Shutting down: no more claims; what is answered is still marked.
     public mutating func stop(now: Double) -> [Action] {
         running = false
+        // Fanned-out pushes not sent yet: their devices get rows of their own, due at once.
+        while backlogHead < backlog.count {
+            settle(.retry(backlog[backlogHead].job, afterSeconds: 0, status: .shutdown, countsAsAttempt: false))
+            backlogHead += 1
+        }
+        backlog.removeAll()
+        backlogHead = 0
         return flushMarks(now: now)
     }
 
     // MARK: - Decisions
+
+    /// Sends waiting fanned-out pushes while there is room.
+    private mutating func sendBacklog() -> [Action] {
+        var actions: [Action] = []
+        while backlogHead < backlog.count && inFlight.count < settings.maxInFlight && running {
+            let (job, payload) = backlog[backlogHead]
+            backlogHead += 1
+            inFlight[job.outboxID] = (job, payload, tokenGeneration)
+            actions.append(.send(job, payload, tokenGeneration: tokenGeneration))
+        }
+        if backlogHead == backlog.count {
+            backlog.removeAll(keepingCapacity: true)
+            backlogHead = 0
+        } else if backlogHead > 1024 && backlogHead * 2 > backlog.count {
+            backlog.removeFirst(backlogHead)
+            backlogHead = 0
+        }
+        return actions
+    }
+
+    /// A push is settled: its mark is queued, and its entry's when it was the last of the fan-out.
+    /// A fanned-out push delivered writes nothing of its own unless it changes the device.
+    private mutating func settle(_ mark: PushMark) {
+        guard let job = mark.job, let entryID = job.entryID else { return pendingMarks.append(mark) }
+        var delivered = false
+        if case .delivered(let j) = mark {
+            delivered = true
+            if j.switchedEnvironment || j.clearsFailedRow { pendingMarks.append(mark) }
+        } else {
+            pendingMarks.append(mark)
+        }
+        guard var progress = entries[entryID] else { return }
+        progress.outstanding -= 1
+        if delivered { progress.delivered += 1 }
+        if progress.outstanding > 0 {
+            entries[entryID] = progress
+        } else {
+            entries[entryID] = nil
+            pendingMarks.append(.fannedOut(progress.entry, devices: progress.devices, delivered: progress.delivered))
+        }
+    }
 
     private mutating func maybeClaim(now: Double) -> [Action] {
         guard running, wantClaim, !claiming, now >= claimRetryAt else { return [] }
@@ -337,7 +348,7 @@ public struct PushSenderMachine<Payload> {
             tokenMintedAt = nil
             return [.report(.sendingResumed)] + maybeClaim(now: now)
         }
-        let room = settings.maxInFlight - inFlight.count
+        let room = settings.maxInFlight - inFlight.count - (backlog.count - backlogHead)
         let limit = min(settings.claimBatch, room)
         // Wait for room rather than claim a handful at a time.
         guard limit > 0, limit * 4 >= min(settings.claimBatch, settings.maxInFlight) || inFlight.isEmpty else { return [] }
@@ -375,9 +386,9 @@ public struct PushSenderMachine<Payload> {
 
     static func mayBeDueAgain(_ mark: PushMark) -> Bool {
         switch mark {
-        case .delivered, .retire: return true
-        case .retry(_, let after, _, _): return after <= 0
-        case .skipped, .failed, .drop: return false
+        case .delivered, .retire, .fannedOut: return true
+        case .retry(_, let after, _, _), .releaseEntry(_, let after, _): return after <= 0
+        case .skipped, .failed, .drop, .dropEntry: return false
         }
     }
 

@@ -178,7 +178,7 @@ enum DeviceRepository {
     }
 
     /// The retention job: activity tokens (and their outbox rows) 12 hours after their activity
-    /// ended or vanished, outbox rows of finished activities that have nothing left to send
+    /// ended or vanished, outbox rows and entries of finished activities that have nothing left to send
     /// after an hour, devices nobody refreshed (registered again) for `deviceRetentionS`
     /// seconds or whose key was revoked, with their tokens and pushes, and refused broadcast
     /// channels' rows 12 hours after the end. At most 5,000 of each per run.
@@ -198,6 +198,13 @@ enum DeviceRepository {
                    OR (a.ended_ms < $1::bigint - 3600000 AND (x.sent_seq >= x.wanted_seq OR x.failed))
                 LIMIT 5000)
               RETURNING 1
+            ), old_entries AS (
+              DELETE FROM push_activity_outbox o WHERE o.activity_id IN (
+                SELECT x.activity_id FROM push_activity_outbox x LEFT JOIN activities a ON a.activity_id = x.activity_id
+                WHERE a.activity_id IS NULL OR a.ended_ms < $1::bigint - $2::bigint
+                   OR (a.ended_ms < $1::bigint - 3600000 AND x.sent_seq >= x.wanted_seq)
+                LIMIT 5000)
+              RETURNING 1
             ), old_devices AS (
               DELETE FROM devices d WHERE d.id IN (
                 SELECT x.id FROM devices x WHERE x.updated_at < now() - $3::bigint * interval '1 second'
@@ -213,7 +220,7 @@ enum DeviceRepository {
                 LIMIT 5000)
               RETURNING 1
             )
-            SELECT (SELECT count(*) FROM old_tokens) AS tokens, (SELECT count(*) FROM old_rows) AS rows,
+            SELECT (SELECT count(*) FROM old_tokens) AS tokens, (SELECT count(*) FROM old_rows) + (SELECT count(*) FROM old_entries) AS rows,
                    (SELECT count(*) FROM old_devices) AS devices, (SELECT count(*) FROM old_channels) AS channels
             """, [String(nowMs), String(forgetAfterEndMs), String(deviceRetentionS)], name: "push_retention")
     }
@@ -240,7 +247,8 @@ enum DeviceRepository {
         """
     }
 
-    /// Outbox totals for `dispatchd push status` and the depth metric.
+    /// Outbox totals for `dispatchd push status`: the per-device rows, then the per-activity
+    /// entries the publish path marks (each pushed to every token of its activity).
     static let totals = PGQuery("""
         SELECT count(*) FILTER (WHERE wanted_seq > sent_seq AND NOT failed) AS pending,
                count(*) FILTER (WHERE wanted_seq > sent_seq AND NOT failed AND due_at <= now()) AS due,
@@ -250,15 +258,25 @@ enum DeviceRepository {
                count(*) FILTER (WHERE sent_seq >= wanted_seq) AS settled,
                (SELECT count(*) FROM devices) AS devices,
                (SELECT count(*) FROM devices WHERE push_to_start_mac IS NOT NULL) AS push_to_start,
-               (SELECT count(*) FROM activity_tokens) AS activity_tokens
+               (SELECT count(*) FROM activity_tokens) AS activity_tokens,
+               (SELECT count(*) FROM push_activity_outbox) AS entries,
+               (SELECT count(*) FROM push_activity_outbox WHERE wanted_seq > sent_seq) AS entries_pending,
+               (SELECT count(*) FROM push_activity_outbox WHERE wanted_seq > sent_seq AND due_at <= now()) AS entries_due,
+               (SELECT count(*) FROM push_activity_outbox WHERE wanted_seq > sent_seq AND lease_until > now()) AS entries_sending,
+               (SELECT count(*) FROM push_activity_outbox WHERE wanted_seq > sent_seq AND lease_id IS NULL AND due_at > now()) AS entries_paced
         FROM push_outbox
         """, name: "push_totals")
 
-    /// Cheap enough for a gauge every few seconds: the due-index scan.
-    static let depth = PGQuery("SELECT count(*) AS depth FROM push_outbox WHERE wanted_seq > sent_seq AND NOT failed", name: "push_depth")
+    /// Cheap enough for a gauge every few seconds: the due-index scans. Rows and entries with a
+    /// push to make (an entry is one push per token of its activity).
+    static let depth = PGQuery("""
+        SELECT (SELECT count(*) FROM push_outbox WHERE wanted_seq > sent_seq AND NOT failed)
+             + (SELECT count(*) FROM push_activity_outbox WHERE wanted_seq > sent_seq) AS depth
+        """, name: "push_depth")
 
-    /// Per device: pending pushes, failed ones, and live activities started on it by a
-    /// push-to-start whose update token has not arrived yet (their changes wait for it).
+    /// Per device: pending pushes on its own rows, failed ones, live activities started on it by
+    /// a push-to-start whose update token has not arrived yet (their changes wait for it), and
+    /// when it was last pushed to.
     static let perDevice = PGQuery("""
         SELECT d.id, d.token_hint, d.push_to_start_hint,
                (SELECT count(*) FROM activity_tokens t WHERE t.device_id = d.id) AS activity_tokens,
@@ -267,7 +285,11 @@ enum DeviceRepository {
                count(o.kind) FILTER (WHERE o.kind = 'start' AND o.sent_seq > 0 AND NOT EXISTS (
                    SELECT 1 FROM activity_tokens t WHERE t.device_id = d.id AND t.activity_id = o.activity_id)
                  AND EXISTS (SELECT 1 FROM activities a WHERE a.activity_id = o.activity_id AND a.ended_ms IS NULL)) AS waiting_for_token,
-               max(o.sent_at) AS last_sent,
+               -- Its own rows' pushes, or the last fan-out of an activity it holds a token for
+               -- (fan-outs write nothing per device; a push of one that failed has a row).
+               GREATEST(max(o.sent_at), (SELECT max(e.sent_at) FROM activity_tokens t
+                                         JOIN push_activity_outbox e ON e.activity_id = t.activity_id
+                                         WHERE t.device_id = d.id AND e.last_devices > 0)) AS last_sent,
                (SELECT x.last_status FROM push_outbox x WHERE x.device_id = d.id AND x.last_status IS NOT NULL
                 ORDER BY coalesce(x.sent_at, x.due_at) DESC LIMIT 1) AS last_status
         FROM devices d LEFT JOIN push_outbox o ON o.device_id = d.id

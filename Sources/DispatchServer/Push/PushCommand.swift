@@ -18,6 +18,8 @@ enum PushCommand {
             func n(_ column: String) -> String { t[column] ?? "0" }
             print("outbox: \(n("pending")) pending (\(n("due")) due now, \(n("sending")) being sent, \(n("backing_off")) backing off), "
                 + "\(n("failed")) failed, \(n("settled")) up to date")
+            print("activities: \(n("entries_pending")) with a change to push (\(n("entries_due")) due now, \(n("entries_sending")) being sent, "
+                + "\(n("entries_paced")) paced), \(n("entries")) in all")
             print("tokens: \(n("devices")) devices, \(n("push_to_start")) push-to-start, \(n("activity_tokens")) activity tokens")
             let rows = try db.query(DeviceRepository.perDevice)
             let channels = try db.query(BroadcastRepository.list)

@@ -35,7 +35,7 @@ final class PushMetrics {
     func render(worker w: String) -> String {
         var s = "# HELP dispatch_push_sent_total Live Activity pushes answered (or failed) by result.\n# TYPE dispatch_push_sent_total counter\n"
         for r in PushResult.allCases { s += "dispatch_push_sent_total{\(w),result=\"\(r.rawValue)\"} \(sent[r] ?? 0)\n" }
-        s += "# HELP dispatch_push_outbox_depth Outbox rows with a push to make, deployment-wide.\n"
+        s += "# HELP dispatch_push_outbox_depth Outbox rows and activity entries with a push to make, deployment-wide.\n"
         s += "# TYPE dispatch_push_outbox_depth gauge\ndispatch_push_outbox_depth{\(w)} \(max(0, outboxDepth))\n"
         s += "# HELP dispatch_push_in_flight Pushes sent and not yet answered.\n# TYPE dispatch_push_in_flight gauge\n"
         s += "dispatch_push_in_flight{\(w)} \(inFlight)\n"

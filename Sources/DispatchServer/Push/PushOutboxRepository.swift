@@ -3,7 +3,9 @@ import PGCore
 import DispatchIO
 
 /// The sender's SQL on `push_outbox` (Migrations/0004_push.sql): claiming due rows under a
-/// lease and writing back what their pushes became, every write fenced by the lease.
+/// lease and writing back what their pushes became, every write fenced by the lease. The rows
+/// are the per-device pushes (push-to-start, a new token's first push, a device retrying on
+/// its own); the per-activity entries the publish path marks are `PushFanOutRepository`'s.
 enum PushOutboxRepository {
     /// Claims up to `limit` due rows for `leaseMs` (SKIP LOCKED: concurrent senders take
     /// different rows). The lease's end becomes the row's `due_at`, so the due scan passes over
@@ -40,7 +42,8 @@ enum PushOutboxRepository {
             SELECT k.activity_id AS outbox_activity_id, k.device_id AS outbox_device_id, k.kind AS outbox_kind,
                    \(ActivityRepository.columns),
                    tok.mac AS token_mac, tok.sealed AS token_sealed, tok.hint AS token_hint, dev.environment AS device_environment,
-                   (SELECT b.phase FROM broadcast_outbox b WHERE b.activity_id = k.activity_id) AS channel_phase
+                   (SELECT b.phase FROM broadcast_outbox b WHERE b.activity_id = k.activity_id) AS channel_phase,
+                   (SELECT e.last_timestamp FROM push_activity_outbox e WHERE k.kind = 'update' AND e.activity_id = k.activity_id) AS entry_timestamp
             FROM unnest($1::text[], $2::bigint[], $3::text[]) AS k(activity_id, device_id, kind)
             LEFT JOIN LATERAL (SELECT * FROM activities x WHERE x.activity_id = k.activity_id LIMIT 1) a ON true
             LEFT JOIN LATERAL (SELECT environment FROM devices d WHERE d.id = k.device_id LIMIT 1) dev ON true
@@ -95,6 +98,9 @@ enum PushOutboxRepository {
         row.tokenSealed = Bytea.decode(r["token_sealed"])
         row.channelPhase = r["channel_phase"].flatMap(BroadcastPhase.init(rawValue:))
         row.job.environment = r["device_environment"].flatMap(APNsEnvironment.init(rawValue:)) ?? .production
+        // The activity's fan-outs may have pushed newer timestamps to this phone than the row did
+        // (the fan-outs' own, not other rows': those never reached this phone).
+        if let entry = r.int64("entry_timestamp"), entry > row.lastTimestamp { row.lastTimestamp = entry }
     }
 
     static func readKey(_ r: PGRow) -> String? {
@@ -102,31 +108,55 @@ enum PushOutboxRepository {
         return ClaimedRow.key(a, d, k)
     }
 
-    /// The statements that write `marks`, as one pipeline batch (one transaction). The rows
-    /// are locked first in the order the publish path's upserts take them (activity, device,
-    /// kind), so a batch of marks and a publish batch never deadlock.
-    /// `paceSeconds`: how long after a push the next progress-only push of the row waits (a
-    /// state change or an end lowers it again: ActivityRepository.finalizeStatement).
+    /// The statements that write `marks`, as one pipeline batch (one transaction; in the steady
+    /// state, entries fanned out and nothing else, one statement). Entries are locked first (in
+    /// activity order, as the publish path upserts them), then rows (in the order the publish
+    /// path and registrations take them: activity, device, kind), so a batch of marks never
+    /// deadlocks with either or with another sender's marks.
+    /// `paceSeconds`: how long after a push the next progress-only push of the row or entry
+    /// waits (a state change or an end lowers it again: ActivityRepository.finalizeStatement).
     static func marks(_ marks: [PushMark], paceSeconds: Double = 0) -> [PGQuery] {
-        var queries = [PGQuery("""
-            SELECT 1 FROM push_outbox o JOIN unnest($1::text[], $2::bigint[], $3::text[]) AS m(activity_id, device_id, kind)
-              ON o.activity_id = m.activity_id AND o.device_id = m.device_id AND o.kind = m.kind
-            ORDER BY o.activity_id, o.device_id, o.kind FOR UPDATE OF o
-            """, keys(marks.map(\.job)), name: "push_mark_lock")]
         var sent: [(PushJob, pushed: Bool)] = []
         var retries: [(PushJob, delayMs: Int64, status: String, uncount: Int)] = []
         var failed: [(PushJob, String)] = []
         var retired: [(PushJob, sinceMs: Int64, status: String)] = []
         var dropped: [PushJob] = []
+        var fanRetries: [(PushJob, delayMs: Int64, status: String, counted: Bool)] = []
+        var fanFailed: [(PushJob, String)] = []
+        var fanCleared: [PushJob] = []
+        var corrected: [PushJob] = []
         for m in marks {
             switch m {
-            case .delivered(let j): sent.append((j, true))
-            case .skipped(let j): sent.append((j, false))
-            case .retry(let j, let after, let status, let counts): retries.append((j, Int64((after * 1000).rounded()), status, counts ? 0 : 1))
-            case .failed(let j, let status): failed.append((j, status))
-            case .retire(let j, let since, let status): retired.append((j, since, status))
-            case .drop(let j): dropped.append(j)
+            case .delivered(let j):
+                if j.switchedEnvironment { corrected.append(j) }
+                if j.entryID == nil { sent.append((j, true)) } else if j.clearsFailedRow { fanCleared.append(j) }
+            case .skipped(let j):
+                if j.entryID == nil { sent.append((j, false)) }
+            case .retry(let j, let after, let status, let counts):
+                let ms = Int64((after * 1000).rounded())
+                if j.entryID == nil { retries.append((j, ms, status.label, counts ? 0 : 1)) } else { fanRetries.append((j, ms, status.label, counts)) }
+            case .failed(let j, let status):
+                if j.entryID == nil { failed.append((j, status.label)) } else { fanFailed.append((j, status.label)) }
+            case .retire(let j, let since, let status): retired.append((j, since, status.label))
+            case .drop(let j):
+                if j.entryID == nil { dropped.append(j) }
+            case .fannedOut, .releaseEntry, .dropEntry: break
             }
+        }
+        // Rows' pushes delivered to update tokens count for their activity's entry (its pace, its timestamps).
+        let rowUpdates = sent.filter { $0.pushed && $0.0.kind == .update }.map(\.0)
+        var queries: [PGQuery] = []
+        if let entries = PushFanOutRepository.marks(marks, lockAlso: rowUpdates.map(\.activityID), paceSeconds: paceSeconds) {
+            queries.append(entries)
+        }
+        let rowJobs = sent.map(\.0) + retries.map(\.0) + failed.map(\.0) + dropped + retired.filter { $0.0.entryID == nil }.map(\.0)
+        let deviceJobs = fanRetries.map(\.0) + fanFailed.map(\.0) + fanCleared
+        if !rowJobs.isEmpty || !deviceJobs.isEmpty {
+            queries.append(PGQuery("""
+                SELECT 1 FROM push_outbox o JOIN unnest($1::text[], $2::bigint[], $3::text[]) AS m(activity_id, device_id, kind)
+                  ON o.activity_id = m.activity_id AND o.device_id = m.device_id AND o.kind = m.kind
+                ORDER BY o.activity_id, o.device_id, o.kind FOR UPDATE OF o
+                """, keys(rowJobs + deviceJobs), name: "push_mark_lock"))
         }
         let match = "o.activity_id = m.activity_id AND o.device_id = m.device_id AND o.kind = m.kind AND o.lease_id = m.lease"
         if !sent.isEmpty {
@@ -178,12 +208,16 @@ enum PushOutboxRepository {
                 WHERE \(match)
                 """, keys(dropped) + [PGArray.numbers(dropped.map(\.leaseID))], name: "push_mark_drop"))
         }
-        for r in retired {
-            queries.append(retire(r.0, sinceMs: r.sinceMs, status: r.status))
+        if !deviceJobs.isEmpty {
+            queries.append(PushFanOutRepository.deviceRows(retries: fanRetries, failed: fanFailed, cleared: fanCleared))
         }
+        for r in retired {
+            queries.append(r.0.entryID == nil ? retire(r.0, sinceMs: r.sinceMs, status: r.status)
+                                              : PushFanOutRepository.retire(r.0, sinceMs: r.sinceMs, status: r.status))
+        }
+        if !rowUpdates.isEmpty { queries.append(PushFanOutRepository.rowsDelivered(rowUpdates, paceSeconds: paceSeconds)) }
         // Delivered in the other environment than the device's: the device was registered in
         // the wrong one; from now on its pushes go where they work.
-        let corrected = sent.map(\.0).filter(\.switchedEnvironment)
         if !corrected.isEmpty {
             queries.append(PGQuery("""
                 UPDATE devices d SET environment = m.environment, updated_at = now()

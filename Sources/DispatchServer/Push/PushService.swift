@@ -154,21 +154,30 @@ final class PushService {
         metrics.inFlight = machine.inFlightCount
     }
 
-    /// Claims (one transaction), then reads what the claimed rows push (a later snapshot).
+    /// Claims rows and entries (one transaction), then reads what they push (a later snapshot):
+    /// the rows' activities and tokens, the entries' activities and every token of them.
     private func claim(_ limit: Int) {
         guard !closed else { return }
-        db.execute([PushOutboxRepository.claim(limit: limit, leaseMs: leaseMs)]) { [weak self] result in
+        // An entry fans out to several tokens: fewer entries than rows per claim.
+        let entryLimit = max(1, limit / 4)
+        db.execute([PushOutboxRepository.claim(limit: limit, leaseMs: leaseMs),
+                    PushFanOutRepository.claim(limit: entryLimit, leaseMs: leaseMs)]) { [weak self] result in
             guard let self, !self.closed else { return }
             switch result {
-            case .success(let rs) where rs[0].ok:
+            case .success(let rs) where rs.count == 2 && rs.allSatisfy(\.ok):
                 let rows = rs[0].rows.compactMap { r -> PushOutboxRepository.ClaimedRow? in
                     self.nextLocalID += 1
                     return PushOutboxRepository.decodeClaim(r, localID: self.nextLocalID)
                 }
-                if rows.isEmpty { return self.perform(self.machine.claimed([], requested: limit, now: Self.now())) }
-                self.read(rows, requested: limit)
+                let entries = rs[1].rows.compactMap { r -> PushFanOutRepository.ClaimedEntry? in
+                    self.nextLocalID += 1
+                    return PushFanOutRepository.decodeClaim(r, localID: self.nextLocalID)
+                }
+                let full = rows.count >= limit || entries.count >= entryLimit
+                if rows.isEmpty && entries.isEmpty { return self.perform(self.machine.claimed([], requested: limit, full: full, now: Self.now())) }
+                self.read(rows, entries, requested: limit, full: full)
             case .success(let rs):
-                self.log.error("push.claim_failed", [("error", (rs[0].errorMessage ?? "").trimmingNewlines)])
+                self.log.error("push.claim_failed", [("error", (rs.first { !$0.ok }?.errorMessage ?? "").trimmingNewlines)])
                 self.perform(self.machine.claimFailed(now: Self.now()))
             case .failure:
                 self.perform(self.machine.claimFailed(now: Self.now()))
@@ -176,22 +185,76 @@ final class PushService {
         }
     }
 
-    private func read(_ claimed: [PushOutboxRepository.ClaimedRow], requested: Int) {
-        db.execute([PushOutboxRepository.read(claimed)]) { [weak self] result in
+    private func read(_ claimed: [PushOutboxRepository.ClaimedRow], _ entries: [PushFanOutRepository.ClaimedEntry], requested: Int, full: Bool) {
+        var queries: [PGQuery] = []
+        if !claimed.isEmpty { queries.append(PushOutboxRepository.read(claimed)) }
+        let ids = entries.map(\.entry.activityID)
+        if !entries.isEmpty { queries += [PushFanOutRepository.readActivities(ids), PushFanOutRepository.readTargets(ids)] }
+        db.execute(queries) { [weak self] result in
             guard let self, !self.closed else { return }
-            guard case .success(let rs) = result, rs[0].ok else {
-                // The rows stay leased; give them back when the database answers again.
-                let items = claimed.map { Machine.Claimed.settle(.retry($0.job, afterSeconds: 1, status: "database", countsAsAttempt: false)) }
-                return self.perform(self.machine.claimed(items, requested: requested, now: Self.now()))
+            guard case .success(let rs) = result, rs.count == queries.count, rs.allSatisfy(\.ok) else {
+                // The rows and entries stay leased; give them back when the database answers again.
+                let items = claimed.map { Machine.Claimed.settle(.retry($0.job, afterSeconds: 1, status: .database, countsAsAttempt: false)) }
+                    + entries.map { Machine.Claimed.settle(.releaseEntry($0.entry, afterSeconds: 1, status: .database)) }
+                return self.perform(self.machine.claimed(items, requested: requested, full: full, now: Self.now()))
             }
-            var byKey: [String: PGRow] = [:]
-            for r in rs[0].rows { if let k = PushOutboxRepository.readKey(r) { byKey[k] = r } }
-            let items = claimed.map { row -> Machine.Claimed in
-                var row = row
-                if let r = byKey[row.key] { PushOutboxRepository.complete(&row, with: r) }
-                return self.prepare(row)
+            var items: [Machine.Claimed] = []
+            if !claimed.isEmpty {
+                var byKey: [String: PGRow] = [:]
+                for r in rs[0].rows { if let k = PushOutboxRepository.readKey(r) { byKey[k] = r } }
+                items = claimed.map { row -> Machine.Claimed in
+                    var row = row
+                    if let r = byKey[row.key] { PushOutboxRepository.complete(&row, with: r) }
+                    return self.prepare(row)
+                }
             }
-            self.perform(self.machine.claimed(items, requested: requested, now: Self.now()))
+            if !entries.isEmpty {
+                var entries = entries
+                let base = claimed.isEmpty ? 0 : 1
+                PushFanOutRepository.complete(&entries, activities: rs[base], targets: rs[base + 1])
+                items += entries.flatMap(self.fanOut)
+            }
+            self.perform(self.machine.claimed(items, requested: requested, full: full, now: Self.now()))
+        }
+    }
+
+    /// A claimed entry becomes one request body shared by a push per token (the devices whose
+    /// own row carries the newest state, or carried it already, passed over), or is settled.
+    /// A token that will not open is retired on its own.
+    private func fanOut(_ claimed: PushFanOutRepository.ClaimedEntry) -> [Machine.Claimed] {
+        var entry = claimed.entry
+        switch PushPlan.make(kind: .update, snapshot: claimed.snapshot, hasToken: true, lastTimestamp: claimed.lastTimestamp,
+                             priority: claimed.priority, dismissalDelaySeconds: dismissalSeconds, staleDeadlineMs: claimed.staleDeadlineMs) {
+        case .drop, .skip:
+            return [.settle(.dropEntry(entry))]
+        case .send(let body, let timestamp, let priority, let expiration):
+            entry.timestamp = timestamp
+            entry.changedAtMs = claimed.snapshot?.updatedAt ?? entry.claimedAtMs
+            var jobs: [(PushJob, Prepared)] = []
+            var unreadable: [Machine.Claimed] = []
+            for t in claimed.targets {
+                if t.rowPending || (t.rowSentSeq ?? 0) >= entry.seq {
+                    entry.passedOver.append(t.deviceID)
+                    continue
+                }
+                nextLocalID += 1
+                var job = PushJob(outboxID: nextLocalID, leaseID: entry.leaseID, kind: .update, activityID: entry.activityID, deviceID: t.deviceID,
+                                  seq: entry.seq, timestamp: timestamp, attempts: 1, pendingSinceMs: entry.pendingSinceMs,
+                                  claimedAtMs: entry.claimedAtMs, tokenMac: t.mac, tokenHint: t.hint)
+                job.environment = t.environment
+                job.changedAtMs = entry.changedAtMs
+                job.entryID = entry.entryID
+                job.priority = priority
+                job.clearsFailedRow = t.rowFailed
+                guard let token = vault.open(t.sealed, mac: t.mac) else {
+                    log.error("push.token_unreadable", [("activity", job.activityID), ("device", job.deviceID), ("kind", job.kind.rawValue),
+                                                        ("hint", "DISPATCH_TOKEN_KEY changed? the token is retired; the phone registers it again")])
+                    unreadable.append(.settle(.retire(job, invalidSinceMs: job.claimedAtMs, status: .unreadableToken)))
+                    continue
+                }
+                jobs.append((job, Prepared(token: token, body: body, priority: priority, expiration: expiration)))
+            }
+            return [.fanOut(entry, jobs)] + unreadable
         }
     }
 
@@ -202,7 +265,7 @@ final class PushService {
         // made, at most `channelWait` (APNs unreachable: the start goes without one).
         if job.kind == .start, let a = row.snapshot, a.broadcast, a.channelId == nil, row.channelPhase == .create, !a.state.isTerminal,
            job.claimedAtMs - a.createdAt < Self.channelWaitMs {
-            return .settle(.retry(job, afterSeconds: 0.2, status: "waiting for the channel", countsAsAttempt: false))
+            return .settle(.retry(job, afterSeconds: 0.2, status: .waitingForChannel, countsAsAttempt: false))
         }
         switch PushPlan.make(kind: job.kind, snapshot: row.snapshot, hasToken: row.tokenSealed != nil, lastTimestamp: row.lastTimestamp,
                              priority: row.priority, dismissalDelaySeconds: dismissalSeconds, staleDeadlineMs: row.staleDeadlineMs,
@@ -213,11 +276,12 @@ final class PushService {
             return .settle(.skipped(job))
         case .send(let body, let timestamp, let priority, let expiration):
             job.timestamp = timestamp
+            job.priority = priority
             job.changedAtMs = row.snapshot?.updatedAt ?? job.claimedAtMs
             guard let sealed = row.tokenSealed, let token = vault.open(sealed, mac: job.tokenMac) else {
                 log.error("push.token_unreadable", [("activity", job.activityID), ("device", job.deviceID), ("kind", job.kind.rawValue),
                                                     ("hint", "DISPATCH_TOKEN_KEY changed? the token is retired; the phone registers it again")])
-                return .settle(.retire(job, invalidSinceMs: job.claimedAtMs, status: "unreadable token"))
+                return .settle(.retire(job, invalidSinceMs: job.claimedAtMs, status: .unreadableToken))
             }
             return .send(job, Prepared(token: token, body: body, priority: priority, expiration: expiration))
         }

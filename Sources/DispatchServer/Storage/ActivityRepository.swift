@@ -309,20 +309,23 @@ struct ActivityRepository {
     /// The last statement of a publish batch, under `positionLock`: writes the history rows of
     /// the changes that applied (the activity rows this transaction wrote, `xmin`), each with
     /// its feed position, sends one NOTIFY per change in position order, and (with APNs
-    /// configured) marks the push outbox of every device with a token for each activity. The
-    /// history row is written once, with its position (no second write to set it).
+    /// configured) marks the push outbox: one entry per activity that has update tokens
+    /// (`push_activity_outbox`, Migrations/0016: one row write per change whatever the number
+    /// of phones; the sender fans it out to the tokens), a push-to-start row per device for a
+    /// new `liveActivity` activity, and the broadcast channel's row. The history row is
+    /// written once, with its position (no second write to set it).
     /// It reads with a snapshot taken after the changes held their row locks, so a token
     /// registered concurrently is either seen here or registered after this commit (the
-    /// registration locks the activity row, and then marks its own push). Rows are upserted
-    /// in (activity, device) order, the order the push sender's marks lock them in, so the two
-    /// never deadlock; a row the sender paces (`due_at` ahead) keeps its `due_at` for a
+    /// registration locks the activity row, and then marks its own push). Entries are upserted
+    /// in activity order, the order the push sender's marks lock them in, so the two never
+    /// deadlock; an entry the sender paces (`due_at` ahead) keeps its `due_at` for a
     /// progress-only change, while a state change or an end cuts the pace short (down to the
-    /// whole second of the last push's timestamp, never a row in backoff or being sent). A row already
+    /// whole second of the last push's timestamp, never an entry being sent). An entry already
     /// waiting to be claimed, at this priority or higher, is left as it is (no write: under a
     /// burst of changes the outbox costs nothing more): the sender reads the activity after its
-    /// claim commits, so it pushes this change anyway. A row being sent gets the new seq. The
-    /// look-ups are LATERAL subqueries (index probes per change): as plain joins, the generic
-    /// plan of this prepared statement scanned whole tables on every batch.
+    /// claim commits, so it pushes this change anyway. An entry being sent gets the new seq. The
+    /// look-ups are LATERAL subqueries or EXISTS probes (index probes per change): as plain
+    /// joins, the generic plan of this prepared statement scanned whole tables on every batch.
     ///
     /// With the NATS carrier (`sequenced`), the history rows are written without a position
     /// and nothing is notified: the sequencer numbers them after the commit (see
@@ -330,19 +333,20 @@ struct ActivityRepository {
     static func finalizeStatement(_ changes: [Change], pushes: Bool, now: Int64, sequenced: Bool = false) -> PGQuery {
         let marks = pushes ? """
             , marks AS (
-              INSERT INTO push_outbox AS o (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
-              SELECT p.activity_id, t.device_id, 'update', p.seq, p.priority, $8::bigint
-              FROM placed p CROSS JOIN LATERAL (\(DeviceRepository.updateTargets(activityColumn: "p.activity_id")) OFFSET 0) t
-              ORDER BY p.activity_id, t.device_id
-              ON CONFLICT (activity_id, device_id, kind) DO UPDATE SET
+              INSERT INTO push_activity_outbox AS o (activity_id, wanted_seq, priority, pending_since_ms)
+              SELECT p.activity_id, max(p.seq), max(p.priority), $8::bigint
+              FROM placed p
+              WHERE EXISTS (SELECT 1 FROM activity_tokens x WHERE x.activity_id = p.activity_id)
+              GROUP BY p.activity_id
+              ORDER BY p.activity_id
+              ON CONFLICT (activity_id) DO UPDATE SET
                 wanted_seq = GREATEST(o.wanted_seq, EXCLUDED.wanted_seq),
                 priority = CASE WHEN o.wanted_seq > o.sent_seq THEN GREATEST(o.priority, EXCLUDED.priority) ELSE EXCLUDED.priority END,
                 pending_since_ms = CASE WHEN o.wanted_seq > o.sent_seq THEN o.pending_since_ms ELSE EXCLUDED.pending_since_ms END,
                 due_at = CASE WHEN EXCLUDED.priority = 10 AND o.lease_id IS NULL AND o.attempts = 0
                                 THEN GREATEST(now(), LEAST(o.due_at, to_timestamp(o.last_timestamp)))
-                              WHEN o.wanted_seq > o.sent_seq THEN o.due_at ELSE GREATEST(o.due_at, now()) END,
-                failed = false
-              WHERE NOT (o.wanted_seq > o.sent_seq AND o.lease_id IS NULL AND NOT o.failed AND o.priority >= EXCLUDED.priority)
+                              WHEN o.wanted_seq > o.sent_seq THEN o.due_at ELSE GREATEST(o.due_at, now()) END
+              WHERE NOT (o.wanted_seq > o.sent_seq AND o.lease_id IS NULL AND o.priority >= EXCLUDED.priority)
               RETURNING 1
             ), starts AS (
               INSERT INTO push_outbox (activity_id, device_id, kind, wanted_seq, priority, pending_since_ms)
