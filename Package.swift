@@ -88,7 +88,7 @@ let package = Package(
         .testTarget(name: "DispatchCryptoTests", dependencies: ["DispatchCrypto"]),
         .testTarget(name: "DispatchIOTests", dependencies: ["DispatchIO", "DispatchSystem", "CCurl", "CLibevent", "DispatchCore", "DispatchTestSupport",
                                                            "DispatchBenchKit", "DispatchHarness"]),
-        .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore", "DispatchHarness"]),
+        .testTarget(name: "DispatchServerTests", dependencies: ["DispatchServer", "DispatchCore", "DispatchCrypto", "DispatchHarness"]),
         .testTarget(name: "ServerIntegrationTests",
                     dependencies: ["DispatchTestSupport", "DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchCrypto",
                                    "DispatchLiveActivity", "dispatchd"]),

@@ -50,12 +50,14 @@ final class FeedServiceShellTests: XCTestCase {
         open(b)
         XCTAssertTrue(a.started, "headers before the first read")
         XCTAssertEqual(carrier, ["first"])
-        XCTAssertEqual(scripted.pending(on: scripted.feedReader), ["feed_initial_page", "feed_initial_page"])
+        XCTAssertEqual(scripted.pending(on: scripted.feedReader), ["feed_initial_page"], "opened together: one read for both")
         scripted.answer(on: scripted.feedReader) { _ in self.initialPage(head: 12, [(10, "processing"), (12, "completed")]) }
         for client in [a, b] {
             XCTAssertEqual(eventIDs(client), ["10", "12", "12"])
             XCTAssertTrue(client.written.last?.contains("event: synced") == true, client.written.last ?? "")
         }
+        XCTAssertEqual(metrics.feedInitialReads, 1)
+        XCTAssertEqual(metrics.feedSharedPages, 1, "b got a's page")
         let framed = metrics.feedFramed
         service.notified(ChangeNotice(position: 13, activityID: "job", seq: 1, event: "queued", json: "{\"machine\":\"m1\"}"))
         XCTAssertEqual(eventIDs(a).last, "13")

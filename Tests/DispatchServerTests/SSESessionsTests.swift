@@ -214,8 +214,8 @@ final class SSESessionsTests: XCTestCase {
 
     // MARK: - The database retry
 
-    /// A read failing while the database is away is retried 60 times, 0.1 s more each time
-    /// up to 2 s (101 s in all), then given up.
+    /// A read failing while the database is away is retried 60 times, from 0.1 s doubling up
+    /// to 2 s (113.1 s in all), then given up.
     func testTheDatabaseRetryBacksOffAndGivesUpAfterSixtyAttempts() {
         var attempts: [Double] = []
         var gaveUp: Double?
@@ -227,12 +227,14 @@ final class SSESessionsTests: XCTestCase {
         read(0)
         loop.advance(by: 0.35)
         XCTAssertEqual(attempts.count, 3, "at 0, 0.1 and 0.3 s")
-        loop.advance(by: 100.6)
+        loop.advance(by: 1.2)
+        XCTAssertEqual(attempts.count, 5, "then 0.7 and 1.5 s")
+        loop.advance(by: 111.5)
         XCTAssertEqual(attempts.count, 60)
         XCTAssertNil(gaveUp)
         loop.advance(by: 0.1)
         XCTAssertEqual(attempts.count, 61)
-        XCTAssertEqual(gaveUp ?? 0, 101, accuracy: 0.001)
+        XCTAssertEqual(gaveUp ?? 0, 113.1, accuracy: 0.001)
         XCTAssertEqual(attempts[59] - attempts[58], 2, accuracy: 0.001)
         XCTAssertEqual(loop.pendingTimers, 1, "only the heartbeat timer is left")
     }

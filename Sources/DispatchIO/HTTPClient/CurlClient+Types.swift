@@ -95,6 +95,14 @@ extension CurlClient {
         /// The answer had more body than was kept.
         public var bodyTruncated: Bool
 
+        public init(status: Int, httpVersion: String, headers: [(String, String)] = [], body: [UInt8] = [], bodyTruncated: Bool = false) {
+            self.status = status
+            self.httpVersion = httpVersion
+            self.headers = headers
+            self.body = body
+            self.bodyTruncated = bodyTruncated
+        }
+
         public func header(_ name: String) -> String? {
             let n = name.lowercased()
             return headers.first { $0.0 == n }?.1

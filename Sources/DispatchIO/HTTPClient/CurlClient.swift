@@ -10,7 +10,14 @@ import Glibc
 /// Single-threaded: use it on its loop's thread only. Completions always run on a later turn
 /// of the loop, never inside `send` and never while curl is in the middle of a call, and each
 /// exactly once. `close()` must be called before the last reference goes away.
-public final class CurlClient {
+/// What sends HTTP requests for a shell: `CurlClient` in the server, a scripted sender in
+/// shells' unit tests. `completion` runs exactly once; `close` cancels what is unanswered.
+public protocol HTTPRequestSending: AnyObject {
+    func send(_ request: CurlClient.Request, completion: @escaping CurlClient.Completion)
+    func close()
+}
+
+public final class CurlClient: HTTPRequestSending {
     public typealias Completion = (Result<Response, HTTPClientFailure>) -> Void
 
     public let options: Options

@@ -268,7 +268,8 @@ public final class Worker {
             return log.warning("webhooks.disabled", [("why", "no DISPATCH_WEBHOOK_SECRET"), ("effect", "cancel webhooks wait in the outbox")])
         }
         let sender = WebhookService(loop: loop, db: db, secret: secret, allowPrivateAddresses: config.webhookAllowPrivate,
-                                    retentionDays: config.retentionDays, log: log, metrics: metrics, attemptTimeout: config.webhookTimeoutSeconds)
+                                    retentionDays: config.retentionDays, log: log, metrics: metrics, attemptTimeout: config.webhookTimeoutSeconds,
+                                    makeClient: { [loop] in CurlClient(loop: loop, options: $0) })
         sender.start()
         webhooks = sender
     }

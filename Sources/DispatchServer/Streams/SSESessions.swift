@@ -124,12 +124,15 @@ final class SSESessions<Session: KeyedStream>: HTTPStreamDelegate {
 
     // MARK: - Database retries
 
+    /// From 0.1 s, doubling, at most 2 s: about two minutes of patience over 60 attempts.
+    static var retryBackoff: Backoff { Backoff(initial: 0.1, maximum: 2) }
+
     /// A read failed while the database may be coming back: runs `again` with the next
-    /// attempt's number after a growing delay (0.1 s more each time, at most 2 s), or returns
-    /// false after `maxRetries` attempts (the caller gives up).
+    /// attempt's number after `retryBackoff`, or returns false after `maxRetries` attempts
+    /// (the caller gives up).
     func retryLater(attempt: Int, _ again: @escaping (Int) -> Void) -> Bool {
         guard attempt < SSESessions.maxRetries else { return false }
-        loop.timer(after: min(2, 0.1 * Double(attempt + 1))) { again(attempt + 1) }
+        loop.timer(after: SSESessions.retryBackoff.step(afterAttempt: attempt + 1)) { again(attempt + 1) }
         return true
     }
 }

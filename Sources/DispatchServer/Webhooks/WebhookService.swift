@@ -16,12 +16,12 @@ final class WebhookService {
     static let perKey = 8
     static let perHost = 4
 
-    let loop: EventLoop
+    let loop: LoopScheduling
     let db: Database
     let log: Logger
     let metrics: Metrics
     private let secret: [UInt8]
-    private let client: CurlClient
+    private let client: HTTPRequestSending
     private var machine: WebhookSender
     private var timers: [Timer] = []
     private var rng = SystemRandomNumberGenerator()
@@ -29,8 +29,10 @@ final class WebhookService {
     /// Days finished deliveries are kept (the activities' retention).
     let retentionDays: Double
 
-    init(loop: EventLoop, db: Database, secret: String, allowPrivateAddresses: Bool, retentionDays: Double, log: Logger, metrics: Metrics,
-         attemptTimeout: Double = 10) {
+    /// `makeClient` builds the HTTP client from the options webhooks need (`CurlClient` on the
+    /// worker's loop; a scripted sender in unit tests).
+    init(loop: LoopScheduling, db: Database, secret: String, allowPrivateAddresses: Bool, retentionDays: Double, log: Logger, metrics: Metrics,
+         attemptTimeout: Double = 10, makeClient: (CurlClient.Options) -> HTTPRequestSending) {
         self.retentionDays = retentionDays
         self.attemptTimeout = attemptTimeout
         machine = WebhookSender(perKey: WebhookService.perKey, perHost: WebhookService.perHost)
@@ -45,7 +47,7 @@ final class WebhookService {
         options.stallTimeout = max(1, Int((attemptTimeout * 0.6).rounded(.down)))
         options.maxHostConnections = WebhookService.perHost
         options.userAgent = "dispatch-webhook"
-        client = CurlClient(loop: loop, options: options)
+        client = makeClient(options)
     }
 
     /// Polls for due rows every `interval` seconds (a cancel on this server, or NOTIFY of one on
@@ -87,7 +89,7 @@ final class WebhookService {
                     guard let self else { return }
                     switch result {
                     case .success(let r):
-                        self.perform(self.machine.claimed(r.rows.compactMap(WebhookSQL.delivery), now: Clock.monotonic()))
+                        self.perform(self.machine.claimed(r.rows.compactMap(WebhookSQL.delivery), now: self.loop.now))
                     case .failure(let e):
                         self.log.warning("webhook.claim_failed", [("error", e.message)])
                         self.perform(self.machine.claimFailed())
@@ -137,7 +139,7 @@ final class WebhookService {
                 case .retryOnNewConnection, .timeout, .connect, .tls, .other: answer = .transient("\(f.kind.rawValue): \(f.message)")
                 }
             }
-            self.perform(self.machine.answered(d.rowID, answer, now: Clock.monotonic(), random: Double.random(in: 0..<1, using: &self.rng)))
+            self.perform(self.machine.answered(d.rowID, answer, now: self.loop.now, random: Double.random(in: 0..<1, using: &self.rng)))
         }
     }
 
