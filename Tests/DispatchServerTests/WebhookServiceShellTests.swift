@@ -5,33 +5,6 @@ import DispatchIO
 import XCTest
 @testable import DispatchServer
 
-/// An HTTP client that keeps each request until the test answers it.
-final class ScriptedSender: HTTPRequestSending {
-    private(set) var requests: [CurlClient.Request] = []
-    private var completions: [CurlClient.Completion] = []
-    private(set) var closed = false
-
-    func send(_ request: CurlClient.Request, completion: @escaping CurlClient.Completion) {
-        requests.append(request)
-        completions.append(completion)
-    }
-
-    /// Answers the oldest unanswered request.
-    func answer(_ result: Result<CurlClient.Response, HTTPClientFailure>) {
-        completions.removeFirst()(result)
-    }
-
-    var unanswered: Int { completions.count }
-
-    /// As CurlClient does: every unanswered request completes as cancelled.
-    func close() {
-        closed = true
-        let pending = completions
-        completions = []
-        for c in pending { c(.failure(HTTPClientFailure(.cancelled, message: "client closed"))) }
-    }
-}
-
 /// WebhookService in one process: claims and marks answered on a scripted reader session,
 /// deliveries answered by a scripted HTTP client, time on a manual loop.
 final class WebhookServiceShellTests: XCTestCase {
