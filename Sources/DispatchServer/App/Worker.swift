@@ -296,8 +296,9 @@ public final class Worker {
     /// With APNs configured: the sender, and the publisher marking the outbox for it.
     private func startPush() throws {
         guard let apns = config.apns, let vault else { return }
-        let sender = PushService(loop: loop, conninfo: conninfo, settings: apns, signer: try apns.loadSigner(), vault: vault,
-                                 dismissalSeconds: config.pushDismissalSeconds, leaseSeconds: config.pushLeaseSeconds, log: log)
+        let sender = PushService(loop: loop, driver: LibpqDriver(loop: loop), conninfo: conninfo, settings: apns, signer: try apns.loadSigner(),
+                                 vault: vault, dismissalSeconds: config.pushDismissalSeconds, leaseSeconds: config.pushLeaseSeconds, log: log,
+                                 makeClient: { [loop] in CurlClient(loop: loop, options: $0) })
         push = sender
         metrics.push = sender.metrics
         publisher.pushes = true

@@ -12,7 +12,7 @@ final class BroadcastService {
     static let claimLimit = 100
 
     private let db: PGConnection
-    private let curl: CurlClient
+    private let curl: HTTPRequestSending
     private let settings: APNsSettings
     private let tokenStore: ProviderTokenStore
     private let metrics: PushMetrics
@@ -32,10 +32,10 @@ final class BroadcastService {
     private var active = false
     private var lastClaim = 0.0
     private var wakeArmed = false
-    private let loop: EventLoop
+    private let loop: LoopScheduling
     static let minClaimInterval = 0.01
 
-    init(loop: EventLoop, db: PGConnection, curl: CurlClient, settings: APNsSettings, tokenStore: ProviderTokenStore, metrics: PushMetrics,
+    init(loop: LoopScheduling, db: PGConnection, curl: HTTPRequestSending, settings: APNsSettings, tokenStore: ProviderTokenStore, metrics: PushMetrics,
          dismissalSeconds: Int64, leaseMs: Int, requestTimeout: Double, log: Logger) {
         self.loop = loop
         self.db = db
@@ -61,7 +61,7 @@ final class BroadcastService {
     func poll() {
         wanted = true
         guard !busy, !closed, db.isReady else { return }
-        let now = Clock.monotonic()
+        let now = loop.now
         if now - lastClaim < Self.minClaimInterval {
             if !wakeArmed {
                 wakeArmed = true

@@ -28,12 +28,16 @@ final class ProviderTokenStore {
     private let vault: TokenVault
     private let policy: ProviderTokenPolicy
     private let log: Logger
+    /// Unix seconds (the new token's `iat`).
+    private let clock: () -> Double
     /// Callers waiting on the obtain in flight: one at a time per process (the advisory lock is
     /// reentrant within a session, so two renewals on this connection would both make a JWT).
     private var waiting: [(Result<Token, Failure>) -> Void]?
 
-    init(db: PGConnection, settings: APNsSettings, signer: ES256Signer, vault: TokenVault, policy: ProviderTokenPolicy, log: Logger) {
+    init(db: PGConnection, settings: APNsSettings, signer: ES256Signer, vault: TokenVault, policy: ProviderTokenPolicy, log: Logger,
+         clock: @escaping () -> Double) {
         self.db = db
+        self.clock = clock
         self.settings = settings
         self.signer = signer
         self.vault = vault
@@ -69,7 +73,7 @@ final class ProviderTokenStore {
     private func renew(refused: String?, completion: @escaping (Result<Token, Failure>) -> Void) {
         db.execute([PGQuery("SELECT pg_advisory_lock($1::bigint)", [String(Self.lockKey)], name: "apns_token_lock"), read]) { [weak self] result in
             guard let self else { return }
-            let now = Clock.nowMilliseconds() / 1000
+            let now = Int64(self.clock())
             switch self.decode(result) {
             case .failure(let e):
                 self.unlock()

@@ -27,9 +27,11 @@ final class PushService {
     static let depthInterval = 5.0
 
     let metrics: PushMetrics
-    private let loop: EventLoop
+    private let loop: LoopScheduling
     private let db: PGConnection
-    private let curl: CurlClient
+    private let client: HTTPRequestSending
+    /// Unix seconds: what the machine's times (and the provider token's `iat`) are measured in.
+    private let clock: () -> Double
     private let settings: APNsSettings
     private let signer: ES256Signer
     private let vault: TokenVault
@@ -53,9 +55,15 @@ final class PushService {
     /// When the one-shot wake-up timer fires (nil: none armed).
     private var wakeAt: Double?
 
-    init(loop: EventLoop, conninfo: String, settings: APNsSettings, signer: ES256Signer, vault: TokenVault,
-         dismissalSeconds: Int, leaseSeconds: Int, log: Logger) {
+    /// `driver` carries the sender's own database session (`LibpqDriver` on the worker's loop),
+    /// `makeClient` builds the APNs client from its options (`CurlClient` on that loop), and
+    /// `clock` tells the time in Unix seconds; unit tests pass a scripted driver and sender
+    /// and a manual loop's clock.
+    init(loop: LoopScheduling, driver: PGDriver, conninfo: String, settings: APNsSettings, signer: ES256Signer, vault: TokenVault,
+         dismissalSeconds: Int, leaseSeconds: Int, log: Logger, clock: @escaping () -> Double = PushService.wallClock,
+         makeClient: (CurlClient.Options) -> HTTPRequestSending) {
         self.loop = loop
+        self.clock = clock
         self.settings = settings
         self.signer = signer
         self.vault = vault
@@ -65,15 +73,16 @@ final class PushService {
         // A push must be answered (or given up) well inside its lease, or a second sender
         // could claim it while the first still waits.
         requestTimeout = min(10, Double(leaseSeconds) / 3)
-        db = PGConnection(loop: loop, conninfo: conninfo, name: "push", log: log)
-        curl = CurlClient(loop: loop, options: .apns(caFile: settings.caFile))
+        db = PGConnection(loop: loop, driver: driver, conninfo: conninfo, name: "push", log: log)
+        client = makeClient(.apns(caFile: settings.caFile))
         machine = Machine()
         tokenStore = ProviderTokenStore(db: db, settings: settings, signer: signer, vault: vault,
-                                        policy: machine.settings.providerToken, log: log)
+                                        policy: machine.settings.providerToken, log: log, clock: clock)
         metrics = PushMetrics()
-        broadcasts = BroadcastService(loop: loop, db: db, curl: curl, settings: settings, tokenStore: tokenStore, metrics: metrics,
+        broadcasts = BroadcastService(loop: loop, db: db, curl: client, settings: settings, tokenStore: tokenStore, metrics: metrics,
                                       dismissalSeconds: Int64(dismissalSeconds), leaseMs: leaseMs, requestTimeout: requestTimeout, log: log)
-        metrics.connections = { [curl] in curl.openConnections }
+        // Open HTTP/2 connections are the curl client's to count (a scripted one has none).
+        metrics.connections = { [client] in (client as? CurlClient)?.openConnections ?? 0 }
     }
 
     /// Settings of the sender's session, sent before anything else on each (re)connection.
@@ -86,12 +95,12 @@ final class PushService {
     func start() {
         db.onReady = { [unowned self] in
             self.db.execute(Self.sessionSettings) { _ in }
-            self.perform(self.machine.tick(now: Self.now()))
+            self.perform(self.machine.tick(now: now()))
             self.broadcasts.poll()
         }
         db.start()
         timers.append(loop.timer(after: Self.pollInterval, repeating: true) { [unowned self] in
-            self.perform(self.machine.tick(now: Self.now()))
+            self.perform(self.machine.tick(now: now()))
             self.broadcasts.poll()
         })
         timers.append(loop.timer(after: 0.05) { [unowned self] in self.readDepth() })
@@ -103,7 +112,7 @@ final class PushService {
     /// This worker committed changes (or a registration) that marked the outbox.
     func kick() {
         guard !closed else { return }
-        perform(machine.kick(now: Self.now()))
+        perform(machine.kick(now: now()))
         broadcasts.kick()
     }
 
@@ -111,16 +120,16 @@ final class PushService {
     private func wake(at: Double) {
         if let armed = wakeAt, armed <= at { return }
         wakeAt = at
-        loop.timer(after: max(0, at - Self.now())) { [weak self] in
+        loop.timer(after: max(0, at - now())) { [weak self] in
             guard let self, !self.closed, self.wakeAt == at else { return }
             self.wakeAt = nil
-            self.perform(self.machine.tick(now: Self.now()))
+            self.perform(self.machine.tick(now: now()))
         }
     }
 
     /// Stops claiming; what is answered from now on is still marked until `close`.
     func shutdown() {
-        perform(machine.stop(now: Self.now()))
+        perform(machine.stop(now: now()))
     }
 
     /// Ends every request and the database session. Pushes still unanswered stay leased and
@@ -132,11 +141,13 @@ final class PushService {
         broadcasts.close()
         for t in timers { t.cancel() }
         timers.removeAll()
-        curl.close()
+        client.close()
         db.close()
     }
 
-    static func now() -> Double { Double(Clock.nowMilliseconds()) / 1000 }
+    static func wallClock() -> Double { Double(Clock.nowMilliseconds()) / 1000 }
+
+    private func now() -> Double { clock() }
 
     // MARK: - Performing the machine's actions
 
@@ -174,13 +185,13 @@ final class PushService {
                     return PushFanOutRepository.decodeClaim(r, localID: self.nextLocalID)
                 }
                 let full = rows.count >= limit || entries.count >= entryLimit
-                if rows.isEmpty && entries.isEmpty { return self.perform(self.machine.claimed([], requested: limit, full: full, now: Self.now())) }
+                if rows.isEmpty && entries.isEmpty { return self.perform(self.machine.claimed([], requested: limit, full: full, now: now())) }
                 self.read(rows, entries, requested: limit, full: full)
             case .success(let rs):
                 self.log.error("push.claim_failed", [("error", (rs.first { !$0.ok }?.errorMessage ?? "").trimmingNewlines)])
-                self.perform(self.machine.claimFailed(now: Self.now()))
+                self.perform(self.machine.claimFailed(now: now()))
             case .failure:
-                self.perform(self.machine.claimFailed(now: Self.now()))
+                self.perform(self.machine.claimFailed(now: now()))
             }
         }
     }
@@ -196,7 +207,7 @@ final class PushService {
                 // The rows and entries stay leased; give them back when the database answers again.
                 let items = claimed.map { Machine.Claimed.settle(.retry($0.job, afterSeconds: 1, status: .database, countsAsAttempt: false)) }
                     + entries.map { Machine.Claimed.settle(.releaseEntry($0.entry, afterSeconds: 1, status: .database)) }
-                return self.perform(self.machine.claimed(items, requested: requested, full: full, now: Self.now()))
+                return self.perform(self.machine.claimed(items, requested: requested, full: full, now: now()))
             }
             var items: [Machine.Claimed] = []
             if !claimed.isEmpty {
@@ -214,7 +225,7 @@ final class PushService {
                 PushFanOutRepository.complete(&entries, activities: rs[base], targets: rs[base + 1])
                 items += entries.flatMap(self.fanOut)
             }
-            self.perform(self.machine.claimed(items, requested: requested, full: full, now: Self.now()))
+            self.perform(self.machine.claimed(items, requested: requested, full: full, now: now()))
         }
     }
 
@@ -291,16 +302,16 @@ final class PushService {
     /// generation wait for it.
     private func obtainToken(_ generation: Int, renew: Bool) {
         let refused = renew ? providerToken?.jwt : nil
-        tokenStore.obtain(refused: refused, now: Clock.nowMilliseconds() / 1000) { [weak self] result in
+        tokenStore.obtain(refused: refused, now: Int64(now())) { [weak self] result in
             guard let self, !self.closed else { return }
             switch result {
             case .success(let token):
                 if (self.providerToken?.generation ?? 0) < generation { self.providerToken = (generation, token.jwt) }
                 self.perform(self.machine.providerTokenReady(generation: generation, issuedAt: Double(token.issuedAt),
-                                                             pausedUntil: token.pausedUntil.map(Double.init), now: Self.now()))
+                                                             pausedUntil: token.pausedUntil.map(Double.init), now: now()))
             case .failure(let failure):
                 self.log.error("apns.provider_token_failed", [("error", "\(failure)")])
-                self.perform(self.machine.providerTokenFailed(generation: generation, now: Self.now()))
+                self.perform(self.machine.providerTokenFailed(generation: generation, now: now()))
             }
             self.sendWaiting(failed: { if case .failure = result { return true } else { return false } }())
         }
@@ -315,7 +326,7 @@ final class PushService {
             if w.generation <= have {
                 send(w.job, w.prepared, generation: w.generation)
             } else if failed {
-                perform(machine.answered(w.job.outboxID, .transport(.cancelled), now: Self.now(), random: 0))
+                perform(machine.answered(w.job.outboxID, .transport(.cancelled), now: now(), random: 0))
             } else {
                 waitingForToken.append(w)
             }
@@ -329,7 +340,7 @@ final class PushService {
         let jwt = token.jwt
         let request = APNsRequest.make(settings, environment: job.environment, token: p.token, providerToken: jwt, body: p.body, priority: p.priority,
                                        expiration: p.expiration, timeout: requestTimeout)
-        curl.send(request) { [weak self] result in
+        client.send(request) { [weak self] result in
             guard let self else { return }
             let answer: APNsAnswer
             switch result {
@@ -337,7 +348,7 @@ final class PushService {
             case .failure(let failure): answer = .transport(APNsRequest.failure(failure.kind))
             }
             if self.closed { return }
-            self.perform(self.machine.answered(job.outboxID, answer, now: Self.now(), random: Double.random(in: 0..<1, using: &self.rng)))
+            self.perform(self.machine.answered(job.outboxID, answer, now: now(), random: Double.random(in: 0..<1, using: &self.rng)))
         }
     }
 
@@ -352,7 +363,7 @@ final class PushService {
             case .failure(let e):
                 self.log.warning("push.mark_failed", [("error", e.message.trimmingNewlines)])
             }
-            self.perform(self.machine.marked(ok: ok, now: Self.now()))
+            self.perform(self.machine.marked(ok: ok, now: now()))
         }
     }
 
@@ -384,12 +395,12 @@ final class PushService {
             }
         case .sendingStopped(let until, let answer):
             log.error("apns.provider_token_rejected", [
-                ("status", Machine.label(answer)), ("paused_s", Int(until - Self.now())),
+                ("status", Machine.label(answer)), ("paused_s", Int(until - now())),
                 ("check", "DISPATCH_APNS_KEY_ID, DISPATCH_APNS_TEAM_ID and DISPATCH_APNS_KEY_FILE must belong together and the key must allow APNs"),
             ])
         case .sendingPaused(let until):
             tokenStore.pause(until: Int64(until.rounded(.up)))
-            log.error("apns.sending_paused", [("paused_s", Int(until - Self.now())),
+            log.error("apns.sending_paused", [("paused_s", Int(until - now())),
                                               ("why", "429 TooManyProviderTokenUpdates: the team's provider token changed too often; is another deployment using this key?")])
         case .sendingResumed:
             log.info("apns.sending_resumed")
