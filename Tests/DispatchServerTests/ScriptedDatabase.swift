@@ -6,49 +6,75 @@ import DispatchIO
 /// A `Database` whose three sessions run on scripted libpq drivers and a manual loop: a test
 /// answers each statement the repositories send with rows, as PostgreSQL would.
 final class ScriptedDatabase {
-    let drivers = (0..<3).map { _ in ScriptedPGDriver() }
+    let sessions = (0..<3).map { _ in ScriptedSession() }
     let db: Database
-    /// Commands of each driver already answered.
-    private var answered = [0, 0, 0]
 
+    var drivers: [ScriptedPGDriver] { sessions.map(\.driver) }
     var reader: ScriptedPGDriver { drivers[1] }
     var feedReader: ScriptedPGDriver { drivers[2] }
 
     init(loop: ManualLoop, metrics: Metrics) {
         let log = Logger(level: .error)
-        let sessions = zip(["writer", "reader", "feed_reader"], drivers).map {
-            PGConnection(loop: loop, driver: $1, conninfo: "scripted", name: $0, log: log)
+        let connections = zip(["writer", "reader", "feed_reader"], sessions).map {
+            PGConnection(loop: loop, driver: $1.driver, conninfo: "scripted", name: $0, log: log)
         }
-        db = Database(writer: sessions[0], reader: sessions[1], feedReader: sessions[2], metrics: metrics)
+        db = Database(writer: connections[0], reader: connections[1], feedReader: connections[2], metrics: metrics)
         db.start()
-        for d in drivers { d.socketReady() }
+        for s in sessions { s.driver.socketReady() }
     }
 
+    private func session(_ driver: ScriptedPGDriver) -> ScriptedSession { sessions.first { $0.driver === driver }! }
+
     /// Statements sent on `driver` and not answered yet, by prepared name.
-    func pending(on driver: ScriptedPGDriver) -> [String] {
-        let i = drivers.firstIndex { $0 === driver }!
-        return driver.sent[answered[i]...].compactMap {
+    func pending(on driver: ScriptedPGDriver) -> [String] { session(driver).pending }
+
+    /// Answers every statement sent on `driver` so far, each with `rows(name)`.
+    func answer(on driver: ScriptedPGDriver, _ rows: (String) -> PGResult) { session(driver).answer(rows) }
+
+    var violations: [String] { drivers.flatMap(\.violations) }
+}
+
+/// One database session's scripted driver, and which of the commands sent on it the test has
+/// answered: a shell that owns its own PGConnection (the push sender) runs on one of these.
+final class ScriptedSession {
+    let driver = ScriptedPGDriver()
+    private var answered = 0
+
+    /// Statements sent and not answered yet, by prepared name.
+    var pending: [String] {
+        driver.sent[answered...].compactMap {
             if case .executePrepared(let name, _) = $0 { return name }
             return nil
         }
     }
 
-    /// Answers every statement sent on `driver` so far, each with `rows(name)`.
-    func answer(on driver: ScriptedPGDriver, _ rows: (String) -> PGResult) {
-        let i = drivers.firstIndex { $0 === driver }!
+    /// The parameters of the last statement named `name` sent (answered or not).
+    func parameters(of name: String) -> [String?]? {
+        for command in driver.sent.reversed() {
+            if case .executePrepared(name, let params) = command { return params }
+        }
+        return nil
+    }
+
+    /// Answers every statement sent so far, each with `rows(name)`.
+    func answer(_ rows: (String) -> PGResult) {
         var wire: [ScriptedPGDriver.Wire] = []
-        for command in driver.sent[answered[i]...] {
+        for command in driver.sent[answered...] {
             switch command {
             case .prepare, .execute: wire += [.input(.result(PGResult())), .input(.endOfQuery)]
             case .executePrepared(let name, _): wire += [.input(.result(rows(name))), .input(.endOfQuery)]
             case .sync: wire.append(.input(.sync))
             }
         }
-        answered[i] = driver.sent.count
+        answered = driver.sent.count
         driver.arrive(wire)
     }
 
-    var violations: [String] { drivers.flatMap(\.violations) }
+    /// The connection broke: what was sent on it will never be answered.
+    func connectionLost(_ reason: String = "server closed the connection unexpectedly") {
+        answered = driver.sent.count
+        driver.breakConnection(reason)
+    }
 }
 
 /// The event ids a scripted client was sent, in order.
