@@ -20,6 +20,7 @@ public final class ScriptedStream: StreamTransport {
     public weak var delegate: HTTPStreamDelegate?
     public var tag = 0
     public var drainMark = 32 * 1024
+    public var priority = EventPriority.normal
     /// Every payload that went out or was queued, as its event text (no chunk framing).
     public private(set) var written: [String] = []
     public private(set) var ending: Ending?

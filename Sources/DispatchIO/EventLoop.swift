@@ -10,14 +10,30 @@ public protocol LoopScheduling: AnyObject {
     var now: Double { get }
     /// Runs `body` on a later turn of the loop, outside whatever callback is running now.
     func soon(_ body: @escaping () -> Void)
+    /// `soon` at a priority (`.background`: on a turn when nothing of `.normal` is ready).
+    func soon(_ priority: EventPriority, _ body: @escaping () -> Void)
     func timer(after seconds: Double, repeating: Bool, _ body: @escaping () -> Void) -> Timer
 }
 
 extension LoopScheduling {
+    /// A loop without priorities (a test's manual loop) runs it as any deferred work, in order.
+    public func soon(_ priority: EventPriority, _ body: @escaping () -> Void) { soon(body) }
+
     @discardableResult
     public func timer(after seconds: Double, _ body: @escaping () -> Void) -> Timer {
         timer(after: seconds, repeating: false, body)
     }
+}
+
+/// Which of the loop's ready events run first. libevent runs the ready callbacks of the most
+/// urgent priority that has any, then looks at the sockets again: an event of `.background`
+/// runs only on a turn when nothing of `.normal` is ready. Bulk transfers (a feed's initial set)
+/// take `.background`, so requests and live changes never wait behind their pages.
+public enum EventPriority: Int32, Sendable {
+    case normal = 1
+    case background = 2
+    /// Priorities the base is made with; an event gets the middle one (`.normal`) by default.
+    static let count: Int32 = 3
 }
 
 /// One libevent loop: timers, deferred work and signals, with Swift closures. Everything that
@@ -27,6 +43,8 @@ public final class EventLoop: LoopScheduling {
 
     public init() {
         guard let base = event_base_new() else { fatalError("event_base_new failed") }
+        // Before any event is added: every event made after it defaults to `.normal`.
+        guard event_base_priority_init(base, EventPriority.count) == 0 else { fatalError("event_base_priority_init failed") }
         self.base = base
     }
 
@@ -47,6 +65,22 @@ public final class EventLoop: LoopScheduling {
         }, box, &zero)
     }
 
+    /// `soon` at a priority: with `.background`, on a turn when nothing of `.normal` is ready.
+    public func soon(_ priority: EventPriority, _ body: @escaping () -> Void) {
+        let box = ClosureBox(body)
+        // A one-shot event that frees itself (event_base_once takes no priority).
+        var event: OpaquePointer?
+        event = event_new(base, -1, 0, { _, _, arg in
+            let box = Unmanaged<ClosureBox>.fromOpaque(arg!).takeRetainedValue()
+            if let event = box.event { event_free(event) }
+            box.body()
+        }, Unmanaged.passRetained(box).toOpaque())
+        guard let event else { fatalError("event_new failed") }
+        box.event = event
+        event_priority_set(event, priority.rawValue)
+        event_active(event, EV_TIMEOUT, 0)
+    }
+
     @discardableResult
     public func timer(after seconds: Double, repeating: Bool = false, _ body: @escaping () -> Void) -> Timer {
         let t = Timer(loop: self, interval: seconds, repeating: repeating, body: body)
@@ -65,6 +99,8 @@ public final class EventLoop: LoopScheduling {
 
 final class ClosureBox {
     let body: () -> Void
+    /// The one-shot event carrying it, when it frees itself (`soon(_:_:)`).
+    var event: OpaquePointer?
     init(_ body: @escaping () -> Void) { self.body = body }
 }
 

@@ -42,6 +42,9 @@ public protocol StreamTransport: AnyObject {
     var tag: Int { get set }
     /// `delegate.streamDrained` is called when the backlog falls below this.
     var drainMark: Int { get set }
+    /// Of the connection's socket events once the stream began (`.background`: a bulk
+    /// transfer, whose queued bytes go out on turns with nothing else ready).
+    var priority: EventPriority { get set }
     func begin(headers: [(String, String)], writeTimeout: Double, maxInputBuffer: Int)
     func write(_ payload: StreamPayload, maxBacklog: Int) -> HTTPStream.WriteResult
     func respond(status: Int, headers: [(String, String)], body: [UInt8])
@@ -71,6 +74,7 @@ public final class HTTPStream: StreamTransport {
     public weak var delegate: HTTPStreamDelegate?
     public var tag = 0
     public var drainMark = 32 * 1024
+    public var priority = EventPriority.normal
     private var drainEntry: OpaquePointer?
     private var drainScheduled = false
     public private(set) var isOpen = false
@@ -131,6 +135,7 @@ public final class HTTPStream: StreamTransport {
         var sndbuf: Int32 = 64 * 1024
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, socklen_t(MemoryLayout<Int32>.size))
         bufferevent_setwatermark(bev, Int16(EV_READ), 0, maxInputBuffer)
+        if priority != .normal { bufferevent_priority_set(bev, priority.rawValue) }
     }
 
     /// Answers with a plain response instead of a stream (204, or an error before streaming).
@@ -153,7 +158,7 @@ public final class HTTPStream: StreamTransport {
     private func drained() {
         guard !drainScheduled, delegate != nil, backlog < drainMark else { return }
         drainScheduled = true
-        loop.soon { [weak self] in
+        loop.soon(priority) { [weak self] in
             guard let self else { return }
             self.drainScheduled = false
             if self.isOpen { self.delegate?.streamDrained(self.tag) }
@@ -207,6 +212,7 @@ public final class HTTPStream: StreamTransport {
         var tv = timeval(seconds: requestTimeout)
         bufferevent_set_timeouts(bev, &tv, &tv)
         bufferevent_setwatermark(bev, Int16(EV_READ), 0, 0)
+        if priority != .normal { bufferevent_priority_set(bev, EventPriority.normal.rawValue) }
         release()
         evhttp_send_reply_end(request)
     }

@@ -78,7 +78,14 @@ public final class LibpqDriver: PGDriver {
     private var onConnectSocket: (() -> Void)?
     private var onNotice: ((String) -> Void)?
 
-    public init(loop: EventLoop) { self.loop = loop }
+    /// The priority of the session's socket events: the callbacks that hand results over run
+    /// at it (`.background` for a session that reads bulk pages).
+    private let priority: EventPriority
+
+    public init(loop: EventLoop, priority: EventPriority = .normal) {
+        self.loop = loop
+        self.priority = priority
+    }
 
     deinit { finish() }
 
@@ -119,6 +126,7 @@ public final class LibpqDriver: PGDriver {
         connectEvent = event_new(loop.base, PQsocket(c), Int16(what), { _, _, arg in
             Unmanaged<LibpqDriver>.fromOpaque(arg!).takeUnretainedValue().onConnectSocket?()
         }, Unmanaged.passUnretained(self).toOpaque())
+        event_priority_set(connectEvent, priority.rawValue)
         event_add(connectEvent, nil)
     }
 
@@ -140,10 +148,12 @@ public final class LibpqDriver: PGDriver {
         readEvent = event_new(loop.base, PQsocket(c), Int16(EV_READ | EV_PERSIST), { _, _, arg in
             Unmanaged<LibpqDriver>.fromOpaque(arg!).takeUnretainedValue().onReadable?()
         }, me)
+        event_priority_set(readEvent, priority.rawValue)
         event_add(readEvent, nil)
         writeEvent = event_new(loop.base, PQsocket(c), Int16(EV_WRITE), { _, _, arg in
             Unmanaged<LibpqDriver>.fromOpaque(arg!).takeUnretainedValue().onWritable?()
         }, me)
+        event_priority_set(writeEvent, priority.rawValue)
     }
 
     public func send(_ command: PGCommand) -> Bool {

@@ -38,8 +38,10 @@ public final class PGConnection {
 
     /// `timeout`: seconds a caller waits for its batch (unless it passes its own) and a
     /// connection attempt may take.
-    public convenience init(loop: EventLoop, conninfo: String, name: String, log: Logger, timeout: Double = 5) {
-        self.init(loop: loop, driver: LibpqDriver(loop: loop), conninfo: conninfo, name: name, log: log, timeout: timeout)
+    /// `priority`: of the session's socket events, so of the callbacks its results run in.
+    public convenience init(loop: EventLoop, conninfo: String, name: String, log: Logger, timeout: Double = 5,
+                            priority: EventPriority = .normal) {
+        self.init(loop: loop, driver: LibpqDriver(loop: loop, priority: priority), conninfo: conninfo, name: name, log: log, timeout: timeout)
     }
 
     /// On any loop and driver: a test passes a manual loop and a scripted driver.

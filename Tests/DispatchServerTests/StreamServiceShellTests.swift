@@ -54,6 +54,7 @@ final class StreamServiceShellTests: XCTestCase {
         answerReader { _ in self.activityRow("job-1", state: .processing, seq: 3) }
         XCTAssertEqual(ids(client), ["3"])
         XCTAssertEqual(service.openStreams, 1)
+        XCTAssertEqual(client.priority, .normal, "live changes are not bulk: a status stream keeps the loop's normal priority")
 
         service.committed(activityID: "job-1", seq: 4, name: "processing", json: "{\"seq\":4}")
         XCTAssertEqual(ids(client), ["3", "4"])

@@ -4,7 +4,9 @@ import DispatchIO
 /// One worker's database sessions: a writer for group-committed changes, a reader for point
 /// reads and the rest, and a feed reader for feed pages and replays, each pipelined. A session
 /// answers its statements in order, so feed pages (many, each walking an index) get a session
-/// of their own: a point read never waits behind them. (The LISTEN session is the worker's own.)
+/// of their own: a point read never waits behind them. Its results are handled at the loop's
+/// `.background` priority, so framing and sending pages waits while requests, commits or live
+/// changes are ready. (The LISTEN session is the worker's own.)
 ///
 /// Every round trip a caller waits on has a deadline, `DISPATCH_DB_TIMEOUT` (contract §6):
 /// past it the caller gets 503 and a session that stopped answering starts over. Background
@@ -17,7 +19,8 @@ final class Database {
     convenience init(loop: EventLoop, conninfo: String, log: Logger, metrics: Metrics, timeout: Double = 5) {
         self.init(writer: PGConnection(loop: loop, conninfo: conninfo, name: "writer", log: log, timeout: timeout),
                   reader: PGConnection(loop: loop, conninfo: conninfo, name: "reader", log: log, timeout: timeout),
-                  feedReader: PGConnection(loop: loop, conninfo: conninfo, name: "feed_reader", log: log, timeout: timeout),
+                  feedReader: PGConnection(loop: loop, conninfo: conninfo, name: "feed_reader", log: log, timeout: timeout,
+                                              priority: .background),
                   metrics: metrics)
     }
 
