@@ -49,6 +49,7 @@ final class FeedServiceShellTests: XCTestCase {
         open(a)
         open(b)
         XCTAssertTrue(a.started, "headers before the first read")
+        XCTAssertEqual(a.priority, .background, "a feed's pages wait while requests are ready")
         XCTAssertEqual(carrier, ["first"])
         XCTAssertEqual(scripted.pending(on: scripted.feedReader), ["feed_initial_page"], "opened together: one read for both")
         scripted.answer(on: scripted.feedReader) { _ in self.initialPage(head: 12, [(10, "processing"), (12, "completed")]) }
@@ -64,6 +65,31 @@ final class FeedServiceShellTests: XCTestCase {
         XCTAssertEqual(eventIDs(b).last, "13")
         XCTAssertEqual(metrics.feedFramed - framed, 1, "framed once for both")
         XCTAssertEqual(metrics.feedDeliveries, 6)
+    }
+
+    /// A page shared by many readers goes out in slices of `bytesPerTurn`, the rest on later
+    /// turns, and the next page is not asked for until every slice went.
+    func testASharedPageGoesOutInSlicesAndTheNextReadWaitsForThem() {
+        service = FeedService(loop: loop, repository: FeedRepository(db: scripted.db), metrics: metrics, log: Logger(level: .error),
+                              settings: .init(heartbeatSeconds: 4, maxBacklog: 1 << 20, writeTimeout: 60),
+                              pacer: BulkPacer(bytesPerTurn: 64 * 1024, restPerBusy: 2, minimumRest: 0.002))
+        let clients = (0..<3).map { _ in ScriptedStream() }
+        for c in clients { open(c) }
+        XCTAssertEqual(scripted.pending(on: scripted.feedReader), ["feed_initial_page"])
+        // More than one page's 64 KB budget: the page keeps what fits and is not the last.
+        let pad = String(repeating: "x", count: 12_000)
+        scripted.answer(on: scripted.feedReader) { _ in
+            PGResult(columns: ["head", "position", "event", "data", "machine"],
+                     rows: (1...8).map { ["99", String($0), "processing", "{\"pad\":\"\(pad)\"}", nil] })
+        }
+        let page = eventIDs(clients[0])
+        XCTAssertGreaterThanOrEqual(page.count, 5, "the first reader's copy of the page: \(page)")
+        XCTAssertEqual(eventIDs(clients[1]), [], "its 64 KB spent the turn: the others' copies wait")
+        XCTAssertEqual(eventIDs(clients[2]), [])
+        XCTAssertEqual(scripted.pending(on: scripted.feedReader), [], "no next page while slices wait")
+        loop.runSoon()
+        for c in clients { XCTAssertEqual(eventIDs(c), page, "each reader gets the page once, in order") }
+        XCTAssertEqual(scripted.pending(on: scripted.feedReader), ["feed_initial_page"], "then the next page")
     }
 
     /// A Last-Event-ID that is not a number: `reset`, then the initial set.

@@ -56,8 +56,10 @@ final class FeedService {
     /// the teardown is over.
     private var handedOver: [FeedHub<Int, FeedEvent>.Action] = []
 
-    init(loop: LoopScheduling, repository: FeedRepository, metrics: Metrics, log: Logger, settings: StreamService.Settings) {
+    init(loop: LoopScheduling, repository: FeedRepository, metrics: Metrics, log: Logger, settings: StreamService.Settings,
+         pacer: BulkPacer = .feeds) {
         self.loop = loop
+        self.pacer = pacer
         self.repository = repository
         self.metrics = metrics
         self.log = log
@@ -87,6 +89,8 @@ final class FeedService {
     /// The same on any transport (a test's scripted stream).
     func open(_ http: StreamTransport, filter: FeedFilter, lastEventID: Int64?, invalidLastEventID: Bool, keyID: Int64,
               extraHeaders: [(String, String)]) {
+        // An initial set is a bulk transfer: its bytes go out when nothing else is ready.
+        http.priority = .background
         let session = sessions.add { id in
             FeedSession(id: id, keyID: keyID,
                         connection: SSEConnection(http, loop: loop, tag: id, delegate: sessions, extraHeaders: extraHeaders,
@@ -141,76 +145,131 @@ final class FeedService {
 
     // MARK: - Performing the hub's decisions
 
+    /// The hub's actions in its order; one appended while others wait (or run) goes behind
+    /// them, so each feed's events keep their order across slices.
+    private var queue: [FeedHub<Int, FeedEvent>.Action] = []
+    private var nextAction = 0
+    private var performing = false
+    /// The rest of the queue goes on a later turn (after a slice, or a rest).
+    private var continuing = false
+    /// Slices of the queue per turn, and rests between them (see `BulkPacer`).
+    private var pacer: BulkPacer
+    /// Page reads held back until the queued slices are sent and the rest is over.
+    private var afterSlices: [() -> Void] = []
+
     private func perform(_ actions: [FeedHub<Int, FeedEvent>.Action]) {
-        for action in actions {
-            switch action {
-            case .readChanges(let after, let generation):
-                metrics.feedResyncs += 1
-                readChanges(after: after, generation: generation, attempt: 0)
-            case .readInitial(let s, let filter, let after, let firstHead):
-                settled(s) { [weak self] session in
-                    guard let self else { return }
-                    let budget = session.connection.pageBudget
-                    self.metrics.feedInitialReads += 1
-                    self.repository.initialPage(filter, after: after, firstHead: firstHead, since: session.since,
-                                                limit: self.initialSizer.rows(forBudget: budget), maxBytes: budget) { [weak self] result in
-                        guard let self else { return }
-                        if case .success(let page) = result { self.initialSizer.observe(rows: page.fetched, bytes: page.fetchedBytes) }
-                        guard self.sessions[s] != nil else { return }
-                        switch result {
-                        case .failure: self.perform(self.hub.readFailed(s))
-                        case .success(let page):
-                            // Those sharing this read stay together while they keep up.
-                            self.perform(self.hub.initialLoaded(s, page.events, through: page.head, complete: page.complete) {
-                                self.sessions[$0]?.connection.keepsUp ?? false
-                            })
-                        }
-                        self.sessions[s]?.connection.pageDone()
-                    }
-                }
-            case .readReplay(let s, let filter, let after):
-                settled(s) { [weak self] session in
-                    guard let self else { return }
-                    let budget = session.connection.pageBudget
-                    let first = !session.resumeChecked
-                    session.resumeChecked = true
-                    self.repository.replayPage(filter, after: after, limit: self.replaySizer.rows(forBudget: budget),
-                                               maxBytes: budget, countActivities: first) { [weak self] result in
-                        guard let self else { return }
-                        if case .success(let page) = result { self.replaySizer.observe(rows: page.fetched, bytes: page.fetchedBytes) }
-                        guard self.sessions[s] != nil else { return }
-                        switch result {
-                        case .failure:
-                            self.perform(self.hub.readFailed(s))
-                        case .success(let page):
-                            // The page's own read tells whether `after` is resumable: a pruned
-                            // change after it (horizon), or a position never issued; its first
-                            // page, whether replaying costs more than starting over.
-                            let newest = max(page.issued, page.head)
-                            if !FeedResume.canResume(after: after, horizon: page.horizon, newest: newest)
-                                || (first && FeedResume.tooFarBehind(after: after, newest: newest, activities: page.activities)) {
-                                self.perform(self.hub.replayLoaded(s, .reset))
-                            } else {
-                                self.perform(self.hub.replayLoaded(s, .page(page.events, through: max(page.head, after), complete: page.complete)))
-                            }
-                        }
-                        self.sessions[s]?.connection.pageDone()
-                    }
-                }
-            case .send(let s, let events):
-                send(s, events)
-            case .sendShared(let s, let events):
-                metrics.feedSharedPages += 1
-                send(s, events)
-            case .synced(let s, let position):
-                sessions.offer(s, StreamPayload(SSE.encode(id: String(position), event: "synced", data: "{\"position\":\(position)}")), delivered: 0)
-            case .reset(let s):
-                metrics.feedResets += 1
-                sessions.offer(s, StreamPayload(SSE.encode(id: nil, event: "reset", data: "{}")), delivered: 0)
-            case .drop(let s, let why):
-                close(s, reason: why.closeReason)
+        queue.append(contentsOf: actions)
+        guard !performing, !continuing else { return }
+        performQueued()
+    }
+
+    private var resting: Bool { pacer.isResting(now: loop.now) }
+
+    private func performQueued() {
+        guard !resting else { return continueLater() }
+        performing = true
+        defer { performing = false }
+        let began = loop.now
+        var written = 0
+        while nextAction < queue.count && written < pacer.bytesPerTurn {
+            let action = queue[nextAction]
+            nextAction += 1
+            written += run(action)
+        }
+        if written > 0 { pacer.sent(busy: loop.now - began, now: loop.now) }
+        if nextAction < queue.count { return continueLater() }
+        queue.removeAll(keepingCapacity: queue.capacity <= 4096)
+        nextAction = 0
+        guard !afterSlices.isEmpty else { return }
+        guard !resting else { return continueLater() }
+        let reads = afterSlices
+        afterSlices = []
+        for read in reads { read() }
+    }
+
+    /// The queue (or the held-back reads) go on at the end of the rest, on a background turn.
+    private func continueLater() {
+        continuing = true
+        let resume: () -> Void = { [weak self] in
+            self?.loop.soon(.background) { [weak self] in
+                guard let self else { return }
+                self.continuing = false
+                self.performQueued()
             }
         }
+        if resting { loop.timer(after: pacer.restUntil - loop.now, resume) } else { resume() }
+    }
+
+    /// Performs one action; returns the bytes it handed to sockets.
+    private func run(_ action: FeedHub<Int, FeedEvent>.Action) -> Int {
+        switch action {
+        case .readChanges(let after, let generation):
+            metrics.feedResyncs += 1
+            readChanges(after: after, generation: generation, attempt: 0)
+        case .readInitial(let s, let filter, let after, let firstHead):
+            settled(s) { [weak self] session in
+                guard let self else { return }
+                let budget = session.connection.pageBudget
+                self.metrics.feedInitialReads += 1
+                self.repository.initialPage(filter, after: after, firstHead: firstHead, since: session.since,
+                                            limit: self.initialSizer.rows(forBudget: budget), maxBytes: budget) { [weak self] result in
+                    guard let self else { return }
+                    if case .success(let page) = result { self.initialSizer.observe(rows: page.fetched, bytes: page.fetchedBytes) }
+                    guard self.sessions[s] != nil else { return }
+                    switch result {
+                    case .failure: self.perform(self.hub.readFailed(s))
+                    case .success(let page):
+                        // Those sharing this read stay together while they keep up.
+                        self.perform(self.hub.initialLoaded(s, page.events, through: page.head, complete: page.complete) {
+                            self.sessions[$0]?.connection.keepsUp ?? false
+                        })
+                    }
+                    self.sessions[s]?.connection.pageDone()
+                }
+            }
+        case .readReplay(let s, let filter, let after):
+            settled(s) { [weak self] session in
+                guard let self else { return }
+                let budget = session.connection.pageBudget
+                let first = !session.resumeChecked
+                session.resumeChecked = true
+                self.repository.replayPage(filter, after: after, limit: self.replaySizer.rows(forBudget: budget),
+                                           maxBytes: budget, countActivities: first) { [weak self] result in
+                    guard let self else { return }
+                    if case .success(let page) = result { self.replaySizer.observe(rows: page.fetched, bytes: page.fetchedBytes) }
+                    guard self.sessions[s] != nil else { return }
+                    switch result {
+                    case .failure:
+                        self.perform(self.hub.readFailed(s))
+                    case .success(let page):
+                        // The page's own read tells whether `after` is resumable: a pruned
+                        // change after it (horizon), or a position never issued; its first
+                        // page, whether replaying costs more than starting over.
+                        let newest = max(page.issued, page.head)
+                        if !FeedResume.canResume(after: after, horizon: page.horizon, newest: newest)
+                            || (first && FeedResume.tooFarBehind(after: after, newest: newest, activities: page.activities)) {
+                            self.perform(self.hub.replayLoaded(s, .reset))
+                        } else {
+                            self.perform(self.hub.replayLoaded(s, .page(page.events, through: max(page.head, after), complete: page.complete)))
+                        }
+                    }
+                    self.sessions[s]?.connection.pageDone()
+                }
+            }
+        case .send(let s, let events):
+            return send(s, events)
+        case .sendShared(let s, let events):
+            metrics.feedSharedPages += 1
+            return send(s, events)
+        case .synced(let s, let position):
+            sessions.offer(s, StreamPayload(SSE.encode(id: String(position), event: "synced", data: "{\"position\":\(position)}")), delivered: 0)
+        case .reset(let s):
+            metrics.feedResets += 1
+            sessions.offer(s, StreamPayload(SSE.encode(id: nil, event: "reset", data: "{}")), delivered: 0)
+        case .drop(let s, let why):
+            close(s, reason: why.closeReason)
+        }
+        return 0
     }
 
     /// `paced`, after the first read's wait for numbering (NATS carrier).
@@ -223,6 +282,12 @@ final class FeedService {
 
     /// Runs a stream's next page read now if its outbox has room, else once it drains.
     private func paced(_ id: Int, _ read: @escaping (FeedSession) -> Void) {
+        // Pages still waiting for their slices go first, and no page is asked for during a rest.
+        guard !continuing, !resting else {
+            afterSlices.append { [weak self] in self?.paced(id, read) }
+            if !continuing { continueLater() }
+            return
+        }
         sessions[id]?.connection.whenRoom { [weak self] in
             guard let self, let session = self.sessions[id] else { return }
             read(session)
@@ -252,10 +317,13 @@ final class FeedService {
         e.payload { metrics.feedFramed += 1 }
     }
 
-    private func send(_ id: Int, _ events: [FeedEvent]) {
+    /// The bytes handed over (0 for a feed that is gone).
+    private func send(_ id: Int, _ events: [FeedEvent]) -> Int {
         // Framed only for a feed still open (a change is framed once, for its first reader).
-        guard sessions[id] != nil else { return }
-        sessions.send(id, events.map(frame))
+        guard sessions[id] != nil else { return 0 }
+        let payloads = events.map(frame)
+        sessions.send(id, payloads)
+        return payloads.reduce(0) { $0 + $1.size }
     }
 
     // MARK: - The one teardown path
