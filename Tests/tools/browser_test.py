@@ -33,6 +33,10 @@ def check(name, ok, detail=""):
             print("page:", driver.current_url, driver.execute_script(
                 "return JSON.stringify([window.dispatchView.view, [...document.querySelectorAll('.row:not([hidden])')]"
                 ".map(r => r.dataset.id + ':' + r.dataset.section), document.getElementById('conn').textContent])"))
+            print("rows:", driver.execute_script(
+                "return [...document.querySelectorAll('.row')].map(r => (r.hidden ? 'HIDDEN ' : '') + r.dataset.id + ' '"
+                " + r.style.transform + ' pct=' + (r.querySelector('.pct')||{}).textContent + ' status=' + (r.querySelector('.status')||{}).textContent"
+                " + ' bar.hidden=' + (r.querySelector('.bar')||{}).hidden).join('\\n')"))
         except Exception as e:
             print("page: (unreadable)", e)
         print(f"browser: {passed} passed, 1 failed")
@@ -64,6 +68,28 @@ def wait(what, predicate, timeout):
             return v, time.monotonic() - start
         if time.monotonic() - start > timeout:
             check(what, False, f"(not within {timeout}s)")
+        time.sleep(0.05)
+
+
+def settles(name, predicate, detail=lambda: "", timeout=5):
+    """A check of what rows show, read again until it holds. The view rebuilds its list every
+    five seconds (times and the stalled filter tick) and on every change of structure, and a
+    rebuild recycles the row elements: a check that reads a row in several WebDriver calls
+    (the row, then its bar, then an attribute) can straddle one and read another job's row
+    through a recycled element (seen about once in five runs). What is checked is the state
+    the view shows; a view that never shows it fails after `timeout`."""
+    start = time.monotonic()
+    while True:
+        try:
+            ok = predicate()
+        except Exception:  # an element recycled mid-read: read again
+            ok = False
+        if ok or time.monotonic() - start > timeout:
+            try:
+                why = "" if ok else detail()
+            except Exception as e:
+                why = f"(unreadable: {e})"
+            return check(name, ok, why)
         time.sleep(0.05)
 
 
@@ -214,17 +240,23 @@ def main():
     wait("rows appear", lambda: in_section("iso", "active") and in_section("train", "active") and in_section("old", "finished"), 10)
     storage = js("return JSON.stringify([Object.entries(localStorage), Object.entries(sessionStorage), document.cookie])")
     check("the key is in no web storage and the cookie is out of script reach", KEY not in storage and "dispatch_session" not in storage, storage)
-    check("badge per state", part("iso", "badge").lower() == "processing" and part("train", "badge").lower() == "queued")
-    check("progress bar and percent", row("iso").find_element(By.CSS_SELECTOR, ".bar").get_attribute("aria-valuenow") == "42"
-          and part("iso", "pct") == "42%")
-    check("unknown progress: an animated indeterminate bar",
-          "indeterminate" in row("train").find_element(By.CSS_SELECTOR, ".bar").get_attribute("class")
-          and js("return getComputedStyle(document.querySelector('.row[data-id=train] .fill')).animationName") == "slide")
+    settles("badge per state", lambda: part("iso", "badge").lower() == "processing" and part("train", "badge").lower() == "queued",
+            lambda: f"iso {part('iso', 'badge')!r}, train {part('train', 'badge')!r}")
+    settles("progress bar and percent", lambda: row("iso").find_element(By.CSS_SELECTOR, ".bar").get_attribute("aria-valuenow") == "42"
+            and part("iso", "pct") == "42%", lambda: f"pct {part('iso', 'pct')!r}")
+    settles("unknown progress: an animated indeterminate bar",
+            lambda: "indeterminate" in row("train").find_element(By.CSS_SELECTOR, ".bar").get_attribute("class")
+            and js("return getComputedStyle(document.querySelector('.row[data-id=train]:not([hidden]) .fill')).animationName") == "slide",
+            lambda: row("train").find_element(By.CSS_SELECTOR, ".bar").get_attribute("class"))
     wait("the rejected job", lambda: in_section("broke", "finished"), 5)
-    check("a finished job without progress has no bar", not row("broke").find_element(By.CSS_SELECTOR, ".bar").is_displayed()
-          and part("broke", "pct") == "" and "freeze" in part("broke", "status"))
-    check("finished: how long it took and when", part("old", "time").startswith("took") and "finished" in part("old", "time"))
-    check("active: updated N ago", "updated" in part("iso", "time"))
+    settles("a finished job without progress has no bar",
+            lambda: not row("broke").find_element(By.CSS_SELECTOR, ".bar").is_displayed()
+            and part("broke", "pct") == "" and "freeze" in part("broke", "status"),
+            lambda: f"bar shown: {row('broke').find_element(By.CSS_SELECTOR, '.bar').is_displayed()}, "
+                    f"pct {part('broke', 'pct')!r}, status {part('broke', 'status')!r}")
+    settles("finished: how long it took and when", lambda: part("old", "time").startswith("took") and "finished" in part("old", "time"),
+            lambda: part("old", "time"))
+    settles("active: updated N ago", lambda: "updated" in part("iso", "time"), lambda: part("iso", "time"))
     heads = js("return [...document.querySelectorAll('.item.head:not([hidden])')].map(h => h.textContent)")
     check("per-state counts in the section headers", any("1 processing" in h or "processing" in h for h in heads)
           and any("completed" in h for h in heads), str(heads))
@@ -386,7 +418,8 @@ def main():
     wait("banner gone", lambda: not driver.find_element(By.ID, "banner").is_displayed(), 5)
     ids = js("return [...document.querySelectorAll('.row:not([hidden])')].map(r => r.dataset.id)")
     check("no duplicate rows after the restart (the session outlived it)", len(ids) == len(set(ids)) == 6, str(ids))
-    check("failed job shows its error", part("film", "badge").lower() == "error" and "disk full" in part("film", "status"))
+    settles("failed job shows its error", lambda: part("film", "badge").lower() == "error" and "disk full" in part("film", "status"),
+            lambda: f"badge {part('film', 'badge')!r}, status {part('film', 'status')!r}")
 
     # Contract §9: an EventSource on a mistyped id gets not_found (id 0), reconnects once, gets 204, stops.
     result = driver.execute_async_script("""
