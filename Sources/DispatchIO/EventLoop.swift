@@ -30,6 +30,8 @@ extension LoopScheduling {
 /// runs only on a turn when nothing of `.normal` is ready. Bulk transfers (a feed's initial set)
 /// take `.background`, so requests and live changes never wait behind their pages.
 public enum EventPriority: Int32, Sendable {
+    /// Latency-bound I/O whose own callbacks are short (the APNs connection's answers).
+    case urgent = 0
     case normal = 1
     case background = 2
     /// Priorities the base is made with; an event gets the middle one (`.normal`) by default.

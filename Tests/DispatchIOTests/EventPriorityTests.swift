@@ -22,6 +22,28 @@ final class EventPriorityTests: XCTestCase {
         XCTAssertEqual(order, ["normal 1", "normal 2", "background"])
     }
 
+    func testUrgentWorkGoesBeforeNormalWorkThatWasReadyFirst() {
+        let loop = EventLoop()
+        var order: [String] = []
+        loop.soon(.background) {
+            order.append("background")
+            loop.stop()
+        }
+        loop.soon(.normal) { order.append("normal") }
+        loop.soon(.urgent) { order.append("urgent") }
+        let guardTimer = loop.timer(after: 5) { loop.stop() }
+        loop.run()
+        guardTimer.cancel()
+        XCTAssertEqual(order, ["urgent", "normal", "background"])
+    }
+
+    /// The APNs client's sockets and timer are urgent: a push's answer is handled before a
+    /// turn's other ready work (webhooks, with their slow receivers, stay normal).
+    func testTheAPNsClientIsUrgentAndTheWebhookClientIsNot() {
+        XCTAssertEqual(CurlClient.Options.apns().priority, .urgent)
+        XCTAssertEqual(CurlClient.Options.webhooks.priority, .normal)
+    }
+
     func testBackgroundWorkRunsInOrderOnceNothingElseIsReady() {
         let loop = EventLoop()
         var order: [Int] = []

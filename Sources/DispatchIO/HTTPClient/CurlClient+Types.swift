@@ -39,6 +39,8 @@ extension CurlClient {
         public var allowPrivateAddresses = false
         /// Bytes of an answer's body kept; the rest is read and discarded.
         public var maxResponseBytes = 4096
+        /// Of the client's socket and timer events on the loop.
+        public var priority = EventPriority.normal
 
         public init() {}
 
@@ -48,6 +50,8 @@ extension CurlClient {
             var o = Options()
             o.maxHostConnections = 1
             o.maxInFlight = 1000
+            // A push's answer is a few bytes: handle it before the turn's other ready work.
+            o.priority = .urgent
             o.caFile = caFile
             o.allowPrivateAddresses = true
             return o

@@ -74,6 +74,7 @@ public final class CurlClient: HTTPRequestSending {
         timerEvent = event_new(loop.base, -1, 0, { _, _, arg in
             Unmanaged<CurlClient>.fromOpaque(arg!).takeUnretainedValue().drive(CURL_SOCKET_TIMEOUT, 0)
         }, me)
+        if let timerEvent { event_priority_set(timerEvent, options.priority.rawValue) }
     }
 
     deinit {
@@ -194,6 +195,7 @@ public final class CurlClient: HTTPRequestSending {
             if Int32(events) & EV_WRITE != 0 { action |= CURL_CSELECT_OUT }
             Unmanaged<CurlClient>.fromOpaque(arg!).takeUnretainedValue().drive(fd, action)
         }, Unmanaged.passUnretained(self).toOpaque()) else { return }
+        event_priority_set(event, options.priority.rawValue)
         event_add(event, nil)
         socketEvents[fd] = (event, what)
     }

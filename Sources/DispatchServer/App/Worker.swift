@@ -296,7 +296,9 @@ public final class Worker {
     /// With APNs configured: the sender, and the publisher marking the outbox for it.
     private func startPush() throws {
         guard let apns = config.apns, let vault else { return }
-        let sender = PushService(loop: loop, driver: LibpqDriver(loop: loop), conninfo: conninfo, settings: apns, signer: try apns.loadSigner(),
+        // Its claims, reads and marks are small and a push waits on each: handled before the
+        // turn's other ready work, as its APNs connection's answers are.
+        let sender = PushService(loop: loop, driver: LibpqDriver(loop: loop, priority: .urgent), conninfo: conninfo, settings: apns, signer: try apns.loadSigner(),
                                  vault: vault, dismissalSeconds: config.pushDismissalSeconds, leaseSeconds: config.pushLeaseSeconds, log: log,
                                  makeClient: { [loop] in CurlClient(loop: loop, options: $0) })
         push = sender
