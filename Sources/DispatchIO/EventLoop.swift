@@ -178,3 +178,35 @@ extension timeval {
         self.init(tv_sec: Int(whole), tv_usec: Int((seconds - whole) * 1_000_000))
     }
 }
+
+/// Keeps an `.urgent` source from starving the loop: past `floodTurn` completions in one turn
+/// (more arrived than the loop drains between polls), the source drops to `.normal` and shares
+/// turns fairly; once a turn brings at most half that, it is urgent again. libevent runs a
+/// lower priority only on turns when no higher one is ready, so a source that is always ready
+/// must not stay above the rest.
+public struct UrgencyGovernor: Sendable {
+    public let floodTurn: Int
+    public private(set) var priority: EventPriority
+
+    public init(preferred: EventPriority, floodTurn: Int = 64) {
+        self.floodTurn = max(2, floodTurn)
+        priority = preferred
+        self.preferred = preferred
+    }
+
+    private let preferred: EventPriority
+
+    /// A turn of the source handled `completed` items; true when its priority changed.
+    public mutating func turn(completed: Int) -> Bool {
+        guard preferred == .urgent else { return false }
+        if priority == .urgent && completed >= floodTurn {
+            priority = .normal
+            return true
+        }
+        if priority == .normal && completed <= floodTurn / 2 {
+            priority = .urgent
+            return true
+        }
+        return false
+    }
+}

@@ -59,3 +59,24 @@ final class EventPriorityTests: XCTestCase {
         XCTAssertEqual(order, [0, 1, 2])
     }
 }
+
+final class UrgencyGovernorTests: XCTestCase {
+    func testAFloodDropsToNormalAndAQuietTurnRestoresUrgent() {
+        var g = UrgencyGovernor(preferred: .urgent, floodTurn: 64)
+        XCTAssertEqual(g.priority, .urgent)
+        XCTAssertFalse(g.turn(completed: 10))
+        XCTAssertFalse(g.turn(completed: 63))
+        XCTAssertTrue(g.turn(completed: 64), "more answers in a turn than the loop drains: share turns")
+        XCTAssertEqual(g.priority, .normal)
+        XCTAssertFalse(g.turn(completed: 40), "still busy: stays normal")
+        XCTAssertTrue(g.turn(completed: 32))
+        XCTAssertEqual(g.priority, .urgent)
+    }
+
+    func testASourceThatIsNotUrgentIsNeverRaised() {
+        var g = UrgencyGovernor(preferred: .normal)
+        XCTAssertFalse(g.turn(completed: 0))
+        XCTAssertFalse(g.turn(completed: 1000))
+        XCTAssertEqual(g.priority, .normal)
+    }
+}

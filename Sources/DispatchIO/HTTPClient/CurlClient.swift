@@ -31,6 +31,8 @@ public final class CurlClient: HTTPRequestSending {
     /// Requests waiting for room under `Options.maxInFlight`, oldest first from `queueHead`.
     private var queue: [(request: Request, completion: Completion, deadline: Double)] = []
     private var queueHead = 0
+    /// The priority of the client's events now: `Options.priority`, lowered while answers flood.
+    private var urgency: UrgencyGovernor
 
     /// Sockets open now (connections, and connection attempts in progress).
     public private(set) var openConnections = 0
@@ -54,6 +56,7 @@ public final class CurlClient: HTTPRequestSending {
         _ = CurlClient.globalInit
         self.loop = loop
         self.options = options
+        urgency = UrgencyGovernor(preferred: options.priority)
         guard let m = curl_multi_init() else { fatalError("curl_multi_init failed") }
         multi = m
         let me = Unmanaged.passUnretained(self).toOpaque()
@@ -74,7 +77,7 @@ public final class CurlClient: HTTPRequestSending {
         timerEvent = event_new(loop.base, -1, 0, { _, _, arg in
             Unmanaged<CurlClient>.fromOpaque(arg!).takeUnretainedValue().drive(CURL_SOCKET_TIMEOUT, 0)
         }, me)
-        if let timerEvent { event_priority_set(timerEvent, options.priority.rawValue) }
+        if let timerEvent { event_priority_set(timerEvent, urgency.priority.rawValue) }
     }
 
     deinit {
@@ -195,7 +198,7 @@ public final class CurlClient: HTTPRequestSending {
             if Int32(events) & EV_WRITE != 0 { action |= CURL_CSELECT_OUT }
             Unmanaged<CurlClient>.fromOpaque(arg!).takeUnretainedValue().drive(fd, action)
         }, Unmanaged.passUnretained(self).toOpaque()) else { return }
-        event_priority_set(event, options.priority.rawValue)
+        event_priority_set(event, urgency.priority.rawValue)
         event_add(event, nil)
         socketEvents[fd] = (event, what)
     }
@@ -235,6 +238,11 @@ public final class CurlClient: HTTPRequestSending {
         }
         // Queued requests go first, before completions can send more.
         if !closed && options.maxInFlight > 0 { startQueued(expired: &finished) }
+        if urgency.turn(completed: finished.count) {
+            // An event that is ready right now keeps its priority until it has run.
+            if let timerEvent { event_priority_set(timerEvent, urgency.priority.rawValue) }
+            for (_, watched) in socketEvents { event_priority_set(watched.event, urgency.priority.rawValue) }
+        }
         for (completion, result) in finished { completion(result) }
     }
 
