@@ -69,6 +69,8 @@ public final class EventLoop: LoopScheduling {
 
     /// `soon` at a priority: with `.background`, on a turn when nothing of `.normal` is ready.
     public func soon(_ priority: EventPriority, _ body: @escaping () -> Void) {
+        // The default priority needs no event of its own (`soon` is every stream's drain path).
+        guard priority != .normal else { return soon(body) }
         let box = ClosureBox(body)
         // A one-shot event that frees itself (event_base_once takes no priority).
         var event: OpaquePointer?

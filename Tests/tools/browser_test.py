@@ -56,8 +56,9 @@ def api(method, path, body=None, key=None):
         return e.code, None
 
 
-def wait(what, predicate, timeout):
-    """Polls `predicate` until it is truthy; returns (value, seconds taken) or fails."""
+def wait(what, predicate, timeout, detail=None):
+    """Polls `predicate` until it is truthy; returns (value, seconds taken) or fails, saying
+    `detail()` when given."""
     start = time.monotonic()
     while True:
         try:
@@ -67,7 +68,11 @@ def wait(what, predicate, timeout):
         if v:
             return v, time.monotonic() - start
         if time.monotonic() - start > timeout:
-            check(what, False, f"(not within {timeout}s)")
+            try:
+                why = detail() if detail else ""
+            except Exception as e:
+                why = f"(unreadable: {e})"
+            check(what, False, f"{why} (not within {timeout}s)".strip())
         time.sleep(0.05)
 
 
@@ -78,19 +83,8 @@ def settles(name, predicate, detail=lambda: "", timeout=5):
     (the row, then its bar, then an attribute) can straddle one and read another job's row
     through a recycled element (seen about once in five runs). What is checked is the state
     the view shows; a view that never shows it fails after `timeout`."""
-    start = time.monotonic()
-    while True:
-        try:
-            ok = predicate()
-        except Exception:  # an element recycled mid-read: read again
-            ok = False
-        if ok or time.monotonic() - start > timeout:
-            try:
-                why = "" if ok else detail()
-            except Exception as e:
-                why = f"(unreadable: {e})"
-            return check(name, ok, why)
-        time.sleep(0.05)
+    wait(name, predicate, timeout, detail)
+    check(name, True)
 
 
 options = webdriver.ChromeOptions()
