@@ -39,7 +39,7 @@ final class PushServiceShellTests: XCTestCase {
         service.start()
         session.driver.socketReady()
         // On connecting: the session's settings, a claim, the broadcast channels' claim.
-        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "broadcast_claim", "broadcast_in_use"])
+        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets", "broadcast_claim", "broadcast_in_use"])
         answer()
         // Past the claim interval, short of the next poll: a kick claims at once.
         loop.advance(by: 0.1)
@@ -119,7 +119,7 @@ final class PushServiceShellTests: XCTestCase {
     /// asks for one; the pushes are then with the scripted client.
     func kickAndClaim(_ devices: [Int64], environment: APNsEnvironment = .production) {
         service.kick()
-        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim"])
+        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets"])
         answer(["push_claim": claimRows(devices)])
         XCTAssertEqual(session.pending, ["push_read"])
         answer(["push_read": readRows(devices, environment: environment)])
@@ -131,11 +131,54 @@ final class PushServiceShellTests: XCTestCase {
 
     // MARK: - Tests
 
+    /// `push_fanout_claim`'s row: activity job-1's entry, claimed under lease 71.
+    func entryClaim() -> PGResult {
+        PGResult(columns: ["activity_id", "lease_id", "priority", "pending_since_ms", "last_timestamp", "attempts", "claimed_ms", "noted"],
+                 rows: [["job-1", "71", "5", String(nowMs - 300), "0", "1", String(nowMs), "{job-1}"]])
+    }
+
+    /// `push_fanout_activities` and `push_fanout_targets`: job-1 as it is now, and a token on
+    /// each of `devices`.
+    func entryReads(_ devices: [Int64]) -> (activities: PGResult, targets: PGResult) {
+        let row = readRows([devices[0]])
+        let activityColumns = ["outbox_activity_id"] + ActivityRepository.columns.split(separator: ",").map { String($0.split(separator: ".").last!) }
+        let activity = activityColumns.map { name in row.first.flatMap { $0[name == "outbox_activity_id" ? "outbox_activity_id" : name] } }
+        let targets = PGResult(columns: ["activity_id", "device_id", "token_mac", "token_sealed", "token_hint", "environment", "row_wanted", "row_sent", "row_failed"],
+                               rows: devices.map { device in
+                                   let sealed = try! vault.seal(Self.token + String(device))
+                                   return ["job-1", String(device), Bytea.literal(sealed.mac), Bytea.literal(sealed.sealed), sealed.hint, "production", nil, nil, nil]
+                               })
+        return (PGResult(columns: activityColumns, rows: [activity]), targets)
+    }
+
+    func testAnEntryIsClaimedAndReadInOneRoundTripAndFannedOutToEveryToken() throws {
+        service.kick()
+        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets"],
+                       "the entries' reads go in the claim's batch, as later statements")
+        XCTAssertEqual(session.parameters(of: "push_fanout_activities"), [], "what they read is what the claim noted in the transaction")
+        let reads = entryReads([21, 22, 23])
+        answer(["push_fanout_claim": entryClaim(), "push_fanout_activities": reads.activities, "push_fanout_targets": reads.targets])
+        XCTAssertEqual(session.pending, ["apns_token_read"], "no second round trip before the pushes, only the provider token")
+        answer(["apns_token_read": storedToken(storedJWT, issuedAt: storedIssuedAt)])
+        XCTAssertEqual(sender.requests.map(\.url), [21, 22, 23].map { "https://api.push.apple.com/3/device/" + Self.token + String($0) })
+        XCTAssertEqual(Set(sender.requests.map(\.body)).count, 1, "one body for every token")
+        XCTAssertEqual(session.pending, [], "nothing is marked before the answers")
+        sender.answer(apns(200))
+        sender.answer(apns(200))
+        XCTAssertEqual(session.pending, [], "the entry is marked once all its pushes are answered")
+        sender.answer(apns(200))
+        XCTAssertEqual(session.pending, ["push_fanout_mark"])
+        let mark = try XCTUnwrap(session.parameters(of: "push_fanout_mark"))
+        XCTAssertEqual(Array(mark[1...3]), ["{\"job-1\"}", "{71}", "{3}"], "the entry as claimed (its lease) and the seq pushed")
+        answer()
+        XCTAssertEqual(service.metrics.sent[.delivered], 3)
+    }
+
     func testAKickClaimsSendsWithTheProviderTokenAndMarksTheRowSent() throws {
         XCTAssertEqual(options?.maxHostConnections, 1, "one multiplexed HTTP/2 connection to APNs")
         XCTAssertEqual(options?.preferHTTP2, true)
         service.kick()
-        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim"])
+        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets"])
         XCTAssertEqual(session.parameters(of: "push_claim"), ["500", "30000"], "a batch, leased for the lease")
         answer(["push_claim": claimRows([11])])
         XCTAssertEqual(session.pending, ["push_read"])
@@ -175,7 +218,7 @@ final class PushServiceShellTests: XCTestCase {
         // as the claim interval allows, on the wake-up timer.
         XCTAssertEqual(session.pending, [])
         loop.advance(by: 0.01)
-        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim"])
+        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets"])
         answer()
     }
 
@@ -191,7 +234,7 @@ final class PushServiceShellTests: XCTestCase {
         answer()
         XCTAssertEqual(service.metrics.sent[.retired], 1)
         loop.advance(by: 0.01)
-        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim"], "a retired row may be due again (a new token)")
+        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets"], "a retired row may be due again (a new token)")
         answer()
 
         loop.advance(by: 0.05)
@@ -227,7 +270,7 @@ final class PushServiceShellTests: XCTestCase {
         answer()
         XCTAssertEqual(session.pending, [], "the next batch waits for the mark interval")
         loop.advance(by: 0.01)
-        XCTAssertEqual(session.pending, ["push_mark_lock", "push_mark_retry", "push_claim", "push_fanout_claim"])
+        XCTAssertEqual(session.pending, ["push_mark_lock", "push_mark_retry", "push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets"])
         retry = try XCTUnwrap(session.parameters(of: "push_mark_retry"))
         XCTAssertEqual(retry[1], "{12}")
         XCTAssertEqual(retry[5], "{\"503\"}")
@@ -236,7 +279,7 @@ final class PushServiceShellTests: XCTestCase {
         XCTAssertEqual(service.metrics.sent[.serverError], 1)
         XCTAssertEqual(session.pending, [], "rows retried later are not claimed again at once")
         loop.advance(by: 0.1)
-        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "broadcast_claim", "broadcast_in_use"], "the poll claims")
+        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets", "broadcast_claim", "broadcast_in_use"], "the poll claims")
         answer()
     }
 
@@ -250,7 +293,7 @@ final class PushServiceShellTests: XCTestCase {
         loop.advance(by: 0.004)
         XCTAssertEqual(session.pending, [])
         loop.advance(by: 0.006)
-        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim"])
+        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets"])
         answer()
     }
 
@@ -258,7 +301,7 @@ final class PushServiceShellTests: XCTestCase {
     /// retry, and once the session is back a claim goes out again.
     func testALostConnectionMidClaimIsSurvivedAndTheNextPollClaimsAgain() {
         service.kick()
-        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim"])
+        XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets"])
         session.connectionLost()
         loop.runSoon()
         XCTAssertEqual(session.pending, [])
@@ -273,7 +316,7 @@ final class PushServiceShellTests: XCTestCase {
         XCTAssertEqual(session.pending, ["broadcast_claim", "broadcast_in_use"], "still within it (a second after the failure)")
         answer()
         loop.advance(by: 0.35)
-        XCTAssertEqual(session.pending, ["broadcast_claim", "broadcast_in_use", "push_claim", "push_fanout_claim"],
+        XCTAssertEqual(session.pending, ["broadcast_claim", "broadcast_in_use", "push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets"],
                        "the first poll past the database retry claims again")
         answer(["push_claim": claimRows([11])])
         answer(["push_read": readRows([11])])

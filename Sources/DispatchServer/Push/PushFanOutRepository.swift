@@ -6,23 +6,34 @@ import DispatchIO
 /// change is to be pushed to every token of it. Claimed in batches under a lease, read with
 /// every token of the batch's activities in one statement, marked in one statement per batch.
 enum PushFanOutRepository {
-    /// Claims up to `limit` due entries for `leaseMs`, as `PushOutboxRepository.claim` does rows.
+    /// Claims up to `limit` due entries for `leaseMs`, as `PushOutboxRepository.claim` does
+    /// rows, and notes their activity ids in the transaction (`claimedSetting`) for the reads
+    /// that follow it in the same batch.
     static func claim(limit: Int, leaseMs: Int) -> PGQuery {
         PGQuery("""
-            WITH lease AS (SELECT nextval('push_leases') AS lease_id)
-            UPDATE push_activity_outbox o SET lease_id = (SELECT lease_id FROM lease),
-                   lease_until = now() + $2::int * interval '1 millisecond',
-                   due_at = now() + $2::int * interval '1 millisecond', attempts = o.attempts + 1
-            WHERE o.ctid = ANY (ARRAY(
-              SELECT ctid FROM push_activity_outbox
-              WHERE wanted_seq > sent_seq AND due_at <= now()
-              ORDER BY due_at LIMIT $1::int
-              FOR UPDATE SKIP LOCKED))
-            RETURNING o.activity_id, o.lease_id, o.priority, o.pending_since_ms, GREATEST(o.last_timestamp, o.row_timestamp) AS last_timestamp,
-                      o.attempts,
-                      (extract(epoch FROM now()) * 1000)::bigint AS claimed_ms
+            WITH lease AS (SELECT nextval('push_leases') AS lease_id), claimed AS (
+              UPDATE push_activity_outbox o SET lease_id = (SELECT lease_id FROM lease),
+                     lease_until = now() + $2::int * interval '1 millisecond',
+                     due_at = now() + $2::int * interval '1 millisecond', attempts = o.attempts + 1
+              WHERE o.ctid = ANY (ARRAY(
+                SELECT ctid FROM push_activity_outbox
+                WHERE wanted_seq > sent_seq AND due_at <= now()
+                ORDER BY due_at LIMIT $1::int
+                FOR UPDATE SKIP LOCKED))
+              RETURNING o.activity_id, o.lease_id, o.priority, o.pending_since_ms, GREATEST(o.last_timestamp, o.row_timestamp) AS last_timestamp,
+                        o.attempts, (extract(epoch FROM now()) * 1000)::bigint AS claimed_ms)
+            SELECT c.*, (SELECT set_config('\(claimedSetting)', array_agg(activity_id)::text, true) FROM claimed) AS noted
+            FROM claimed c
             """, [String(limit), String(leaseMs)], name: "push_fanout_claim")
     }
+
+    /// The transaction-local setting where `claim` notes what it claimed: the reads run as
+    /// later statements of the claim's batch (one round trip), each with its own snapshot, so
+    /// they see every change committed before the claim took its entries (an entry waiting to
+    /// be claimed is not rewritten per change; see ActivityRepository.finalizeStatement). Unset
+    /// or empty when nothing was claimed.
+    static let claimedSetting = "dispatch.push_claimed"
+    private static let claimedIDs = "unnest(coalesce(nullif(current_setting('\(claimedSetting)', true), ''), '{}')::text[])"
 
     /// One claimed entry, decoded from the claim, then completed by the reads.
     struct ClaimedEntry {
@@ -55,31 +66,30 @@ enum PushFanOutRepository {
         return ClaimedEntry(entry: entry, priority: row.int("priority") ?? 5, lastTimestamp: last)
     }
 
-    /// The claimed entries' activities as they are now (read after the claim committed, so a
-    /// change the claim coalesced is seen).
-    static func readActivities(_ ids: [String]) -> PGQuery {
+    /// The claimed entries' activities as they are now (`claimedSetting`).
+    static func readActivities() -> PGQuery {
         PGQuery("""
             SELECT k.activity_id AS outbox_activity_id, \(ActivityRepository.columns)
-            FROM unnest($1::text[]) AS k(activity_id)
+            FROM \(claimedIDs) AS k(activity_id)
             LEFT JOIN LATERAL (SELECT * FROM activities x WHERE x.activity_id = k.activity_id LIMIT 1) a ON true
-            """, [PGArray.text(ids)], name: "push_fanout_activities")
+            """, [], name: "push_fanout_activities")
     }
 
-    /// Every token of the claimed entries' activities: one per token however many keys
-    /// registered it (the lowest device id, as `DeviceRepository.updateTargets`), with the
-    /// device's environment and the state of its own row.
-    static func readTargets(_ ids: [String]) -> PGQuery {
+    /// Every token of the claimed entries' activities (`claimedSetting`): one per token however
+    /// many keys registered it (the lowest device id, as `DeviceRepository.updateTargets`),
+    /// with the device's environment and the state of its own row.
+    static func readTargets() -> PGQuery {
         PGQuery("""
             SELECT t.activity_id, t.device_id, t.token_mac, t.token_sealed, t.token_hint, dev.environment,
                    r.wanted_seq AS row_wanted, r.sent_seq AS row_sent, r.failed AS row_failed
-            FROM unnest($1::text[]) AS k(activity_id)
+            FROM \(claimedIDs) AS k(activity_id)
             CROSS JOIN LATERAL (
               SELECT DISTINCT ON (x.token_mac) x.activity_id, x.device_id, x.token_mac, x.token_sealed, x.token_hint
               FROM activity_tokens x WHERE x.activity_id = k.activity_id ORDER BY x.token_mac, x.device_id) t
             LEFT JOIN LATERAL (SELECT environment FROM devices d WHERE d.id = t.device_id LIMIT 1) dev ON true
             LEFT JOIN LATERAL (SELECT o.wanted_seq, o.sent_seq, o.failed FROM push_outbox o
                                WHERE o.activity_id = t.activity_id AND o.device_id = t.device_id AND o.kind = 'update' LIMIT 1) r ON true
-            """, [PGArray.text(ids)], name: "push_fanout_targets")
+            """, [], name: "push_fanout_targets")
     }
 
     /// Completes the claimed entries with the two reads' rows.

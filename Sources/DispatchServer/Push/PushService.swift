@@ -46,7 +46,8 @@ final class PushService {
     /// Sends waiting for the provider token of their generation.
     private var waitingForToken: [(job: PushJob, prepared: Prepared, generation: Int)] = []
     private var timers: [Timer] = []
-    private var rng = SystemRandomNumberGenerator()
+    /// Backoff jitter only: seeded once, so an answer costs no getrandom call.
+    private var rng = SeededGenerator(seed: UInt64.random(in: 1...UInt64.max))
     /// Per answer class: when it was last logged, and how many went unlogged since.
     private var logGate: [String: (last: Double, count: Int)] = [:]
     private var closed = false
@@ -165,28 +166,31 @@ final class PushService {
         metrics.inFlight = machine.inFlightCount
     }
 
-    /// Claims rows and entries (one transaction), then reads what they push (a later snapshot):
-    /// the rows' activities and tokens, the entries' activities and every token of them.
+    /// Claims rows and entries and reads the entries' activities and tokens in one batch (one
+    /// round trip: the reads are later statements, so they see what committed before the
+    /// claim); the rows, rare in steady state, are read by a second trip.
     private func claim(_ limit: Int) {
         guard !closed else { return }
         // An entry fans out to several tokens: fewer entries than rows per claim.
         let entryLimit = max(1, limit / 4)
-        db.execute([PushOutboxRepository.claim(limit: limit, leaseMs: leaseMs),
-                    PushFanOutRepository.claim(limit: entryLimit, leaseMs: leaseMs)]) { [weak self] result in
+        db.execute([PushOutboxRepository.claim(limit: limit, leaseMs: leaseMs), PushFanOutRepository.claim(limit: entryLimit, leaseMs: leaseMs),
+                    PushFanOutRepository.readActivities(), PushFanOutRepository.readTargets()]) { [weak self] result in
             guard let self, !self.closed else { return }
             switch result {
-            case .success(let rs) where rs.count == 2 && rs.allSatisfy(\.ok):
+            case .success(let rs) where rs.count == 4 && rs.allSatisfy(\.ok):
                 let rows = rs[0].rows.compactMap { r -> PushOutboxRepository.ClaimedRow? in
                     self.nextLocalID += 1
                     return PushOutboxRepository.decodeClaim(r, localID: self.nextLocalID)
                 }
-                let entries = rs[1].rows.compactMap { r -> PushFanOutRepository.ClaimedEntry? in
+                var entries = rs[1].rows.compactMap { r -> PushFanOutRepository.ClaimedEntry? in
                     self.nextLocalID += 1
                     return PushFanOutRepository.decodeClaim(r, localID: self.nextLocalID)
                 }
+                PushFanOutRepository.complete(&entries, activities: rs[2], targets: rs[3])
+                let fannedOut = entries.flatMap(self.fanOut)
                 let full = rows.count >= limit || entries.count >= entryLimit
-                if rows.isEmpty && entries.isEmpty { return self.perform(self.machine.claimed([], requested: limit, full: full, now: now())) }
-                self.read(rows, entries, requested: limit, full: full)
+                if rows.isEmpty { return self.perform(self.machine.claimed(fannedOut, requested: limit, full: full, now: now())) }
+                self.read(rows, then: fannedOut, requested: limit, full: full)
             case .success(let rs):
                 self.log.error("push.claim_failed", [("error", (rs.first { !$0.ok }?.errorMessage ?? "").trimmingNewlines)])
                 self.perform(self.machine.claimFailed(now: now()))
@@ -196,36 +200,23 @@ final class PushService {
         }
     }
 
-    private func read(_ claimed: [PushOutboxRepository.ClaimedRow], _ entries: [PushFanOutRepository.ClaimedEntry], requested: Int, full: Bool) {
-        var queries: [PGQuery] = []
-        if !claimed.isEmpty { queries.append(PushOutboxRepository.read(claimed)) }
-        let ids = entries.map(\.entry.activityID)
-        if !entries.isEmpty { queries += [PushFanOutRepository.readActivities(ids), PushFanOutRepository.readTargets(ids)] }
-        db.execute(queries) { [weak self] result in
+    /// Reads what the claimed rows push (a later snapshot than their claim's).
+    private func read(_ claimed: [PushOutboxRepository.ClaimedRow], then fannedOut: [Machine.Claimed], requested: Int, full: Bool) {
+        db.execute([PushOutboxRepository.read(claimed)]) { [weak self] result in
             guard let self, !self.closed else { return }
-            guard case .success(let rs) = result, rs.count == queries.count, rs.allSatisfy(\.ok) else {
-                // The rows and entries stay leased; give them back when the database answers again.
+            guard case .success(let rs) = result, rs.count == 1, rs[0].ok else {
+                // The rows stay leased; give them back when the database answers again.
                 let items = claimed.map { Machine.Claimed.settle(.retry($0.job, afterSeconds: 1, status: .database, countsAsAttempt: false)) }
-                    + entries.map { Machine.Claimed.settle(.releaseEntry($0.entry, afterSeconds: 1, status: .database)) }
-                return self.perform(self.machine.claimed(items, requested: requested, full: full, now: now()))
+                return self.perform(self.machine.claimed(items + fannedOut, requested: requested, full: full, now: now()))
             }
-            var items: [Machine.Claimed] = []
-            if !claimed.isEmpty {
-                var byKey: [String: PGRow] = [:]
-                for r in rs[0].rows { if let k = PushOutboxRepository.readKey(r) { byKey[k] = r } }
-                items = claimed.map { row -> Machine.Claimed in
-                    var row = row
-                    if let r = byKey[row.key] { PushOutboxRepository.complete(&row, with: r) }
-                    return self.prepare(row)
-                }
+            var byKey: [String: PGRow] = [:]
+            for r in rs[0].rows { if let k = PushOutboxRepository.readKey(r) { byKey[k] = r } }
+            let items = claimed.map { row -> Machine.Claimed in
+                var row = row
+                if let r = byKey[row.key] { PushOutboxRepository.complete(&row, with: r) }
+                return self.prepare(row)
             }
-            if !entries.isEmpty {
-                var entries = entries
-                let base = claimed.isEmpty ? 0 : 1
-                PushFanOutRepository.complete(&entries, activities: rs[base], targets: rs[base + 1])
-                items += entries.flatMap(self.fanOut)
-            }
-            self.perform(self.machine.claimed(items, requested: requested, full: full, now: now()))
+            self.perform(self.machine.claimed(items + fannedOut, requested: requested, full: full, now: now()))
         }
     }
 
