@@ -133,8 +133,8 @@ final class PushServiceShellTests: XCTestCase {
 
     /// `push_fanout_claim`'s row: activity job-1's entry, claimed under lease 71.
     func entryClaim() -> PGResult {
-        PGResult(columns: ["activity_id", "lease_id", "priority", "pending_since_ms", "last_timestamp", "attempts", "claimed_ms", "noted"],
-                 rows: [["job-1", "71", "5", String(nowMs - 300), "0", "1", String(nowMs), "{job-1}"]])
+        PGResult(columns: ["activity_id", "lease_id", "priority", "pending_since_ms", "last_timestamp", "attempts", "claimed_ms"],
+                 rows: [["job-1", "71", "5", String(nowMs - 300), "0", "1", String(nowMs)]])
     }
 
     /// `push_fanout_activities` and `push_fanout_targets`: job-1 as it is now, and a token on

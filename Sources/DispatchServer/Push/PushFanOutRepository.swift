@@ -3,8 +3,8 @@ import PGCore
 import DispatchIO
 
 /// The sender's SQL on `push_activity_outbox` (Migrations/0016): one entry per activity whose
-/// change is to be pushed to every token of it. Claimed in batches under a lease, read with
-/// every token of the batch's activities in one statement, marked in one statement per batch.
+/// change is to be pushed to every token of it. Claimed in batches under a lease and read, with
+/// every token of the batch's activities, in the claim's own batch; marked in one statement per batch.
 enum PushFanOutRepository {
     /// Claims up to `limit` due entries for `leaseMs`, as `PushOutboxRepository.claim` does
     /// rows, and notes their activity ids in the transaction (`claimedSetting`) for the reads
@@ -22,8 +22,8 @@ enum PushFanOutRepository {
                 FOR UPDATE SKIP LOCKED))
               RETURNING o.activity_id, o.lease_id, o.priority, o.pending_since_ms, GREATEST(o.last_timestamp, o.row_timestamp) AS last_timestamp,
                         o.attempts, (extract(epoch FROM now()) * 1000)::bigint AS claimed_ms)
-            SELECT c.*, (SELECT set_config('\(claimedSetting)', array_agg(activity_id)::text, true) FROM claimed) AS noted
-            FROM claimed c
+            SELECT c.* FROM claimed c
+            WHERE (SELECT set_config('\(claimedSetting)', array_agg(activity_id)::text, true) FROM claimed) IS NOT NULL
             """, [String(limit), String(leaseMs)], name: "push_fanout_claim")
     }
 
