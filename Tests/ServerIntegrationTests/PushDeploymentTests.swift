@@ -81,6 +81,44 @@ extension PushTests {
                        "stored sealed, not as the JWT")
     }
 
+    /// A slow commit (a synchronous standby, say) of the new token must not let the processes
+    /// waiting on the renewal lock read the table before it lands: they take the stored token
+    /// and APNs still sees one JWT. The lock used to go in the store's own transaction, before
+    /// its commit, and each waiter made a JWT of its own (a 429 for all but the first).
+    func testProcessesWaitingOnTheRenewalLockTakeTheTokenCommittedBeforeIt() throws {
+        let f = try fake()
+        let a = try server(f, ["DISPATCH_WORKERS": "2"])
+        defer { a.stop() }
+        let b = try server(f, ["DISPATCH_WORKERS": "2"], conninfo: a.conninfo)
+        defer { b.stop() }
+        let pg = try BlockingPG(a.conninfo)
+        try pg.query("CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$")
+        try pg.query("""
+            CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON apns_provider_tokens
+              DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()
+            """)
+        try pg.query("SELECT pg_advisory_lock(\(ProviderTokenStore.lockKey))")
+        let waiters = """
+            SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = \(ProviderTokenStore.lockKey)
+            """
+        var ids: [String] = [], tokens: [String] = []
+        let many = try waitUntil(20) {
+            let id = "slow-commit\(ids.count)", t = token()
+            let s = ids.count % 2 == 0 ? a : b
+            try s.startActivity(id)
+            try register(s, device: token(), tokens: [(id, t)])
+            ids.append(id)
+            tokens.append(t)
+            return try count(a, waiters) >= 2
+        }
+        XCTAssertTrue(many, "several processes wait for a token")
+        try pg.query("SELECT pg_advisory_unlock(\(ProviderTokenStore.lockKey))")
+        let all = try f.wait(timeout: 30) { rs in Set(self.delivered(rs).map(\.token)) == Set(tokens) }
+        XCTAssertEqual(Set(delivered(all).map(\.token)), Set(tokens), "every start was pushed")
+        XCTAssertEqual(all.filter { $0.status != 200 }.map { "\($0.status ?? 0) \($0.reason ?? "")" }, [])
+        XCTAssertEqual(try f.stat("distinctJwts"), 1)
+    }
+
     /// `429 TooManyProviderTokenUpdates` stops all sending until a token may be made again
     /// (20 minutes after the current one), recorded for the deployment, instead of a retry per push.
     func testTooManyProviderTokenUpdatesPausesAllSending() throws {

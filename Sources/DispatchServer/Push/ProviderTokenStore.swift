@@ -90,7 +90,10 @@ final class ProviderTokenStore {
                     self.unlock()
                     return completion(.failure(.signing("\(error)")))
                 }
-                self.db.execute([self.store(sealed, issuedAt: now), self.unlockQuery]) { result in
+                // The store commits at its own sync, before the unlock: in one batch (one
+                // implicit transaction) the lock would go first, and a waiting process would
+                // read the table before the commit and make a second JWT.
+                self.db.execute([self.store(sealed, issuedAt: now)]) { result in
                     guard case .success(let rs) = result, rs.allSatisfy(\.ok) else {
                         return completion(.failure(.database("storing the provider token failed")))
                     }
@@ -98,6 +101,7 @@ final class ProviderTokenStore {
                                                           ("why", refused == nil ? "due" : "refused")])
                     completion(.success(Token(jwt: jwt, issuedAt: now, pausedUntil: row?.pausedUntil)))
                 }
+                self.unlock()
             }
         }
     }
