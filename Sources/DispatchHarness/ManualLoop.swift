@@ -44,6 +44,14 @@ public final class ManualLoop: LoopScheduling {
         }
     }
 
+    /// Runs the oldest piece of deferred work only; false when none was waiting.
+    @discardableResult
+    public func runOne() -> Bool {
+        guard !deferred.isEmpty else { return false }
+        deferred.removeFirst()()
+        return true
+    }
+
     /// Moves the clock forward, firing every timer that comes due on the way at its due time.
     public func advance(by seconds: Double) {
         let end = now + seconds

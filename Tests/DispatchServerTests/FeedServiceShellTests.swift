@@ -92,6 +92,37 @@ final class FeedServiceShellTests: XCTestCase {
         XCTAssertEqual(scripted.pending(on: scripted.feedReader), ["feed_initial_page"], "then the next page")
     }
 
+    /// Two walks answered in turn keep the action queue from ever emptying: the actions
+    /// already performed, and the pages they hold, are let go all the same.
+    func testPerformedActionsAreLetGoWhileTheQueueNeverEmpties() {
+        service = FeedService(loop: loop, repository: FeedRepository(db: scripted.db), metrics: metrics, log: Logger(level: .error),
+                              settings: .init(heartbeatSeconds: 4, maxBacklog: 1 << 20, writeTimeout: 60),
+                              pacer: BulkPacer(bytesPerTurn: 1, restPerBusy: 0, minimumRest: 0.002))
+        let clients = (0..<200).map { _ in ScriptedStream() }
+        for (i, c) in clients.enumerated() {
+            service.open(c, filter: FeedFilter(machine: i % 2 == 0 ? "a" : "b"), lastEventID: nil, invalidLastEventID: false, keyID: 1,
+                         extraHeaders: [])
+        }
+        let pad = String(repeating: "x", count: 40_000)
+        var position: Int64 = 0, pages = 0, mostRetained = 0
+        while pages < 40 {
+            if !scripted.pending(on: scripted.feedReader).isEmpty {
+                // A page cut by its byte budget: not the last.
+                scripted.answer(on: scripted.feedReader) { _ in
+                    PGResult(columns: ["head", "position", "event", "data", "machine"],
+                             rows: (1...3).map { ["100000", String(position + Int64($0)), "processing", "{\"pad\":\"\(pad)\"}", nil] })
+                }
+                position += 3
+                pages += 1
+            }
+            mostRetained = max(mostRetained, service.retainedActions)
+            guard loop.runOne() else { break }
+        }
+        XCTAssertEqual(pages, 40, "the walks went on")
+        XCTAssertGreaterThan(metrics.feedSharedPages, 2_000)
+        XCTAssertLessThan(mostRetained, 600, "performed actions let go (before: every action since the load began)")
+    }
+
     /// A Last-Event-ID that is not a number: `reset`, then the initial set.
     func testAnUnreadableLastEventIDGetsResetThenTheInitialSet() {
         let client = ScriptedStream()
