@@ -79,6 +79,15 @@ public final class ScriptedStream: StreamTransport {
         if isOpen { delegate?.streamDrained(tag) }
     }
 
+    /// The socket took all but `remaining` bytes of what was queued: as libevent does, the
+    /// delegate hears it only once the backlog is below `drainMark`.
+    public func drain(leaving remaining: Int) {
+        socketFull = false
+        guard remaining < backlog else { return }
+        backlog = remaining
+        if isOpen && backlog < drainMark { delegate?.streamDrained(tag) }
+    }
+
     /// The client goes away (FIN, RST): the delegate hears it once, as from evhttp.
     public func peerLeaves() {
         guard isOpen else { return }

@@ -13,7 +13,7 @@ final class ScriptedDatabase {
     var reader: ScriptedPGDriver { drivers[1] }
     var feedReader: ScriptedPGDriver { drivers[2] }
 
-    init(loop: ManualLoop, metrics: Metrics) {
+    init(loop: LoopScheduling, metrics: Metrics) {
         let log = Logger(level: .error)
         let connections = zip(["writer", "reader", "feed_reader"], sessions).map {
             PGConnection(loop: loop, driver: $1.driver, conninfo: "scripted", name: $0, log: log)
@@ -68,6 +68,24 @@ final class ScriptedSession {
         }
         answered = driver.sent.count
         driver.arrive(wire)
+    }
+
+    /// Answers the oldest batch not answered yet (its statements up to its sync), each
+    /// statement with `rows(name, parameters)`; false when none waits.
+    @discardableResult
+    func answerNext(_ rows: (String, [String?]) -> PGResult) -> Bool {
+        guard let end = driver.sent[answered...].firstIndex(of: .sync) else { return false }
+        var wire: [ScriptedPGDriver.Wire] = []
+        for command in driver.sent[answered...end] {
+            switch command {
+            case .prepare, .execute: wire += [.input(.result(PGResult())), .input(.endOfQuery)]
+            case .executePrepared(let name, let params): wire += [.input(.result(rows(name, params))), .input(.endOfQuery)]
+            case .sync: wire.append(.input(.sync))
+            }
+        }
+        answered = end + 1
+        driver.arrive(wire)
+        return true
     }
 
     /// The connection broke: what was sent on it will never be answered.

@@ -15,7 +15,7 @@ struct BudgetedStream: Hashable {
 /// inside the write that reported, whose stream may be the one disconnected).
 final class ReplayMemory {
     private var budget: MemoryBudget<Int64, BudgetedStream>
-    private let loop: EventLoop
+    private let loop: LoopScheduling
     private let metrics: Metrics
     private var connections: [BudgetedStream: SSEConnection] = [:]
     /// How each kind of stream is ended (as a slow client) when the budget disconnects it.
@@ -26,7 +26,7 @@ final class ReplayMemory {
     private var timer: Timer?
 
     /// `limit`: this worker's share of the server's budget, in bytes.
-    init(loop: EventLoop, limit: Int, metrics: Metrics) {
+    init(loop: LoopScheduling, limit: Int, metrics: Metrics) {
         self.loop = loop
         self.metrics = metrics
         budget = MemoryBudget(limit: max(limit, 64 * 1024))
@@ -38,20 +38,20 @@ final class ReplayMemory {
     var total: Int { budget.total }
 
     func open(_ s: BudgetedStream, key: Int64, connection: SSEConnection) {
-        budget.open(s, key: key, now: Clock.monotonic())
+        budget.open(s, key: key, now: loop.now)
         connections[s] = connection
     }
 
     /// What the stream holds now, queued and in its socket's buffer; `release`: bytes reserved
     /// for a page read that is over.
     func hold(_ s: BudgetedStream, bytes: Int, release: Int = 0) {
-        perform(budget.hold(s, bytes: bytes, now: Clock.monotonic(), release: release))
+        perform(budget.hold(s, bytes: bytes, now: loop.now, release: release))
     }
 
     /// Whether a page of `bytes` may be read now; if not, the connection's deferred read runs
     /// once the budget grants it.
     func admit(_ s: BudgetedStream, bytes: Int) -> Bool {
-        let r = budget.admit(s, bytes: bytes, now: Clock.monotonic())
+        let r = budget.admit(s, bytes: bytes, now: loop.now)
         perform(r.decision)
         return r.granted
     }
@@ -65,7 +65,7 @@ final class ReplayMemory {
 
     private func tick() {
         // Sockets drain without telling (only below their low-water mark): measure them all.
-        let now = Clock.monotonic()
+        let now = loop.now
         for (s, c) in connections where (budget.held(by: s) ?? 0) > 0 { perform(budget.hold(s, bytes: c.heldBytes, now: now)) }
         perform(budget.tick(now: now))
         metrics.replayMemoryHeld = budget.total

@@ -1,0 +1,57 @@
+import DispatchIO
+
+/// A loop whose clock moves a little each time it is read (work takes time, so the pacer
+/// rests), and whose deferred work runs by priority: `.background` only when nothing else
+/// waits, as libevent runs it.
+public final class SimulatedLoop: LoopScheduling {
+    public init() {}
+    private var clock = 1_000.0
+    private var normal: [() -> Void] = []
+    private var background: [() -> Void] = []
+    private var timers: [(due: Double, order: Int, interval: Double?, timer: Timer)] = []
+    private var order = 0
+
+    public var now: Double {
+        clock += 5e-6
+        return clock
+    }
+
+    public func soon(_ body: @escaping () -> Void) { normal.append(body) }
+
+    public func soon(_ priority: EventPriority, _ body: @escaping () -> Void) {
+        if priority == .background { background.append(body) } else { normal.append(body) }
+    }
+
+    public func timer(after seconds: Double, repeating: Bool, _ body: @escaping () -> Void) -> Timer {
+        let t = Timer(interval: seconds, repeating: repeating, body: body)
+        timers.append((clock + max(seconds, 0), order, repeating ? max(seconds, 1e-6) : nil, t))
+        order += 1
+        return t
+    }
+
+    public var idle: Bool { normal.isEmpty && background.isEmpty }
+
+    /// Runs one piece of deferred work; false when none waits.
+    @discardableResult
+    public func runOne() -> Bool {
+        if !normal.isEmpty { normal.removeFirst()(); return true }
+        if !background.isEmpty { background.removeFirst()(); return true }
+        return false
+    }
+
+    /// Moves the clock on, firing the timers that come due (each followed by what it deferred).
+    public func advance(by seconds: Double) {
+        let end = clock + seconds
+        while true {
+            timers.removeAll { $0.timer.isCancelled }
+            guard let i = timers.indices.filter({ timers[$0].due <= end })
+                .min(by: { (timers[$0].due, timers[$0].order) < (timers[$1].due, timers[$1].order) }) else { break }
+            let entry = timers[i]
+            clock = max(clock, entry.due)
+            if let interval = entry.interval { timers[i].due += interval } else { timers.remove(at: i) }
+            entry.timer.fire()
+            while runOne() {}
+        }
+        clock = max(clock, end)
+    }
+}
