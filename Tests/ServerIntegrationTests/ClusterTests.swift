@@ -36,6 +36,7 @@ final class ClusterTests: XCTestCase {
         defer { b.stop() }
         try a.startActivity("race")
         let watcher = try a.stream("race")
+        XCTAssertEqual(try watcher.waitForEvents(1).count, 1, "subscribed before the publishing")
         // Two processes publish to the same activity at once.
         let script = { (port: Int) -> [String] in
             ["/bin/sh", "-c", "for i in $(seq 1 60); do curl -s -o /dev/null -XPOST -H 'Authorization: Bearer \(a.adminKey)' -H 'Content-Type: application/json' -d '{\"progress\":0.5}' http://127.0.0.1:\(port)/v1/activities/race/update; done"]
@@ -56,6 +57,7 @@ final class ClusterTests: XCTestCase {
         defer { s.stop() }
         try s.startActivity("crash")
         let first = try s.stream("crash")
+        XCTAssertEqual(try first.waitForEvents(1).count, 1, "subscribed before the updates")
         try s.update("crash")
         try s.update("crash")
         XCTAssertEqual(try first.waitForEvents(3).count, 3)

@@ -185,6 +185,7 @@ final class StreamTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(try s.metric("dispatch_stream_closes_total", labels: "client_closed"), 200)
         // The activity's fan-out still works for a newcomer.
         let after = try s.stream("rst")
+        XCTAssertEqual(try after.waitForEvents(1).count, 1, "subscribed before the update")
         try s.update("rst")
         XCTAssertEqual(try after.waitForEvents(2).count, 2)
     }
@@ -305,6 +306,8 @@ final class StreamTests: XCTestCase {
         let s = server!
         try s.startActivity("paused", state: "processing")
         let stream = try s.stream("paused")
+        // Subscribed before the changes below: without it a stream read after them starts there.
+        XCTAssertEqual(try stream.waitForEvents(1).map(\.event), ["processing"])
         XCTAssertEqual(try s.update("paused", #"{"state":"idle","status":"waiting for a GPU"}"#).json?["state"], .string("idle"))
         AuthKitless.assert(try s.update("paused", #"{"state":"retrying"}"#), 409, "invalid_transition")
         AuthKitless.assert(try s.update("paused", #"{"state":"queued"}"#), 409, "invalid_transition")
