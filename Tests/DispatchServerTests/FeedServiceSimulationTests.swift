@@ -7,8 +7,9 @@ import XCTest
 /// FeedService, its hub, its pacer and the worker's memory budget under schedules no hand-made
 /// test would try: many feeds opening together over several keys, pages answered late and out
 /// of step with the clients, sockets filling and draining, readers leaving and arriving, live
-/// changes meanwhile. Whatever the order, once every reader reads, every feed still open
-/// reaches `synced`. A seed that fails replays exactly.
+/// changes meanwhile; half the seeds wait for the NATS carrier's numbering before a feed's
+/// first read. Whatever the order, once every reader reads, every feed still open reaches
+/// `synced`. A seed that fails replays exactly.
 final class FeedServiceSimulationTests: XCTestCase {
     func testEveryFeedReachesSyncedWhateverTheSchedule() {
         // DISPATCH_SIMULATION_SEEDS=1-500 runs more (seeds 1-3 always).
@@ -50,6 +51,13 @@ final class FeedSimulation {
         activities = 500 + Int(seed % 5) * 700
         head = Int64(activities)
         maxOpened = 120
+        if seed % 2 == 0 {
+            // As with the NATS carrier: a feed's first read waits for the numbering, a few
+            // milliseconds, and is paced from a timer, outside the feed queue's turns.
+            service.awaitNumbering = { [unowned self] done in
+                loop.timer(after: Double(random(5_000)) / 1e6) { done() }
+            }
+        }
     }
 
     func random(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
