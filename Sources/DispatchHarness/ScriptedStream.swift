@@ -79,13 +79,14 @@ public final class ScriptedStream: StreamTransport {
         if isOpen { delegate?.streamDrained(tag) }
     }
 
-    /// The socket took all but `remaining` bytes of what was queued: as libevent does, the
-    /// delegate hears it only once the backlog is below `drainMark`.
-    public func drain(leaving remaining: Int) {
+    /// The socket took all but `remaining` bytes of what was queued. The delegate is not told
+    /// here: libevent tells it on a later turn, and only when bytes left and the backlog is
+    /// below `drainMark`, which this returns.
+    public func drain(leaving remaining: Int) -> Bool {
         socketFull = false
-        guard remaining < backlog else { return }
+        guard remaining < backlog else { return false }
         backlog = remaining
-        if isOpen && backlog < drainMark { delegate?.streamDrained(tag) }
+        return backlog < drainMark
     }
 
     /// The client goes away (FIN, RST): the delegate hears it once, as from evhttp.

@@ -29,8 +29,6 @@ public final class SimulatedLoop: LoopScheduling {
         return t
     }
 
-    public var idle: Bool { normal.isEmpty && background.isEmpty }
-
     /// Runs one piece of deferred work; false when none waits.
     @discardableResult
     public func runOne() -> Bool {

@@ -35,7 +35,7 @@ final class FeedSimulation {
     var head: Int64
     var clients: [ScriptedStream] = []
     var opened = 0
-    let maxOpened: Int
+    let maxOpened = 120
 
     init(seed: UInt64) {
         self.seed = seed
@@ -50,7 +50,6 @@ final class FeedSimulation {
         memory.disconnect = [.feed: { [unowned service] in service.close($0, reason: .slowClient) }]
         activities = 500 + Int(seed % 5) * 700
         head = Int64(activities)
-        maxOpened = 120
         if seed % 2 == 0 {
             // As with the NATS carrier: a feed's first read waits for the numbering, a few
             // milliseconds, and is paced from a timer, outside the feed queue's turns.
@@ -123,12 +122,7 @@ final class FeedSimulation {
                 let c = open[random(open.count)]
                 // As libevent tells it: the bytes leave now, the drain callback runs on a later
                 // background turn (if the backlog fell below the mark).
-                let leaving = random(3) == 0 ? 0 : random(max(1, c.backlog))
-                let delegate = c.delegate
-                c.delegate = nil
-                c.drain(leaving: leaving)
-                c.delegate = delegate
-                if c.backlog < c.drainMark {
+                if c.drain(leaving: random(3) == 0 ? 0 : random(max(1, c.backlog))) {
                     loop.soon(.background) { [tag = c.tag] in if c.isOpen { c.delegate?.streamDrained(tag) } }
                 }
             case 75..<85:

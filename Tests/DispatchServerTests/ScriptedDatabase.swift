@@ -58,14 +58,7 @@ final class ScriptedSession {
 
     /// Answers every statement sent so far, each with `rows(name)`.
     func answer(_ rows: (String) -> PGResult) {
-        var wire: [ScriptedPGDriver.Wire] = []
-        for command in driver.sent[answered...] {
-            switch command {
-            case .prepare, .execute: wire += [.input(.result(PGResult())), .input(.endOfQuery)]
-            case .executePrepared(let name, _): wire += [.input(.result(rows(name))), .input(.endOfQuery)]
-            case .sync: wire.append(.input(.sync))
-            }
-        }
+        let wire = Self.wire(for: driver.sent[answered...]) { name, _ in rows(name) }
         answered = driver.sent.count
         driver.arrive(wire)
     }
@@ -75,17 +68,22 @@ final class ScriptedSession {
     @discardableResult
     func answerNext(_ rows: (String, [String?]) -> PGResult) -> Bool {
         guard let end = driver.sent[answered...].firstIndex(of: .sync) else { return false }
-        var wire: [ScriptedPGDriver.Wire] = []
-        for command in driver.sent[answered...end] {
-            switch command {
-            case .prepare, .execute: wire += [.input(.result(PGResult())), .input(.endOfQuery)]
-            case .executePrepared(let name, let params): wire += [.input(.result(rows(name, params))), .input(.endOfQuery)]
-            case .sync: wire.append(.input(.sync))
-            }
-        }
+        let wire = Self.wire(for: driver.sent[answered...end], rows)
         answered = end + 1
         driver.arrive(wire)
         return true
+    }
+
+    /// What the server sends for these commands: an empty result for a prepare or a plain
+    /// statement, `rows` for a prepared one, and the sync's answer.
+    private static func wire(for commands: ArraySlice<PGCommand>, _ rows: (String, [String?]) -> PGResult) -> [ScriptedPGDriver.Wire] {
+        commands.flatMap { command -> [ScriptedPGDriver.Wire] in
+            switch command {
+            case .prepare, .execute: return [.input(.result(PGResult())), .input(.endOfQuery)]
+            case .executePrepared(let name, let params): return [.input(.result(rows(name, params))), .input(.endOfQuery)]
+            case .sync: return [.input(.sync)]
+            }
+        }
     }
 
     /// The connection broke: what was sent on it will never be answered.
