@@ -139,9 +139,11 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     public private(set) var pendingBytes = 0
     /// The last position processed (nil: none yet in this process).
     public private(set) var head: Int64?
-    /// Where the carrier's chain of announcements began (NATS only): a subscriber whose own
-    /// read ended before it missed what lies between, and reads it before going live.
-    public private(set) var anchor: Int64?
+    /// The newest position a carrier hint named while the source was reading: checked once
+    /// the read is done (NATS only).
+    var hintedDuringRead: Int64 = 0
+    /// A hint came while no subscriber was live yet: the first to go live reads on (NATS only).
+    var hintedWhileNoneLive = false
     var source: SourcePhase = .synced
     var subscribers: [Subscriber: SubscriberState] = [:]
     /// Per filter, the subscriber whose first initial page is out and may still be joined.
@@ -180,6 +182,25 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
             if case .live(let last) = state.phase { lowest = min(lowest ?? last, last) }
         }
         return lowest
+    }
+
+    /// What one subscriber waits for, for a state dump (`SIGUSR1`): its phase (`initial`,
+    /// `replay`, `live`), the position it stands at, what it buffered, and whose reads it follows.
+    public func describe(_ s: Subscriber) -> (phase: String, at: Int64?, buffered: Int, synced: Bool, follows: Subscriber?)? {
+        guard let state = subscribers[s] else { return nil }
+        switch state.phase {
+        case .initial(let after, _): return ("initial", after, state.buffer.count, state.saidSynced, leaderOf[s])
+        case .replay: return ("replay", nil, state.buffer.count, state.saidSynced, leaderOf[s])
+        case .live(let last): return ("live", last, 0, state.saidSynced, nil)
+        }
+    }
+
+    /// The source's side of a state dump: `synced` or `resyncing(generation)`, and what waits.
+    public var sourceDescription: String {
+        switch source {
+        case .synced: return "synced"
+        case .resyncing(let g, let pending): return "resyncing(generation: \(g), pending: \(pending.count))"
+        }
     }
 
     /// Whether anyone here would receive anything: lets the shell skip building changes.
@@ -322,50 +343,48 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         }
     }
 
-    /// A feed announcement from the NATS carrier's sequencer: `changes` continue from `after`.
-    /// Announcements can be lost (the carrier is at-most-once): one that does not continue
-    /// from `head` re-reads what lies between from the database. The first one heard (`head`
-    /// nil) starts the chain; live subscribers that are behind it are caught up the same way.
-    /// `announced(after: newest, [])` is also how the shell reports the database's newest
-    /// position when it checks that nothing went unannounced.
-    public mutating func announced(after: Int64, _ changes: [Change]) -> [Action] {
+    /// A hint from the NATS carrier that positions up to `position` were numbered (or, from
+    /// the carrier's check, the newest position PostgreSQL holds): read the stored changes
+    /// after `head`. The hint is never taken as a position: `head` only moves to positions a
+    /// read returned, so a forged, repeated or far-ahead hint costs at most one read and
+    /// neither hides a change nor stalls the stream.
+    public mutating func hinted(position: Int64) -> [Action] {
+        guard !subscribers.isEmpty else {
+            // Nobody reads here: the next subscriber's own read is its start.
+            head = nil
+            return []
+        }
         switch source {
-        case .resyncing(let generation, var pending):
-            pending.append(.missing(after))
-            pending.append(contentsOf: changes.map { .change($0) })
-            source = .resyncing(generation: generation, pending: pending)
-            return pending.count > maxPending ? giveUp(.tooFarBehind) : []
+        case .resyncing:
+            hintedDuringRead = max(hintedDuringRead, position)
+            return []
         case .synced:
-            if subscribers.isEmpty {
-                // Nobody to repair for: a later subscriber's own read starts after this.
-                let newest = max(head ?? after, changes.last?.position ?? after)
-                head = newest
-                anchor = newest
+            if let head, position <= head { return [] }
+            guard let from = head ?? lowestLive else {
+                // Everyone still reads its start: the first to go live reads on from there.
+                hintedWhileNoneLive = true
                 return []
             }
-            var actions: [Action] = []
-            guard let head else {
-                var lowest = after
-                for state in subscribers.values {
-                    if case .live(let last) = state.phase { lowest = min(lowest, last) }
-                }
-                self.head = lowest
-                anchor = lowest
-                if lowest < after { return [startResync(pending: changes.map { .change($0) })] }
-                for c in changes { process(c, into: &actions) }
-                return actions
-            }
-            if after > head { return [startResync(pending: changes.map { .change($0) })] }
-            for c in changes { process(c, into: &actions) }
-            return actions
+            head = from
+            return [startResync(pending: [])]
         }
+    }
+
+    /// The lowest position a live subscriber has sent.
+    private var lowestLive: Int64? {
+        var lowest: Int64?
+        for state in subscribers.values {
+            if case .live(let last) = state.phase { lowest = min(lowest ?? last, last) }
+        }
+        return lowest
     }
 
     /// The shell stopped listening to the feed (nobody here reads it): the chain is broken,
     /// the next subscriber starts a new one.
     public mutating func sourceDetached() {
         head = nil
-        anchor = nil
+        hintedDuringRead = 0
+        hintedWhileNoneLive = false
         source = .synced
     }
 
@@ -377,7 +396,6 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         if subscribers.isEmpty {
             // Nothing to catch up for: the next subscriber reads its own start.
             head = nil
-            anchor = nil
             source = .synced
             return []
         }
@@ -420,6 +438,9 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
                 return actions
             }
         }
+        let hinted = hintedDuringRead
+        hintedDuringRead = 0
+        if hinted > (head ?? 0) { actions.append(startResync(pending: [])) }
         return actions
     }
 
@@ -450,7 +471,7 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         source = .synced
         pendingBytes = 0
         head = nil
-        anchor = nil
+        hintedDuringRead = 0
         return all.map { .drop($0, reason) }
     }
 
@@ -489,12 +510,6 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     }
 
     private mutating func goLive(_ s: Subscriber, after p: Int64, into actions: inout [Action]) {
-        if let anchor, p < anchor, let filter = subscribers[s]?.filter {
-            // Its read ended before the carrier's chain began: read the changes in between first.
-            subscribers[s]?.phase = .replay
-            actions.append(.readReplay(s, filter, after: p))
-            return
-        }
         var last = p
         var out: [Change] = []
         for c in subscribers[s]?.buffer ?? [] where c.position > last {
@@ -505,6 +520,12 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
         subscribers[s]?.phase = .live(last: last)
         subscribers[s]?.buffer = []
         subscribers[s]?.bufferBytes = 0
+        if hintedWhileNoneLive, head == nil, case .synced = source {
+            // A hint came while it read: what was numbered since its read is read now.
+            hintedWhileNoneLive = false
+            head = last
+            actions.append(startResync(pending: []))
+        }
     }
 
     /// One change, in position order: to every live subscriber whose filter it matches, into

@@ -53,6 +53,9 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         /// Events received while loading or resyncing, applied in seq order afterwards.
         var pending: [Event] = []
         var needsResyncAfterLoad = false
+        /// The newest seq a carrier hint named while the topic was loading or re-reading: if
+        /// what was read ends below it, read again (once: a hint is never taken as the truth).
+        var hintedSeq: Int64 = 0
     }
 
     enum SubscriberPhase {
@@ -150,6 +153,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         }
         for s in topic.subscribers { resolve(s, latest: event, into: &actions) }
         applyPending(name, into: &actions)
+        rereadIfHintedBeyond(name, into: &actions)
         return actions
     }
 
@@ -198,6 +202,7 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
             for s in topic.subscribers { resolve(s, latest: latest, into: &actions) }
         }
         applyPending(name, into: &actions)
+        rereadIfHintedBeyond(name, into: &actions)
         return actions
     }
 
@@ -249,10 +254,26 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
 
     /// The database holds `seq` for this topic, newer than what it has: a change whose message
     /// the carrier lost with nothing after it to reveal the gap. Re-read from the topic's newest.
+    /// Also what a carrier hint ("this activity changed, seq ≥ N") does: the hint only says
+    /// where to look; what is sent is what the read returns. A hint that arrives while the topic
+    /// is loading or re-reading is remembered and checked once that read is done.
     public mutating func behind(topic name: String, seq: Int64) -> [Action] {
-        guard let topic = topics[name], topic.phase == .synced, let latest = topic.latest, seq > latest.seq else { return [] }
+        guard let topic = topics[name] else { return [] }
+        guard topic.phase == .synced else {
+            topics[name]?.hintedSeq = max(topic.hintedSeq, seq)
+            return []
+        }
+        guard let latest = topic.latest, seq > latest.seq else { return [] }
         topics[name]?.phase = .resyncing
         return [.readTopicHistory(topic: name, generation: topic.generation, after: latest.seq)]
+    }
+
+    private mutating func rereadIfHintedBeyond(_ name: String, into actions: inout [Action]) {
+        guard let topic = topics[name], topic.hintedSeq > 0, topic.phase == .synced else { return }
+        topics[name]?.hintedSeq = 0
+        guard let latest = topic.latest, topic.hintedSeq > latest.seq else { return }
+        topics[name]?.phase = .resyncing
+        actions.append(.readTopicHistory(topic: name, generation: topic.generation, after: latest.seq))
     }
 
     /// Every synced topic with the seq it holds (what the shell checks against the database).

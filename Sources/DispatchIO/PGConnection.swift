@@ -78,6 +78,14 @@ public final class PGConnection {
         perform(machine.close())
     }
 
+    /// Drops the connection as if it were lost, for a session that is connected but no longer
+    /// does its job (a LISTEN session whose notifications stopped): batches in flight fail,
+    /// `onLost` runs, and it reconnects as after any loss.
+    public func reset(_ reason: String) {
+        guard machine.isReady else { return }
+        perform(machine.connectionLost(reason))
+    }
+
     /// Sends the statements as one pipeline batch; `completion` runs once, never inside this
     /// call, with a failure when no answer came within `timeout` seconds (the connection's own
     /// when nil).

@@ -1,45 +1,29 @@
 import XCTest
 @testable import DispatchCore
 
-/// The NATS carrier's pure parts: message framing, subjects, the sequencer's machine, and
-/// the hubs' repair inputs (announcements, "the database holds newer").
+/// The NATS carrier's pure parts: hint framing, subjects, the numbering passes' machine, the
+/// liveness probe, and the hubs' inputs for hints ("read from the database after here").
 final class CarrierMessageTests: XCTestCase {
-    func testAChangeRoundTripsWithTabsAndNewlinesEscapedInItsJSON() {
-        let c = CarrierMessage.Change(activityID: "TEST-RTORRENT.01:a_b", seq: 42, event: "processing",
-                                      json: #"{"status":"a\tb\nc","progress":0.5}"#)
-        XCTAssertEqual(CarrierMessage.decodeChange(CarrierMessage.encode(c)), c)
+    func testHintsRoundTripAndCarryNoSnapshot() {
+        let h = CarrierMessage.ActivityHint(seq: 42, event: "cancel_requested")
+        let bytes = CarrierMessage.encode(h)
+        XCTAssertEqual(String(decoding: bytes, as: UTF8.self), "42\tcancel_requested")
+        XCTAssertEqual(CarrierMessage.decodeActivityHint(bytes), h)
+        XCTAssertEqual(CarrierMessage.decodeFeedHint(CarrierMessage.feedHint(through: 9_000_000_000)), 9_000_000_000)
     }
 
-    func testMalformedChangesAreRefusedNotTrapped() {
-        for bad in ["", "a", "a\t1", "a\tx\tprocessing\t{}", "a\t0\tprocessing\t{}", "\t1\tprocessing\t{}", "a\t1\t\t{}",
-                    "a\t1\tp\t{\n}", "a\t99999999999999999999\tp\t{}"] {
-            XCTAssertNil(CarrierMessage.decodeChange(Array(bad.utf8)), bad)
+    func testMalformedHintsAreRefusedNotTrapped() {
+        // What the carrier used to carry (a change with its snapshot) is no hint any more.
+        for bad in ["", "a", "1", "x\tprocessing", "0\tprocessing", "1\t", "1\tProcessing", "1\tp\t{}", "1\tp rocessing",
+                    "99999999999999999999\tprocessing", "9223372036854775808\tprocessing",
+                    "TEST\t5\tcompleted\t{\"state\":\"completed\"}"] {
+            XCTAssertNil(CarrierMessage.decodeActivityHint(Array(bad.utf8)), bad)
         }
-    }
-
-    func testAnnouncementsAreChainedAcrossChunks() {
-        let rows = (1...50).map { CarrierMessage.Change(position: Int64(100 + $0), activityID: "a\($0)", seq: 1, event: "queued",
-                                                        json: String(repeating: "x", count: 100)) }
-        let messages = CarrierMessage.announcements(after: 100, rows, maxBytes: 1000)
-        XCTAssertGreaterThan(messages.count, 5)
-        var expectedAfter: Int64 = 100
-        var all: [CarrierMessage.Change] = []
-        for m in messages {
-            guard let a = CarrierMessage.decodeAnnouncement(m) else { return XCTFail("undecodable") }
-            XCTAssertEqual(a.after, expectedAfter, "each continues from the one before")
-            expectedAfter = a.through
-            all += a.changes
+        for bad in ["", "F", "F\t", "F\t0", "F\t-1", "G\t5", "F\t5\t6", "F\t5\n6\ta\t1\tqueued\t{}", "F\t9223372036854775808"] {
+            XCTAssertNil(CarrierMessage.decodeFeedHint(Array(bad.utf8)), bad)
         }
-        XCTAssertEqual(all, rows)
-        XCTAssertTrue(CarrierMessage.announcements(after: 7, []).isEmpty)
-    }
-
-    func testAnnouncementsOutOfOrderOrMalformedAreRefused() {
-        XCTAssertNil(CarrierMessage.decodeAnnouncement(Array("F\t5\n5\ta\t1\tqueued\t{}\n".utf8)), "a position not after `after`")
-        XCTAssertNil(CarrierMessage.decodeAnnouncement(Array("F\t5\n7\ta\t1\tqueued\t{}\n6\tb\t1\tqueued\t{}\n".utf8)))
-        XCTAssertNil(CarrierMessage.decodeAnnouncement(Array("G\t5\n".utf8)))
-        XCTAssertNil(CarrierMessage.decodeAnnouncement([]))
-        XCTAssertEqual(CarrierMessage.decodeAnnouncement(Array("F\t5\n".utf8))?.changes, [])
+        XCTAssertEqual(CarrierMessage.decodeActivityHint(Array("9223372036854775807\tcompleted".utf8))?.seq, Int64.max,
+                       "a far-ahead seq decodes: harmless, since it only says where to read")
     }
 
     func testSubjectsHoldAnyIdAsOneToken() {
@@ -53,78 +37,110 @@ final class CarrierMessageTests: XCTestCase {
         XCTAssertNil(s.activityID(inSubject: "prod.dispatch.activity.616"))
         XCTAssertNil(s.activityID(inSubject: "other.activity.61"))
         XCTAssertEqual(s.feed, "prod.dispatch.feed")
+        for subject in [s.feed, s.sequencer, s.starts, s.probe("w0"), s.activity("a")] {
+            XCTAssertTrue(subject.hasPrefix("prod.dispatch."), "every subject is under the prefix: \(subject)")
+        }
     }
 }
 
 final class SequencerMachineTests: XCTestCase {
     typealias M = SequencerMachine
-    let settings = M.Settings(claimInterval: 1, pollInterval: 0.2, batch: 100)
+    let settings = M.Settings(pollInterval: 0.2, busyRetry: 0.02, batch: 100)
 
-    func leader(newest: Int64 = 10) -> M {
+    func ready() -> M {
         var m = M(settings: settings)
-        XCTAssertEqual(m.sessionReady(now: 0), [.claim(generation: 1)])
-        XCTAssertEqual(m.claimed(newest: newest, generation: 1, now: 0), [.leading(true), .number(limit: 100, generation: 1)])
+        XCTAssertEqual(m.sessionReady(now: 0), [.number(limit: 100, generation: 1)], "no election: a pass at once")
         return m
     }
 
-    func testACandidateClaimsAtOnceThenEveryIntervalWhileRefused() {
-        var m = M(settings: settings)
-        XCTAssertEqual(m.tick(now: 0), [], "no session, no claim")
-        XCTAssertEqual(m.sessionReady(now: 0), [.claim(generation: 1)])
-        XCTAssertEqual(m.tick(now: 0.1), [], "one claim out at a time")
-        XCTAssertEqual(m.claimRefused(generation: 1, now: 0.1), [])
-        XCTAssertEqual(m.tick(now: 0.5), [])
-        XCTAssertEqual(m.woken(now: 0.6), [], "only the leader numbers")
-        XCTAssertEqual(m.tick(now: 1.1), [.claim(generation: 1)])
-        XCTAssertFalse(m.isLeader)
+    func testAPassAnnouncesOnlyWhereItGotAndThenPolls() {
+        var m = ready()
+        XCTAssertEqual(m.numbered(count: 3, through: 13, generation: 1, now: 0.01), [.announce(through: 13)])
+        XCTAssertEqual(m.tick(now: 0.1), [], "polls every 0.2 s")
+        XCTAssertEqual(m.tick(now: 0.22), [.number(limit: 100, generation: 1)])
+        XCTAssertEqual(m.numbered(count: 0, through: nil, generation: 1, now: 0.23), [], "nothing numbered, nothing said")
     }
 
-    func testTheLeaderAnnouncesFromTheNewestPositionItReadAndChainsPasses() {
-        var m = leader(newest: 10)
-        XCTAssertEqual(m.numbered(count: 3, through: 13, generation: 1, now: 0.01), [.announce(after: 10)])
-        XCTAssertEqual(m.woken(now: 0.02), [.number(limit: 100, generation: 1)])
-        XCTAssertEqual(m.numbered(count: 2, through: 17, generation: 1, now: 0.03), [.announce(after: 13)],
-                       "positions 14-15 lost to a rolled-back pass do not break the chain")
-        XCTAssertEqual(m.role, .leader(announced: 17))
+    func testALockHeldElsewhereIsTriedAgainSoonNotWaitedFor() {
+        var m = ready()
+        XCTAssertEqual(m.busy(generation: 1, now: 0.01), [])
+        XCTAssertFalse(m.passInFlight, "holds nothing while another server numbers")
+        XCTAssertEqual(m.tick(now: 0.05), [])
+        XCTAssertEqual(m.tick(now: 0.12), [.number(limit: 100, generation: 1)], "within a few busy retries, far below the poll")
+        _ = m.woken(now: 0.13)
+        XCTAssertEqual(m.busy(generation: 1, now: 0.14), [])
+        XCTAssertEqual(m.tick(now: 0.161), [.number(limit: 100, generation: 1)], "woken meanwhile: retried at the busy retry")
     }
 
     func testWakeUpsDuringAPassRunOneMorePassAfterIt() {
-        var m = leader()
+        var m = ready()
         XCTAssertEqual(m.woken(now: 0.01), [])
         XCTAssertEqual(m.woken(now: 0.02), [])
-        XCTAssertEqual(m.numbered(count: 0, through: nil, generation: 1, now: 0.03), [.number(limit: 100, generation: 1)])
-        XCTAssertEqual(m.numbered(count: 0, through: nil, generation: 1, now: 0.04), [], "then it waits for the poll")
-        XCTAssertEqual(m.tick(now: 0.1), [])
-        XCTAssertEqual(m.tick(now: 0.25), [.number(limit: 100, generation: 1)])
+        XCTAssertEqual(m.numbered(count: 1, through: 5, generation: 1, now: 0.03), [.announce(through: 5), .number(limit: 100, generation: 1)])
+        XCTAssertEqual(m.numbered(count: 0, through: nil, generation: 1, now: 0.04), [])
     }
 
     func testAFullPassIsFollowedAtOnce() {
-        var m = leader()
-        XCTAssertEqual(m.numbered(count: 100, through: 110, generation: 1, now: 0.01),
-                       [.announce(after: 10), .number(limit: 100, generation: 1)])
+        var m = ready()
+        XCTAssertEqual(m.numbered(count: 100, through: 100, generation: 1, now: 0.01), [.announce(through: 100), .number(limit: 100, generation: 1)])
     }
 
-    func testALostSessionStepsDownAndLateAnswersChangeNothing() {
-        var m = leader()
-        XCTAssertEqual(m.sessionLost(now: 1), [.leading(false)])
-        XCTAssertEqual(m.numbered(count: 5, through: 15, generation: 1, now: 1.1), [], "the old session's pass")
-        XCTAssertEqual(m.tick(now: 2), [], "no session")
-        XCTAssertEqual(m.sessionReady(now: 3), [.claim(generation: 3)])
-        XCTAssertEqual(m.claimed(newest: 15, generation: 1, now: 3), [], "an old claim's answer")
-        XCTAssertEqual(m.claimed(newest: 15, generation: 3, now: 3), [.leading(true), .number(limit: 100, generation: 3)])
+    func testALostSessionStopsPassesAndLateAnswersChangeNothing() {
+        var m = ready()
+        m.sessionLost(now: 0.5)
+        XCTAssertEqual(m.numbered(count: 5, through: 15, generation: 1, now: 0.6), [], "an answer from the lost session")
+        XCTAssertEqual(m.woken(now: 0.6), [])
+        XCTAssertEqual(m.tick(now: 5), [])
+        XCTAssertEqual(m.sessionReady(now: 6), [.number(limit: 100, generation: 3)])
+        XCTAssertEqual(m.busy(generation: 1, now: 6.1), [], "stale")
+        XCTAssertTrue(m.passInFlight)
     }
 
-    func testAFailedPassKeepsTheLeadAndRetriesAfterThePoll() {
-        var m = leader()
+    func testAFailedPassRetriesAfterThePoll() {
+        var m = ready()
         XCTAssertEqual(m.passFailed(generation: 1, now: 1), [])
-        XCTAssertTrue(m.isLeader)
         XCTAssertEqual(m.tick(now: 1.1), [])
         XCTAssertEqual(m.tick(now: 1.3), [.number(limit: 100, generation: 1)])
-        XCTAssertEqual(m.numbered(count: 1, through: 11, generation: 1, now: 1.4), [.announce(after: 10)])
     }
 }
 
-/// The hubs' inputs for the carrier's repairs.
+final class CarrierProbeTests: XCTestCase {
+    func testAProbeThatComesBackKeepsTheCarrierLive() {
+        var p = CarrierProbe(settings: .init(interval: 1, deadline: 3))
+        XCTAssertEqual(p.connected(now: 0), [.send(1)])
+        XCTAssertEqual(p.heard(1, now: 0.01), [])
+        XCTAssertEqual(p.tick(now: 0.5), [])
+        XCTAssertEqual(p.tick(now: 1.0), [.send(2)])
+        XCTAssertEqual(p.heard(2, now: 1.02), [])
+        XCTAssertFalse(p.isStalled)
+        XCTAssertEqual(p.lastRoundTrip ?? 0, 0.02, accuracy: 1e-9)
+    }
+
+    func testASilentCarrierIsStalledOnceThenRecoversWhenAProbeReturns() {
+        var p = CarrierProbe(settings: .init(interval: 1, deadline: 3))
+        _ = p.connected(now: 0)
+        XCTAssertEqual(p.tick(now: 1), [.send(2)])
+        XCTAssertEqual(p.tick(now: 2), [.send(3)])
+        XCTAssertEqual(p.tick(now: 3), [.stalled, .send(4)], "probe 1 is 3 s late")
+        XCTAssertTrue(p.isStalled)
+        XCTAssertEqual(p.tick(now: 4), [.send(5)], "reported once")
+        XCTAssertEqual(p.heard(99, now: 4.1), [], "a number never sent (forged) proves nothing")
+        XCTAssertTrue(p.isStalled)
+        XCTAssertEqual(p.heard(4, now: 4.2), [.recovered])
+        XCTAssertEqual(p.stalls, 1)
+    }
+
+    func testADisconnectedCarrierIsNotAStall() {
+        var p = CarrierProbe(settings: .init(interval: 1, deadline: 3))
+        _ = p.connected(now: 0)
+        p.disconnected()
+        XCTAssertEqual(p.tick(now: 10), [])
+        XCTAssertFalse(p.isStalled)
+        XCTAssertEqual(p.connected(now: 11), [.send(2)])
+    }
+}
+
+/// The hubs' inputs for the carrier's hints and repairs.
 final class CarrierHubTests: XCTestCase {
     struct E: HubEvent, Equatable { let seq: Int64; let isTerminal: Bool }
     func ch(_ p: Int64) -> FCh { FCh(position: p, activity: "a", machine: nil, isTerminal: false) }
@@ -142,57 +158,68 @@ final class CarrierHubTests: XCTestCase {
         _ = feed.initialLoaded(s, [], through: through, complete: true)
     }
 
-    func testAnAnnouncementThatContinuesTheChainIsDelivered() {
+    func testAHintIsReadFromTheDatabaseNeverTakenAsAPosition() {
         var feed = TestFeed()
         live(&feed, 1, through: 10)
-        XCTAssertEqual(sent(feed.announced(after: 10, [ch(11), ch(12)]), to: 1), [11, 12])
-        XCTAssertEqual(sent(feed.announced(after: 12, [ch(14)]), to: 1), [14])
+        let read = feed.hinted(position: 12)
+        guard case .readChanges(after: 10, let g)? = read.first else { return XCTFail("\(read)") }
+        XCTAssertEqual(sent(feed.changesLoaded(generation: g, [ch(11), ch(12)], complete: true), to: 1), [11, 12])
+        XCTAssertEqual(feed.head, 12)
+        XCTAssertTrue(feed.hinted(position: 12).isEmpty, "nothing new: no read")
     }
 
-    func testABrokenChainRereadsFromTheDatabaseThenAppliesWhatWaited() {
+    func testAForgedFarAheadHintCostsOneReadAndFreezesNothing() {
         var feed = TestFeed()
         live(&feed, 1, through: 10)
-        _ = feed.announced(after: 10, [ch(11)])
-        let gap = feed.announced(after: 13, [ch(14), ch(15)])
-        guard case .readChanges(after: 11, let g)? = gap.first else { return XCTFail("\(gap)") }
-        XCTAssertTrue(feed.announced(after: 15, [ch(16)]).isEmpty, "waits behind the read")
-        XCTAssertEqual(sent(feed.changesLoaded(generation: g, [ch(12), ch(13), ch(14)], complete: true), to: 1), [12, 13, 14, 15, 16])
+        let forged = feed.hinted(position: Int64.max - 1)
+        guard case .readChanges(after: 10, let g)? = forged.first else { return XCTFail("\(forged)") }
+        XCTAssertTrue(feed.changesLoaded(generation: g, [], complete: true).isEmpty, "the database has nothing newer: nothing sent")
+        XCTAssertEqual(feed.head, 10, "the hint did not move the feed's place")
+        let real = feed.hinted(position: 11)
+        guard case .readChanges(after: 10, let g2)? = real.first else { return XCTFail("a real change after the forgery is still read: \(real)") }
+        XCTAssertEqual(sent(feed.changesLoaded(generation: g2, [ch(11)], complete: true), to: 1), [11])
     }
 
-    func testTheFirstAnnouncementCatchesUpLiveReadersThatAreBehindIt() {
+    func testHintsDuringAReadAreReadOnceAfterIt() {
         var feed = TestFeed()
         live(&feed, 1, through: 10)
-        let first = feed.announced(after: 20, [ch(21)])
-        guard case .readChanges(after: 10, let g)? = first.first else { return XCTFail("\(first)") }
-        XCTAssertEqual(sent(feed.changesLoaded(generation: g, [ch(15), ch(20)], complete: true), to: 1), [15, 20, 21])
+        guard case .readChanges(after: 10, let g)? = feed.hinted(position: 11).first else { return XCTFail() }
+        XCTAssertTrue(feed.hinted(position: 13).isEmpty, "waits behind the read")
+        XCTAssertTrue(feed.hinted(position: 14).isEmpty)
+        let after = feed.changesLoaded(generation: g, [ch(11)], complete: true)
+        XCTAssertEqual(sent(after, to: 1), [11])
+        guard case .readChanges(after: 11, let g2)? = after.last else { return XCTFail("one more read: \(after)") }
+        let last = feed.changesLoaded(generation: g2, [ch(12), ch(14)], complete: true)
+        XCTAssertEqual(sent(last, to: 1), [12, 14])
+        XCTAssertFalse(last.contains { if case .readChanges = $0 { return true }; return false }, "and only one")
     }
 
-    func testAReaderWhoseReadEndedBeforeTheChainBeganReadsTheRestBeforeGoingLive() {
+    func testAHintWhileEveryoneStillReadsIsReadWhenTheFirstGoesLive() {
         var feed = TestFeed()
         _ = feed.subscribe(1, filter: FeedFilter(), lastEventID: nil)
-        XCTAssertTrue(feed.announced(after: 20, [ch(21)]).isEmpty, "buffered while it reads")
+        XCTAssertTrue(feed.hinted(position: 21).isEmpty, "no live reader: nothing to read after yet")
         let done = feed.initialLoaded(1, [ch(3)], through: 18, complete: true)
-        guard case .readReplay(1, _, after: 18)? = done.last else { return XCTFail("\(done)") }
-        let replay = feed.replayLoaded(1, .page([ch(19), ch(20), ch(21)], through: 21, complete: true))
-        XCTAssertEqual(sent(done, to: 1) + sent(replay, to: 1), [3, 19, 20, 21])
-        XCTAssertEqual(sent(feed.announced(after: 21, [ch(22)]), to: 1), [22])
+        guard case .readChanges(after: 18, let g)? = done.last else { return XCTFail("\(done)") }
+        XCTAssertEqual(sent(feed.changesLoaded(generation: g, [ch(19), ch(21)], complete: true), to: 1), [19, 21])
     }
 
-    func testWithoutReadersOnlyThePlaceInTheChainIsKept() {
+    func testWithoutReadersAHintKeepsNothing() {
         var feed = TestFeed()
-        XCTAssertTrue(feed.announced(after: 5, [ch(6)]).isEmpty)
-        XCTAssertTrue(feed.announced(after: 9, [ch(10)]).isEmpty, "no read for nobody")
-        XCTAssertEqual(feed.head, 10)
-        feed.sourceDetached()
-        XCTAssertNil(feed.head)
+        XCTAssertTrue(feed.hinted(position: 6).isEmpty)
+        XCTAssertNil(feed.head, "no place taken from a message")
     }
 
-    func testTheDatabaseHoldingANewerPositionIsAGap() {
-        var feed = TestFeed()
-        live(&feed, 1, through: 10)
-        _ = feed.announced(after: 10, [ch(11)])
-        XCTAssertTrue(feed.announced(after: 11, []).isEmpty, "nothing newer")
-        guard case .readChanges(after: 11, _)? = feed.announced(after: 12, []).first else { return XCTFail() }
+    func testAHintWhileTheTopicReReadsIsCheckedOnceAfterIt() {
+        var hub = Hub<Int, E>()
+        _ = hub.subscribe(1, topic: "a", lastEventID: nil)
+        _ = hub.snapshotLoaded(topic: "a", generation: 1, E(seq: 3, isTerminal: false))
+        guard case .readTopicHistory(topic: "a", generation: 1, after: 3)? = hub.behind(topic: "a", seq: 4).first else { return XCTFail() }
+        XCTAssertTrue(hub.behind(topic: "a", seq: 6).isEmpty, "remembered while the read is out")
+        let loaded = hub.topicHistoryLoaded(topic: "a", generation: 1, [E(seq: 4, isTerminal: false)])
+        guard case .readTopicHistory(topic: "a", generation: 1, after: 4)? = loaded.last else { return XCTFail("read again: \(loaded)") }
+        let again = hub.topicHistoryLoaded(topic: "a", generation: 1, [])
+        XCTAssertTrue(again.isEmpty, "a hint beyond what is stored (forged) is read once, not for ever")
+        XCTAssertEqual(hub.syncedTopics.map(\.seq), [4])
     }
 
     func testAStatusTopicBehindTheDatabaseRereadsItsHistory() {
@@ -223,13 +250,14 @@ final class FeedResumeSyncedTests: XCTestCase {
         XCTAssertTrue(feed.isLive(1))
     }
 
-    func testACatchUpForTheCarriersChainAfterSyncedSaysNothingMore() {
+    func testACatchUpAfterSyncedSaysNothingMore() {
         var feed = TestFeed()
         _ = feed.subscribe(1, filter: FeedFilter(), lastEventID: nil)
-        _ = feed.announced(after: 20, [FCh(position: 21, activity: "a", machine: nil, isTerminal: false)])
+        _ = feed.hinted(position: 21)
         let first = feed.initialLoaded(1, [], through: 18, complete: true)
         XCTAssertEqual(first.filter { if case .synced = $0 { return true }; return false }.count, 1)
-        let after = feed.replayLoaded(1, .page([FCh(position: 21, activity: "a", machine: nil, isTerminal: false)], through: 21, complete: true))
+        guard case .readChanges(after: 18, let g)? = first.last else { return XCTFail("\(first)") }
+        let after = feed.changesLoaded(generation: g, [FCh(position: 21, activity: "a", machine: nil, isTerminal: false)], complete: true)
         XCTAssertFalse(after.contains { if case .synced = $0 { return true }; return false })
     }
 }

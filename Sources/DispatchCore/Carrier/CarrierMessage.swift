@@ -1,131 +1,67 @@
 /// What travels between server processes over the NATS carrier (contract §10), as bytes.
-/// Nothing here is the truth: every message only says that PostgreSQL already holds a change,
-/// and a receiver that misses one repairs from the database.
 ///
-/// Lines are separated by `\n` and fields by `\t`. Neither can appear inside a field: ids and
-/// event names have no control characters, and a snapshot is compact JSON, where both are
-/// escaped.
+/// Nothing here is the truth, and nothing here is believed: every message is a *hint* that
+/// says where to look in PostgreSQL, never what to show. A receiver reads what the hint points
+/// at from the database and sends only what it read, so a message copied off the wire and
+/// altered (a raised seq, a final state, a position near 2^63) costs at most one read and
+/// changes nothing any client sees. No snapshot travels, so a subscriber to `>` learns no
+/// activity's content either. A lost hint is repaired by the periodic check against the
+/// database.
 public enum CarrierMessage {
-    /// One committed change: on an activity's subject (no position: the sequencer has not
-    /// numbered it yet) or inside a feed announcement (with its position).
-    public struct Change: Equatable, Sendable {
-        public var position: Int64
-        public var activityID: String
+    /// "Activity X changed; its newest committed seq is at least `seq`", on the activity's
+    /// subject. `event` is the change's event name, used only as a wake-up (a cancel request
+    /// wakes the webhook sender, which reads its outbox from the database).
+    public struct ActivityHint: Equatable, Sendable {
         public var seq: Int64
         public var event: String
-        public var json: String
 
-        public init(position: Int64 = 0, activityID: String, seq: Int64, event: String, json: String) {
-            self.position = position
-            self.activityID = activityID
+        public init(seq: Int64, event: String) {
             self.seq = seq
             self.event = event
-            self.json = json
         }
     }
 
-    /// A run of feed positions the sequencer numbered, `after` being the last position of the
-    /// announcement before it: a receiver whose last position is not `after` missed one.
-    public struct Announcement: Equatable, Sendable {
-        public var after: Int64
-        public var changes: [Change]
-        public var through: Int64 { changes.last?.position ?? after }
+    /// Most seqs and positions a hint may name: more would not fit PostgreSQL's bigint anyway.
+    static let maxDigits = 19
 
-        public init(after: Int64, changes: [Change]) {
-            self.after = after
-            self.changes = changes
-        }
+    // MARK: - An activity's hint: `seq \t event`
+
+    public static func encode(_ h: ActivityHint) -> [UInt8] {
+        Array("\(h.seq)\t\(h.event)".utf8)
     }
 
-    // MARK: - A change on an activity's subject: `id \t seq \t event \t json`
-
-    public static func encode(_ c: Change) -> [UInt8] {
-        var out: [UInt8] = []
-        out.reserveCapacity(c.activityID.utf8.count + c.event.utf8.count + c.json.utf8.count + 24)
-        out += c.activityID.utf8; out.append(tab)
-        out += String(c.seq).utf8; out.append(tab)
-        out += c.event.utf8; out.append(tab)
-        out += c.json.utf8
-        return out
+    public static func decodeActivityHint(_ bytes: [UInt8]) -> ActivityHint? {
+        let parts = bytes.split(separator: tab, maxSplits: 1, omittingEmptySubsequences: false)
+        guard parts.count == 2, let seq = int64(parts[0]), seq > 0, (1...64).contains(parts[1].count),
+              parts[1].allSatisfy({ ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x5F }) else { return nil }
+        return ActivityHint(seq: seq, event: String(decoding: parts[1], as: UTF8.self))
     }
 
-    public static func decodeChange(_ bytes: [UInt8]) -> Change? {
-        decodeFields(bytes[...], position: 0)
+    // MARK: - The feed's hint: `F \t through`: positions up to `through` were numbered
+
+    public static func feedHint(through: Int64) -> [UInt8] {
+        Array("F\t\(through)".utf8)
     }
 
-    // MARK: - A feed announcement: `F \t after` then one `position \t id \t seq \t event \t json` line each
-
-    /// The announcements for one numbering pass, each at most about `maxBytes`, chained: the
-    /// first continues from `after`, each next one from the last position of the one before.
-    public static func announcements(after: Int64, _ changes: [Change], maxBytes: Int = 256 * 1024) -> [[UInt8]] {
-        var messages: [[UInt8]] = []
-        var current: [UInt8] = []
-        var previous = after
-        func begin() {
-            current = Array("F\t\(previous)\n".utf8)
-        }
-        begin()
-        var count = 0
-        for c in changes {
-            let line = lineBytes(c)
-            if count > 0 && current.count + line.count > maxBytes {
-                messages.append(current)
-                begin()
-                count = 0
-            }
-            current += line
-            previous = c.position
-            count += 1
-        }
-        if count > 0 { messages.append(current) }
-        return messages
-    }
-
-    public static func decodeAnnouncement(_ bytes: [UInt8]) -> Announcement? {
-        var lines = bytes.split(separator: newline, omittingEmptySubsequences: true)[...]
-        guard let header = lines.popFirst() else { return nil }
-        let parts = header.split(separator: tab, omittingEmptySubsequences: false)
-        guard parts.count == 2, parts[0].elementsEqual("F".utf8), let after = int64(parts[1]) else { return nil }
-        var changes: [Change] = []
-        changes.reserveCapacity(lines.count)
-        var last = after
-        for line in lines {
-            guard let tabIndex = line.firstIndex(of: tab), let position = int64(line[line.startIndex..<tabIndex]),
-                  position > last,
-                  let c = decodeFields(line[line.index(after: tabIndex)...], position: position) else { return nil }
-            changes.append(c)
-            last = position
-        }
-        return Announcement(after: after, changes: changes)
+    public static func decodeFeedHint(_ bytes: [UInt8]) -> Int64? {
+        let parts = bytes.split(separator: tab, omittingEmptySubsequences: false)
+        guard parts.count == 2, parts[0].elementsEqual("F".utf8), let p = int64(parts[1]), p > 0 else { return nil }
+        return p
     }
 
     // MARK: - Internals
 
     static let tab = UInt8(ascii: "\t")
-    static let newline = UInt8(ascii: "\n")
-
-    static func lineBytes(_ c: Change) -> [UInt8] {
-        var out = Array(String(c.position).utf8)
-        out.append(tab)
-        out += encode(c)
-        out.append(newline)
-        return out
-    }
-
-    static func decodeFields(_ bytes: ArraySlice<UInt8>, position: Int64) -> Change? {
-        let parts = bytes.split(separator: tab, maxSplits: 3, omittingEmptySubsequences: false)
-        guard parts.count == 4, !parts[0].isEmpty, let seq = int64(parts[1]), seq > 0, !parts[2].isEmpty,
-              !parts[3].contains(newline) else { return nil }
-        return Change(position: position, activityID: String(decoding: parts[0], as: UTF8.self), seq: seq,
-                      event: String(decoding: parts[2], as: UTF8.self), json: String(decoding: parts[3], as: UTF8.self))
-    }
 
     static func int64(_ bytes: ArraySlice<UInt8>) -> Int64? {
-        guard !bytes.isEmpty, bytes.count <= 19 else { return nil }
+        guard !bytes.isEmpty, bytes.count <= maxDigits else { return nil }
         var v: Int64 = 0
         for b in bytes {
             guard b >= 48 && b <= 57 else { return nil }
-            v = v * 10 + Int64(b - 48)
+            let (m, o1) = v.multipliedReportingOverflow(by: 10)
+            let (s, o2) = m.addingReportingOverflow(Int64(b - 48))
+            guard !o1, !o2 else { return nil }
+            v = s
         }
         return v
     }
@@ -133,18 +69,25 @@ public enum CarrierMessage {
 
 /// The carrier's subject names under one deployment's prefix (`DISPATCH_NATS_SUBJECT_PREFIX`,
 /// default `dispatch`). Activity ids may hold `.` (NATS's token separator) and other
-/// characters subjects do not take, so an id becomes one token of lowercase hex.
+/// characters subjects do not take, so an id becomes one token of lowercase hex. Every subject
+/// is under the prefix: a deployment's NATS permissions can be granted as `<prefix>.>`.
 public struct CarrierSubjects: Sendable {
     public let prefix: String
 
     public init(prefix: String = "dispatch") { self.prefix = prefix }
 
-    /// Changes of one activity, published by the worker that committed them.
+    /// Hints of one activity's changes, published by the worker that committed them.
     public func activity(_ id: String) -> String { prefix + ".activity." + Self.token(id) }
-    /// Feed announcements, published by the sequencer once it numbered committed changes.
+    /// Hints that positions were numbered, published by whichever server ran the pass.
     public var feed: String { prefix + ".feed" }
-    /// "Something was committed": wakes the sequencer (it also polls, so a lost one costs latency only).
+    /// "Something was committed": wakes the numbering passes (they also poll, so a lost one
+    /// costs latency only).
     public var sequencer: String { prefix + ".sequencer" }
+    /// Every start's activity id: a worker forgets what it cached of an older activity of the
+    /// same id (an id used again after its old activity was pruned).
+    public var starts: String { prefix + ".starts" }
+    /// One worker's liveness probe: it publishes here and must hear it back.
+    public func probe(_ worker: String) -> String { prefix + ".probe." + worker }
 
     static let hex = Array("0123456789abcdef".utf8)
 

@@ -24,6 +24,25 @@ import Glibc
 public final class NATSClient {
     public enum Status: Equatable, Sendable { case connected, disconnected, reconnected, closed }
 
+    /// How the client proves itself to the servers and checks them, as a production NATS
+    /// deployment asks: a user and password or a token in the URLs (`nats://user:pass@host:4222`,
+    /// `nats://token@host:4222`), a credentials file (JWT and NKey seed), and TLS (`tls://`
+    /// URLs, or any URL with a CA file) with the CA that signed the servers' certificates and,
+    /// when the servers verify clients, a client certificate and key. Secrets are never logged.
+    public struct Security: Equatable, Sendable {
+        public var credentialsFile: String?
+        public var caFile: String?
+        public var certFile: String?
+        public var keyFile: String?
+
+        public init(credentialsFile: String? = nil, caFile: String? = nil, certFile: String? = nil, keyFile: String? = nil) {
+            self.credentialsFile = credentialsFile
+            self.caFile = caFile
+            self.certFile = certFile
+            self.keyFile = keyFile
+        }
+    }
+
     /// Counted since `start()`. In and out as the library counts them (in: before any drop).
     public struct Figures: Equatable, Sendable {
         public var messagesIn = 0, messagesOut = 0, bytesIn = 0, bytesOut = 0
@@ -48,8 +67,18 @@ public final class NATSClient {
         /// Per connection attempt; `start()` waits this long per unreachable (not refusing)
         /// server before it retries in the background.
         public var connectTimeout = 1.0
-        /// A half-open connection is noticed after about `pingInterval` × 2.
+        /// A half-open (or stalled) connection is noticed after about `pingInterval` × 2.
         public var pingInterval = 5.0
+        /// A write to the server that makes no progress for this long fails and the client
+        /// reconnects, so a stalled server never blocks a thread (the loop's included) for
+        /// longer; 0 would leave the socket blocking.
+        public var writeDeadline = 0.25
+        /// Publishing skips (and counts) a message while this many bytes wait to be written:
+        /// the library would otherwise write them on the caller's thread, the loop's.
+        public var maxBuffered = 192 << 10
+        /// Longest wait between two rounds of reconnect attempts (doubling from
+        /// `reconnectWait`), e.g. while the servers refuse this client's credentials.
+        public var maxReconnectWait = 8.0
         /// Whether this connection receives what it publishes itself (NATS's default).
         public var echo = true
         /// Try the servers in a random order (spreads clients over a cluster); false: in the
@@ -62,6 +91,7 @@ public final class NATSClient {
 
     public let name: String
     public let servers: [String]
+    public let security: Security
     private let loop: EventLoop
     private let log: Logger
     private let options: Options
@@ -93,10 +123,11 @@ public final class NATSClient {
     private var draining = false
     private var closed = false
 
-    /// servers: nats://host:port URLs of one cluster (the client fails over between them).
-    public init(loop: EventLoop, servers: [String], name: String, log: Logger, options: Options = Options()) {
+    /// servers: nats:// or tls:// URLs of one cluster (the client fails over between them).
+    public init(loop: EventLoop, servers: [String], name: String, log: Logger, options: Options = Options(), security: Security = Security()) {
         self.loop = loop
         self.servers = servers
+        self.security = security
         self.name = name
         self.log = log
         self.options = options
@@ -115,9 +146,11 @@ public final class NATSClient {
         guard Self.libraryOpened else { throw SystemError("the NATS library did not initialise") }
         guard !servers.isEmpty else { throw SystemError("no NATS server URL") }
         for url in servers where !Self.plausible(url) {
-            throw SystemError("NATS server URL \(url) is not nats://host:port")
+            throw SystemError("NATS server URL \(Self.redacted(url)) is not nats://host:port or tls://host:port")
         }
         let mailbox = try NATSMailbox(maxMessages: options.pendingMessages, maxBytes: options.pendingBytes)
+        mailbox.reconnectBase = options.reconnectWait
+        mailbox.reconnectMax = options.maxReconnectWait
         var opts: OpaquePointer?
         guard natsOptions_Create(&opts) == NATS_OK, let opts else { throw SystemError("cannot create NATS options") }
         defer { natsOptions_Destroy(opts) }
@@ -134,7 +167,7 @@ public final class NATSClient {
         guard s == NATS_OK || s == NATS_NOT_YET_CONNECTED, let nc else {
             // The box's retain stays with the library (a few bytes and an eventfd, once): when
             // it fails to start its reconnect thread it still posts `closed` with the box.
-            throw SystemError("NATS connect to \(servers.joined(separator: ",")): " + Self.text(s))
+            throw SystemError("NATS connect to \(servers.map(Self.redacted).joined(separator: ",")): " + Self.text(s))
         }
         connection = nc
         self.mailbox = mailbox
@@ -150,8 +183,8 @@ public final class NATSClient {
             isConnected = true
             mailbox.post(.status(.connected))
         } else {
-            log.warning("nats.connecting", [("client", name), ("servers", servers.joined(separator: ",")),
-                                             ("reason", Self.text(s))])
+            log.warning("nats.connecting", [("client", name), ("servers", servers.map(Self.redacted).joined(separator: ",")),
+                                             ("reason", lastError ?? Self.text(s))])
         }
         // Subscriptions asked for before start() are made now.
         let early = pendingSubjects.sorted()
@@ -178,6 +211,14 @@ public final class NATSClient {
             { natsOptions_SetMaxPendingMsgs(opts, Int32(clamping: self.options.pendingMessages)) },
             { natsOptions_SetPingInterval(opts, Int64(self.options.pingInterval * 1000)) },
             { natsOptions_SetMaxPingsOut(opts, 2) },
+            { natsOptions_SetWriteDeadline(opts, Int64(self.options.writeDeadline * 1000)) },
+            { natsOptions_SetCustomReconnectDelay(opts, { _, attempts, box in
+                // Every URL failed `attempts` times in a row (down, or refusing the credentials):
+                // wait longer each round, with jitter, up to the maximum.
+                let limits = NATSClient.backoff(box)
+                let wait = min(limits.max, limits.base * Double(1 << min(max(Int(attempts) - 1, 0), 10)))
+                return Int64((wait * Double.random(in: 0.8...1.2)) * 1000)
+            }, box) },
             { natsOptions_SetIOBufSize(opts, 256 << 10) },
             { natsOptions_SetNoEcho(opts, !self.options.echo) },
             { natsOptions_UseGlobalMessageDelivery(opts, true) },
@@ -199,7 +240,60 @@ public final class NATSClient {
             let s = step()
             if s != NATS_OK { return s }
         }
+        if let creds = security.credentialsFile {
+            let s = natsOptions_SetUserCredentialsFromFiles(opts, creds, nil)
+            if s != NATS_OK { return s }
+        }
+        if security.caFile != nil || servers.contains(where: { $0.lowercased().hasPrefix("tls://") }) {
+            var s = natsOptions_SetSecure(opts, true)
+            if s != NATS_OK { return s }
+            let ca = security.caFile ?? NATSClient.systemCAs
+            s = natsOptions_LoadCATrustedCertificates(opts, ca)
+            if s != NATS_OK { return s }
+            if let cert = security.certFile, let key = security.keyFile {
+                s = natsOptions_LoadCertificatesChain(opts, cert, key)
+                if s != NATS_OK { return s }
+            }
+        }
         return NATS_OK
+    }
+
+    /// The system's CA bundle (Debian's ca-certificates), for tls:// without a CA file.
+    static let systemCAs = "/etc/ssl/certs/ca-certificates.crt"
+
+    /// The reconnect backoff's bounds, read by the library's thread (immutable once set).
+    private static func backoff(_ box: UnsafeMutableRawPointer?) -> (base: Double, max: Double) {
+        guard let box else { return (0.25, 8) }
+        let m = Unmanaged<NATSMailbox>.fromOpaque(box).takeUnretainedValue()
+        return (m.reconnectBase, m.reconnectMax)
+    }
+
+    /// A URL as it may be logged: user, password or token replaced by `***`.
+    public static func redacted(_ url: String) -> String {
+        guard let at = url.lastIndex(of: "@") else { return url }
+        let start = schemeEnd(Substring(url)) ?? url.startIndex
+        guard start <= at else { return url }
+        return String(url[..<start]) + "***" + String(url[at...])
+    }
+
+    /// Where what follows `scheme://` begins, or nil without a scheme.
+    static func schemeEnd(_ s: Substring) -> Substring.Index? {
+        var i = s.startIndex
+        while i < s.endIndex {
+            if s[i...].hasPrefix("://") { return s.index(i, offsetBy: 3) }
+            if s[i] == "/" || s[i] == "@" { return nil }
+            i = s.index(after: i)
+        }
+        return nil
+    }
+
+    /// The library's last error on this connection (e.g. "Authorization Violation"), if any.
+    public var lastError: String? {
+        guard let connection else { return nil }
+        var text: UnsafePointer<CChar>?
+        let s = natsConnection_GetLastError(connection, &text)
+        guard s != NATS_OK, let text else { return nil }
+        return String(cString: text)
     }
 
     /// From the library's threads.
@@ -212,7 +306,7 @@ public final class NATSClient {
         natsStatus_GetText(s).map { String(cString: $0) } ?? "status \(s.rawValue)"
     }
 
-    /// `DISPATCH_NATS_URL`'s value: comma-separated nats://host:port URLs of one cluster.
+    /// `DISPATCH_NATS_URL`'s value: comma-separated nats:// (or tls://) URLs of one cluster.
     public static func servers(fromSetting value: String) throws(SystemError) -> [String] {
         let urls = value.split(separator: ",").map { part -> String in
             var s = part
@@ -221,14 +315,17 @@ public final class NATSClient {
             return String(s)
         }.filter { !$0.isEmpty }
         guard !urls.isEmpty else { throw SystemError("no NATS server URL in \"\(value)\"") }
-        for url in urls where !plausible(url) { throw SystemError("NATS server URL \(url) is not nats://host:port") }
+        for url in urls where !plausible(url) { throw SystemError("NATS server URL \(redacted(url)) is not nats://host:port or tls://host:port") }
         return urls
     }
 
-    /// nats://host:port (or host:port, the library's shorthand), port in range.
+    /// nats://host:port or tls://host:port (or host:port, the library's shorthand), with
+    /// optional credentials before an `@`, port in range.
     static func plausible(_ url: String) -> Bool {
         var rest = Substring(url)
-        if rest.hasPrefix("nats://") { rest = rest.dropFirst(7) } else if rest.contains("://") { return false }
+        if rest.lowercased().hasPrefix("nats://") || rest.lowercased().hasPrefix("tls://") {
+            rest = rest[schemeEnd(rest)!...]
+        } else if rest.contains("://") { return false }
         if let at = rest.lastIndex(of: "@") { rest = rest[rest.index(after: at)...] }
         guard let colon = rest.lastIndex(of: ":"), colon != rest.startIndex,
               let port = Int(rest[rest.index(after: colon)...]), (1...65535).contains(port) else { return false }
@@ -239,6 +336,8 @@ public final class NATSClient {
     @discardableResult
     public func publish(_ subject: String, _ payload: [UInt8]) -> Bool {
         guard let connection, !closed, payload.count <= Int(Int32.max) else { publishFailed += 1; return false }
+        // A server that stopped reading: skip rather than let the library write on this thread.
+        if Int(natsConnection_Buffered(connection)) + payload.count > options.maxBuffered { publishFailed += 1; return false }
         let s = payload.withUnsafeBytes { natsConnection_Publish(connection, subject, $0.baseAddress, Int32($0.count)) }
         if s != NATS_OK { publishFailed += 1; return false }
         return true
@@ -339,10 +438,10 @@ public final class NATSClient {
         switch status {
         case .connected, .reconnected:
             isConnected = true
-            log.info(status == .connected ? "nats.connected" : "nats.reconnected", [("client", name), ("url", connectedServer ?? "")])
+            log.info(status == .connected ? "nats.connected" : "nats.reconnected", [("client", name), ("url", connectedServer.map(Self.redacted) ?? "")])
         case .disconnected:
             isConnected = false
-            log.warning("nats.disconnected", [("client", name)])
+            log.warning("nats.disconnected", [("client", name), ("error", lastError ?? "-")])
         case .closed:
             isConnected = false
             log.warning("nats.closed", [("client", name)])

@@ -32,6 +32,10 @@ final class NATSMailbox: @unchecked Sendable {
     /// The eventfd has been written and the loop has not yet emptied the queue.
     private var signalled = false
     private var shut = false
+    /// The reconnect backoff's bounds: set before the connection starts, then only read (by
+    /// the library's reconnect thread).
+    var reconnectBase = 0.25
+    var reconnectMax = 8.0
     /// Messages refused because the queue was full (read by the loop for the figures).
     private(set) var refused = 0
 

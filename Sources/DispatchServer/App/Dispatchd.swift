@@ -115,6 +115,14 @@ public enum Dispatchd {
             log.error("migration.failed", [("error", "\(error)")])
             return 1
         }
+        if command == .serve {
+            do {
+                try Sequencer.carrierSwitch(toNATS: config.carrier != nil, conninfo: conninfo, log: log)
+            } catch {
+                log.error("carrier.switch_failed", [("error", "\(error)")])
+                return 1
+            }
+        }
         switch command {
         case .migrate:
             log.info("migration.done")

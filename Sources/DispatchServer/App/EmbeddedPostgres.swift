@@ -84,7 +84,7 @@ public final class EmbeddedPostgres {
             // Autovacuum looks at each database every 5 s rather than every minute: the push
             // outbox is a queue whose dead row versions pile up quickly (Migrations/0004).
             let options = "-k \(socketDir) -c listen_addresses='' -c unix_socket_permissions=0700 -c max_connections=200 -c shared_buffers=128MB"
-                + " -c autovacuum_naptime=5s"
+                + " -c autovacuum_naptime=5s -c track_commit_timestamp=on"
             let r = Subprocess.run(runAs + [binDir + "/pg_ctl", "-D", clusterDir, "-o", options, "-l", clusterDir + "/server.log",
                                             "-w", "-t", "60", "start"])
             guard r.status == 0 else {

@@ -18,7 +18,12 @@ public final class Metrics {
     public var httpRequests: [Int: Int] = [:]
     public var notifyReceived = 0
     public var resyncs = 0
+    /// Re-reads of several topics in one statement (a turn's carrier hints).
+    public var resyncBatches = 0
     public var dbConnected = false
+    /// The LISTEN session's liveness probe (LISTEN/NOTIFY carrier).
+    var carrierStalled = false
+    var carrierStalls = 0
     public var dbReconnects = 0
     /// Round trips and connection attempts of the writer and reader sessions past DISPATCH_DB_TIMEOUT.
     public var dbTimeouts = 0
@@ -112,7 +117,8 @@ public final class Metrics {
         line("dispatch_http_requests_total", "counter", "HTTP answers by status.",
              httpRequests.keys.sorted().map { ("\(w),status=\"\($0)\"", "\(httpRequests[$0]!)") })
         line("dispatch_notifications_total", "counter", "NOTIFY messages received.", [(w, "\(notifyReceived)")])
-        line("dispatch_topic_resyncs_total", "counter", "Topics re-read from history (gap or lost LISTEN).", [(w, "\(resyncs)")])
+        line("dispatch_topic_resyncs_total", "counter", "Topics re-read from history (gap, lost LISTEN, carrier hint).", [(w, "\(resyncs)")])
+        line("dispatch_topic_resync_batches_total", "counter", "Statements that re-read several topics at once (a turn's carrier hints).", [(w, "\(resyncBatches)")])
         line("dispatch_publish_batches_total", "counter", "Group-commit transactions.", [(w, "\(publishBatches)")])
         line("dispatch_publish_conflicts_total", "counter", "Publishes retried after a concurrent change.", [(w, "\(casRetries)")])
         line("dispatch_feeds_active", "gauge", "Feeds (GET /v1/stream) open now.", [(w, "\(feedsActive)")])
@@ -152,6 +158,15 @@ public final class Metrics {
         // The carrier's figures: NATS's own, or the LISTEN session's (in the jobs' block).
         if let carrier { s += carrier.render(worker: w) }
         s += jobs.render(worker: w, carrierUp: carrier == nil ? carrierUp() : nil, carrierIn: notifyReceived)
+        if carrier == nil {
+            // The LISTEN session's liveness; positions are drawn at commit, so none waits.
+            line("dispatch_carrier_stalled", "gauge", "1 while the carrier is connected but this worker's probes do not come back.",
+                 [(w, carrierStalled ? "1" : "0")])
+            line("dispatch_carrier_stalls_total", "counter", "Times the carrier was found connected but silent (then repaired).",
+                 [(w, "\(carrierStalls)")])
+            line("dispatch_feed_unnumbered_oldest_seconds", "gauge",
+                 "Age of the oldest committed change not yet in the feed (LISTEN/NOTIFY numbers at commit: always 0).", [(w, "0")])
+        }
         line("process_resident_memory_bytes", "gauge", "Resident memory.", [(w, "\(process.residentBytes)")])
         line("process_open_fds", "gauge", "Open file descriptors.", [(w, "\(process.openFDs)")])
         line("process_cpu_seconds_total", "counter", "CPU time used.", [(w, "\(process.cpuSeconds)")])

@@ -35,6 +35,8 @@ final class Supervisor {
         watchers.append(loop.onSignal(SIGCHLD) { [unowned self] in self.reap() })
         watchers.append(loop.onSignal(SIGTERM) { [unowned self] in self.stop(SIGTERM) })
         watchers.append(loop.onSignal(SIGINT) { [unowned self] in self.stop(SIGTERM) })
+        // A state dump of every worker's feeds (`kill -USR1` the server).
+        watchers.append(loop.onSignal(SIGUSR1) { [unowned self] in for pid in self.children.keys { kill(pid, SIGUSR1) } })
         watchers.append(loop.onSignal(SIGHUP) { [log] in log.info("signal.hangup_ignored", [("why", "no reload: restart to apply new settings")]) })
         log.info("supervisor.started", [("workers", config.workers)])
         loop.run()

@@ -74,7 +74,8 @@ public final class Worker {
         if let settings = config.carrier {
             publisher.sequencedPositions = true
             let c = NATSCarrier(loop: loop, settings: settings, db: db, conninfo: conninfo, streams: streams, feeds: feeds,
-                                runsSequencer: index == 0, log: log, name: "dispatchd-w\(index)-\(getpid())")
+                                runsSequencer: index == 0, server: Worker.serverName(workers: config.workers), log: log,
+                                name: "dispatchd-w\(index)-\(getpid())")
             metrics.carrier = c.metrics
             carrier = c
         }
@@ -95,12 +96,20 @@ public final class Worker {
             if event.name == ActivityEvent.cancelRequested { self.webhooks?.kick() }
             let text = String(decoding: json, as: UTF8.self)
             self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name, json: text)
-            self.carrier?.committed(activityID: event.snapshot.activityId, seq: event.seq, event: event.name, json: text)
+            self.carrier?.committed(activityID: event.snapshot.activityId, seq: event.seq, event: event.name)
         }
         if let carrier {
             carrier.onCancelRequested = { [unowned self] in self.webhooks?.kick() }
-            carrier.onChangeHeard = { [unowned self] in self.publisher.heard($0) }
+            // A hint is not a snapshot: what the publisher cached older than it is dropped and
+            // read again when needed.
+            carrier.onChangeHinted = { [unowned self] id, seq in
+                if seq == 1 || self.publisher.isStale(id, seq: seq) { self.publisher.forget(id) }
+            }
             try carrier.start()
+        } else {
+            timers.append(loop.timer(after: probe.settings.interval / 2, repeating: true) { [unowned self] in
+                self.performProbe(self.probe.tick(now: self.loop.now))
+            })
         }
         db.writer.onReady = { [unowned self] in
             self.publisher.writerReady()
@@ -138,6 +147,7 @@ public final class Worker {
         }
         timers.append(loop.onSignal(SIGTERM) { [unowned self] in self.shutdown() })
         timers.append(loop.onSignal(SIGINT) { [unowned self] in self.shutdown() })
+        timers.append(loop.onSignal(SIGUSR1) { [unowned self] in self.feeds.dumpState() })
         timers.append(loop.onSignal(SIGHUP) { [log] in log.info("signal.hangup_ignored", [("why", "no reload: restart to apply new settings")]) })
         log.info("worker.started", [("heartbeat_s", config.heartbeatSeconds)])
         loop.run()
@@ -149,7 +159,7 @@ public final class Worker {
     private func wireListener() {
         listener.onReady = { [unowned self] in
             // With the NATS carrier, changes do not travel through NOTIFY; key revocations still do.
-            let channels = self.carrier == nil ? [Channel.events, Channel.keys] : [Channel.keys]
+            let channels = self.carrier == nil ? [Channel.events, Channel.keys, Channel.probe] : [Channel.keys]
             self.listener.execute(channels.map { PGQuery("LISTEN \($0)") }) { result in
                 guard case .success = result else { return }
                 let restored = self.listenEstablished
@@ -165,12 +175,14 @@ public final class Worker {
                     self.closeStreamsOfRevokedKeys()
                 }
                 self.log.info("listen.ready", [("resync", restored)])
+                if self.carrier == nil { self.performProbe(self.probe.connected(now: self.loop.now)) }
                 self.acceptWhenReady()
             }
         }
         listener.onLost = { [unowned self] reason in
             self.metrics.dbConnected = false
             self.metrics.dbReconnects += 1
+            self.probe.disconnected()
             guard !self.shuttingDown else { return }
             self.log.warning("listen.lost", [("error", reason)])
         }
@@ -179,6 +191,12 @@ public final class Worker {
             if channel == Channel.keys {
                 self.auth.invalidateAll()
                 if let id = Int64(payload) { self.keyRevoked(id) }
+                return
+            }
+            if channel == Channel.probe {
+                let parts = payload.split(separator: ":")
+                guard parts.count == 2, Int32(parts[0]) == getpid(), let n = UInt64(parts[1]) else { return }
+                self.performProbe(self.probe.heard(n, now: self.loop.now))
                 return
             }
             guard let notice = ChangeNotice(payload: payload) else {
@@ -311,6 +329,41 @@ public final class Worker {
 
     var isReady: Bool { db.isReady && listener.isReady && listenEstablished }
 
+    // MARK: - The LISTEN session's liveness (LISTEN/NOTIFY carrier)
+
+    /// Whether the LISTEN session still delivers: a probe NOTIFYed through another session
+    /// must come back on it (a stuck backend keeps its socket open and looks up).
+    private var probe = CarrierProbe()
+
+    private func performProbe(_ actions: [CarrierProbe.Action]) {
+        for action in actions {
+            switch action {
+            case .send(let n):
+                guard db.reader.isReady else { continue }
+                db.read(PGQuery("SELECT pg_notify('\(Channel.probe)', $1)", ["\(getpid()):\(n)"], name: "carrier_probe")) { _ in }
+            case .stalled:
+                metrics.carrierStalled = true
+                metrics.carrierStalls += 1
+                log.warning("carrier.stalled", [("carrier", "listen"),
+                                                ("effect", "the LISTEN session is reconnected, then streams and feeds re-read what it missed")])
+                // Reconnecting re-LISTENs, and its ready handler re-reads what was missed.
+                listener.reset("its notifications stopped arriving")
+            case .recovered:
+                metrics.carrierStalled = false
+                log.info("carrier.recovered", [("carrier", "listen")])
+            }
+        }
+    }
+
+    /// What names this server among all, for the NATS carrier's wake-ups of its numbering pass:
+    /// host name and the supervisor's pid (the worker's own when it runs alone).
+    static func serverName(workers: Int) -> String {
+        var buffer = [CChar](repeating: 0, count: 256)
+        let host = gethostname(&buffer, buffer.count - 1) == 0
+            ? String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : "host"
+        return "\(host):\(workers > 1 ? getppid() : getpid())"
+    }
+
     /// Seconds between two counts of the live activities for `/metrics` (one grouped query).
     static let liveCountSeconds = 10.0
 
@@ -356,7 +409,9 @@ public final class Worker {
 
     var readiness: Readiness {
         guard isReady else { return .databaseUnavailable }
-        return publisher.writesRefused || databaseReadOnly ? .writesRefused : .ready
+        if publisher.writesRefused || databaseReadOnly { return .writesRefused }
+        let delivering = carrier?.isDelivering ?? !probe.isStalled
+        return delivering ? .ready : .carrierUnavailable
     }
 
     /// Asks the database every few seconds whether it would refuse writes (a read-only

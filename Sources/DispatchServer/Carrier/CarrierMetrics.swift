@@ -11,9 +11,20 @@ final class CarrierMetrics {
     /// Repairs from PostgreSQL, by what revealed the loss.
     var repairs: [CarrierRepair: Int] = [:]
     var subscriptions = 0
-    var sequencerLeader = false
+    /// Messages that were not a hint of the expected shape (refused, counted, logged).
+    var malformed = 0
+    /// The liveness probe: whether the carrier stopped delivering (connected but silent), how
+    /// often, and the last probe's round trip.
+    var stalled = false
+    var stalls = 0
+    var probeRoundTrip: Double?
     var sequencerPasses = 0
+    /// Passes that found the position lock held by another server's pass.
+    var sequencerBusy = 0
     var positionsNumbered = 0
+    /// Committed changes not yet numbered for the feed, and how long the oldest has waited.
+    var unnumbered = 0
+    var unnumberedOldestSeconds = 0.0
 
     func render(worker w: String) -> String {
         var s = ""
@@ -33,9 +44,24 @@ final class CarrierMetrics {
              CarrierRepair.allCases.map { ("\(w),reason=\"\($0.rawValue)\"", "\(repairs[$0] ?? 0)") })
         line("dispatch_carrier_subscriptions", "gauge", "Carrier subjects this worker listens to (its activities, the feed).",
              [(w, "\(subscriptions)")])
-        line("dispatch_sequencer_leader", "gauge", "1 on the one process numbering feed positions.", [(w, sequencerLeader ? "1" : "0")])
+        line("dispatch_carrier_malformed_total", "counter", "Carrier messages refused as not a hint (nothing is believed from them).",
+             [(w, "\(malformed)")])
+        line("dispatch_carrier_stalled", "gauge", "1 while the carrier is connected but this worker's probes do not come back.",
+             [(w, stalled ? "1" : "0")])
+        line("dispatch_carrier_stalls_total", "counter", "Times the carrier was found connected but silent (then repaired).",
+             [(w, "\(stalls)")])
+        if let rt = probeRoundTrip {
+            line("dispatch_carrier_probe_seconds", "gauge", "Round trip of the last liveness probe through the carrier.", [(w, "\(rt)")])
+        }
         line("dispatch_sequencer_passes_total", "counter", "Numbering passes that committed.", [(w, "\(sequencerPasses)")])
+        line("dispatch_sequencer_busy_total", "counter", "Numbering passes skipped because another server's pass held the lock.",
+             [(w, "\(sequencerBusy)")])
         line("dispatch_sequencer_positions_total", "counter", "Feed positions numbered.", [(w, "\(positionsNumbered)")])
+        line("dispatch_feed_unnumbered", "gauge", "Committed changes not yet numbered for the feed (measured by the numbering worker).",
+             [(w, "\(unnumbered)")])
+        line("dispatch_feed_unnumbered_oldest_seconds", "gauge",
+             "Age of the oldest committed change not yet in the feed (measured by the numbering worker; 0 when none waits).",
+             [(w, "\(unnumberedOldestSeconds)")])
         return s
     }
 }
@@ -48,4 +74,6 @@ enum CarrierRepair: String, CaseIterable {
     case reconnect
     /// NATS dropped messages for this client (slow consumer).
     case dropped
+    /// The carrier was connected but its liveness probes stopped coming back.
+    case stalled
 }

@@ -1,5 +1,6 @@
 import DispatchCore
 import DispatchIO
+import DispatchSystem
 
 /// How committed changes travel between server processes: over NATS when
 /// `DISPATCH_NATS_URL` is set (several servers), else PostgreSQL's LISTEN/NOTIFY.
@@ -11,6 +12,8 @@ public struct CarrierSettings: Equatable, Sendable {
     /// Seconds between each worker's check that nothing committed went unannounced (a lost
     /// message, a process killed between its commit and its message).
     public var checkSeconds: Double = 1
+    /// Credentials file, TLS CA and client certificate (user/password or a token go in the URLs).
+    public var security = NATSClient.Security()
 
     static let settings: [ServerConfig.Setting] = [
         .init(env: "DISPATCH_NATS_URL", flag: "--nats-url",
@@ -19,11 +22,19 @@ public struct CarrierSettings: Equatable, Sendable {
               help: "NATS subject prefix, for deployments sharing a NATS cluster (default dispatch)"),
         .init(env: "DISPATCH_CARRIER_CHECK", flag: "--carrier-check",
               help: "seconds between checks for changes whose NATS message was lost (default 1)"),
+        .init(env: "DISPATCH_NATS_CREDS", flag: "--nats-creds", help: "NATS credentials file (JWT and NKey seed, as nsc makes it)"),
+        .init(env: "DISPATCH_NATS_CA", flag: "--nats-ca",
+              help: "PEM file of the CA that signed the NATS servers' certificates (TLS; default the system's CAs for tls:// URLs)"),
+        .init(env: "DISPATCH_NATS_CERT", flag: "--nats-cert", help: "client certificate (PEM) when the NATS servers verify clients"),
+        .init(env: "DISPATCH_NATS_KEY", flag: "--nats-key", help: "the client certificate's private key (PEM)"),
     ]
+
+    static let dependent = ["DISPATCH_NATS_SUBJECT_PREFIX", "DISPATCH_CARRIER_CHECK", "DISPATCH_NATS_CREDS", "DISPATCH_NATS_CA",
+                            "DISPATCH_NATS_CERT", "DISPATCH_NATS_KEY"]
 
     static func parse(_ values: [String: String]) throws(ConfigError) -> CarrierSettings? {
         guard let text = values["DISPATCH_NATS_URL"], !text.isEmpty else {
-            for other in ["DISPATCH_NATS_SUBJECT_PREFIX", "DISPATCH_CARRIER_CHECK"] where values[other] != nil {
+            for other in dependent where values[other] != nil {
                 throw ConfigError("\(other) needs DISPATCH_NATS_URL")
             }
             return nil
@@ -32,7 +43,7 @@ public struct CarrierSettings: Equatable, Sendable {
         do {
             servers = try NATSClient.servers(fromSetting: text)
         } catch {
-            throw ConfigError("DISPATCH_NATS_URL: \(error.message), e.g. nats://10.0.0.5:4222,nats://10.0.0.6:4222")
+            throw ConfigError("DISPATCH_NATS_URL: \(error.message), e.g. nats://dispatch:PASSWORD@10.0.0.5:4222,nats://dispatch:PASSWORD@10.0.0.6:4222 or tls://10.0.0.5:4222")
         }
         var c = CarrierSettings(servers: servers)
         if let p = values["DISPATCH_NATS_SUBJECT_PREFIX"] {
@@ -49,6 +60,15 @@ public struct CarrierSettings: Equatable, Sendable {
                 throw ConfigError("DISPATCH_CARRIER_CHECK must be seconds from 0.05 to 60, not \(v)")
             }
             c.checkSeconds = d
+        }
+        for (env, path) in [("DISPATCH_NATS_CREDS", \NATSClient.Security.credentialsFile), ("DISPATCH_NATS_CA", \.caFile),
+                            ("DISPATCH_NATS_CERT", \.certFile), ("DISPATCH_NATS_KEY", \.keyFile)] {
+            guard let file = values[env] else { continue }
+            guard Files.read(file) != nil else { throw ConfigError("\(env): cannot read \(file)") }
+            c.security[keyPath: path] = file
+        }
+        if (c.security.certFile == nil) != (c.security.keyFile == nil) {
+            throw ConfigError("DISPATCH_NATS_CERT and DISPATCH_NATS_KEY go together")
         }
         return c
     }

@@ -1,20 +1,21 @@
 import DispatchCore
 import DispatchIO
 import DispatchSystem
+import Glibc
 
-/// Committed changes between server processes over NATS (contract §10), for one worker.
+/// Wake-ups between server processes over NATS (contract §10), for one worker.
 ///
-/// After its commit, a worker publishes each change on its activity's subject and wakes the
-/// sequencer, which numbers the changes for the feed and announces them on the feed subject.
-/// A worker listens only to the activities its status streams follow, and to the feed while
-/// it has feed readers, so NATS routes to each node only what its clients want.
+/// NATS carries hints, never the truth. After its commit a worker publishes on the activity's
+/// subject only "this activity changed, seq ≥ N", and wakes its server's numbering pass;
+/// whichever server numbers positions publishes only "positions up to P exist". A worker that
+/// hears a hint reads the change from PostgreSQL (one statement for all the hints of a turn)
+/// and sends what it read. So a message copied off the wire and altered, or made up, changes
+/// nothing any client sees: at worst it costs a read. No snapshot crosses NATS.
 ///
-/// NATS is at-most-once, so it is never trusted for completeness: status streams see a gap
-/// in `seq`, feeds a break in the announcements' chain, and both then read PostgreSQL; a lost
-/// connection or dropped messages re-read everything held here; and a periodic check against
-/// the database finds a change whose message was lost with nothing after it (a process killed
-/// between its commit and its message), so every change reaches every stream within a few
-/// seconds, also while NATS is down.
+/// NATS is at-most-once, so it is not trusted for completeness either: a periodic check
+/// against the database finds what a lost hint did not bring (a process killed between its
+/// commit and its message, a partition) within a few seconds; a lost connection, dropped
+/// messages or a carrier that stops delivering (the liveness probe) re-read everything held.
 final class NATSCarrier {
     let loop: EventLoop
     let client: NATSClient
@@ -25,12 +26,12 @@ final class NATSCarrier {
     let feeds: FeedService
     let log: Logger
     let metrics: CarrierMetrics
-    /// This process's sequencer candidate (worker 0 of each server).
+    /// This server's numbering passes (worker 0 of each server).
     let sequencer: Sequencer?
-    /// A remote cancel request arrived (wakes the webhook sender).
+    /// A hint named a cancel request (wakes the webhook sender, which reads its outbox).
     var onCancelRequested: (() -> Void)?
-    /// A change another server committed arrived (the publisher's cache takes it).
-    var onChangeHeard: ((ChangeNotice) -> Void)?
+    /// A hint that an activity changed elsewhere (the publisher drops what it cached older).
+    var onChangeHinted: ((String, Int64) -> Void)?
 
     /// Streams here per activity: the activity's subject is listened to while any.
     private var interest: [String: Int] = [:]
@@ -38,20 +39,27 @@ final class NATSCarrier {
     /// When the last feed reader left (the feed subject is kept a little for the next one).
     private var feedIdleSince: Double?
     private var wakeScheduled = false
-    private var checkTimer: Timer?
+    private var timers: [Timer] = []
     private var checking = false
     /// What the last check found newer in the database: repaired at the next check if no
-    /// message brought it meanwhile (a message may simply still be on its way).
+    /// hint brought it meanwhile (a hint may simply still be on its way).
     private var suspects: [String: Int64] = [:]
     private var feedSuspect: Int64?
+    /// The retention horizon last read: when it moves, pruned ids may be used again.
+    private var horizon: Int64?
+    private var probe = CarrierProbe()
+    /// This process's probe subject and the nonce its probes carry.
+    private let probeSubject: String
+    private let probeNonce = UInt64.random(in: 1...UInt64.max)
     /// Seconds a feed subject is kept after its last reader left.
     static let feedLinger = 10.0
     /// Tests only (`DISPATCH_TEST_CARRIER_MUTE=1`): commit but never announce, as a process
     /// killed between its commit and its message would; the repairs must deliver anyway.
     private let mute = Subprocess.environment("DISPATCH_TEST_CARRIER_MUTE") == "1"
 
+    /// `server`: what names this server among all (its numbering pass's wake-up subject).
     init(loop: EventLoop, settings: CarrierSettings, db: Database, conninfo: String, streams: StreamService, feeds: FeedService,
-         runsSequencer: Bool, log: Logger, name: String) {
+         runsSequencer: Bool, server: String, log: Logger, name: String) {
         self.loop = loop
         self.settings = settings
         self.db = db
@@ -60,9 +68,18 @@ final class NATSCarrier {
         self.log = log
         metrics = CarrierMetrics()
         subjects = CarrierSubjects(prefix: settings.subjectPrefix)
-        client = NATSClient(loop: loop, servers: settings.servers, name: name, log: log)
-        sequencer = runsSequencer ? Sequencer(loop: loop, conninfo: conninfo, log: log, metrics: metrics) : nil
+        sequencerSubject = subjects.sequencer + "." + CarrierSubjects.token(server)
+        probeSubject = subjects.probe(CarrierSubjects.token(name))
+        var options = NATSClient.Options()
+        options.pingInterval = 1
+        client = NATSClient(loop: loop, servers: settings.servers, name: name, log: log, options: options, security: settings.security)
+        sequencer = runsSequencer
+            ? Sequencer(loop: loop, session: PGConnection(loop: loop, conninfo: conninfo, name: "sequencer", log: log), log: log, metrics: metrics)
+            : nil
     }
+
+    /// Wakes this server's numbering pass.
+    private let sequencerSubject: String
 
     func start() throws {
         client.onMessage = { [unowned self] subject, payload in self.received(subject, payload) }
@@ -77,40 +94,48 @@ final class NATSCarrier {
         feeds.onFirstFeed = { [unowned self] in self.feedOpened() }
         feeds.onLastFeedClosed = { [unowned self] in self.feedIdleSince = Clock.monotonic() }
         feeds.awaitNumbering = { [unowned self] done in self.awaitNumbering(done) }
+        client.subscribe(subjects.starts)
+        client.subscribe(probeSubject)
         if let sequencer {
-            sequencer.announce = { [unowned self] message in self.publish(self.subjects.feed, message) }
-            sequencer.onLeading = { [unowned self] leading in
-                if leading { self.client.subscribe(self.subjects.sequencer) } else { self.client.unsubscribe(self.subjects.sequencer) }
-            }
+            sequencer.announce = { [unowned self] through in self.publish(self.subjects.feed, CarrierMessage.feedHint(through: through)) }
+            client.subscribe(sequencerSubject)
         }
         try client.start()
         sequencer?.start()
-        checkTimer = loop.timer(after: settings.checkSeconds, repeating: true) { [unowned self] in self.check() }
-        log.info("carrier.nats", [("servers", settings.servers.joined(separator: ",")), ("prefix", settings.subjectPrefix),
-                                  ("sequencer_candidate", sequencer != nil)])
+        timers.append(loop.timer(after: settings.checkSeconds, repeating: true) { [unowned self] in self.check() })
+        timers.append(loop.timer(after: probe.settings.interval / 2, repeating: true) { [unowned self] in
+            self.perform(self.probe.tick(now: self.loop.now))
+        })
+        log.info("carrier.nats", [("servers", settings.servers.map(NATSClient.redacted).joined(separator: ",")),
+                                  ("prefix", settings.subjectPrefix), ("numbers_positions", sequencer != nil),
+                                  ("trusts", "nothing: hints only, every change is read from PostgreSQL")])
     }
 
     func close() {
-        checkTimer?.cancel()
-        checkTimer = nil
+        for t in timers { t.cancel() }
+        timers = []
         sequencer?.stop()
         client.close()
         metrics.up = false
     }
 
+    /// Whether the carrier delivers: connected, and its probes come back.
+    var isDelivering: Bool { client.isConnected && !probe.isStalled }
+
     // MARK: - Out
 
-    /// This worker committed a change: whoever follows the activity hears it, and the
-    /// sequencer is woken (once per loop turn, however many changes the batch held).
-    func committed(activityID: String, seq: Int64, event: String, json: String) {
+    /// This worker committed a change: whoever follows the activity is told where to look, and
+    /// this server's numbering pass is woken (once per loop turn, however many changes).
+    func committed(activityID: String, seq: Int64, event: String) {
         guard !mute else { return }
-        publish(subjects.activity(activityID), CarrierMessage.encode(.init(activityID: activityID, seq: seq, event: event, json: json)))
+        publish(subjects.activity(activityID), CarrierMessage.encode(.init(seq: seq, event: event)))
+        if seq == 1 { publish(subjects.starts, Array(activityID.utf8)) }
         guard !wakeScheduled else { return }
         wakeScheduled = true
         loop.soon { [weak self] in
             guard let self else { return }
             self.wakeScheduled = false
-            if let sequencer = self.sequencer, sequencer.isLeader { sequencer.woken() } else { self.publish(self.subjects.sequencer, []) }
+            if let sequencer = self.sequencer { sequencer.woken() } else { self.publish(self.sequencerSubject, []) }
         }
     }
 
@@ -129,22 +154,32 @@ final class NATSCarrier {
         metrics.messagesIn += 1
         metrics.bytesIn += payload.count
         if subject == subjects.feed {
-            guard let a = CarrierMessage.decodeAnnouncement(payload) else {
-                return log.warning("carrier.malformed", [("subject", "feed"), ("bytes", payload.count)])
-            }
-            if log.enabled(.debug) { log.debug("carrier.announcement", [("after", a.after), ("through", a.through), ("changes", a.changes.count)]) }
-            feeds.announced(a)
-        } else if subject == subjects.sequencer {
+            guard let through = CarrierMessage.decodeFeedHint(payload) else { return malformed("feed", payload) }
+            feeds.hinted(position: through)
+        } else if subject == sequencerSubject {
             sequencer?.woken()
+        } else if subject == subjects.starts {
+            let id = String(decoding: payload, as: UTF8.self)
+            guard Validation.isValidActivityID(id) else { return malformed("starts", payload) }
+            streams.forgetFinished(id)
+            onChangeHinted?(id, 1)
+        } else if subject == probeSubject {
+            let parts = payload.split(separator: UInt8(ascii: " "))
+            guard parts.count == 2, UInt64(String(decoding: parts[1], as: UTF8.self)) == probeNonce,
+                  let n = UInt64(String(decoding: parts[0], as: UTF8.self)) else { return malformed("probe", payload) }
+            perform(probe.heard(n, now: loop.now))
+            metrics.probeRoundTrip = probe.lastRoundTrip
         } else if let id = subjects.activityID(inSubject: subject) {
-            guard let c = CarrierMessage.decodeChange(payload), c.activityID == id else {
-                return log.warning("carrier.malformed", [("subject", "activity"), ("bytes", payload.count)])
-            }
-            if c.event == ActivityEvent.cancelRequested { onCancelRequested?() }
-            let notice = ChangeNotice(position: 0, activityID: c.activityID, seq: c.seq, event: c.event, json: c.json)
-            onChangeHeard?(notice)
-            streams.notified(notice)
+            guard let hint = CarrierMessage.decodeActivityHint(payload) else { return malformed("activity", payload) }
+            if hint.event == ActivityEvent.cancelRequested { onCancelRequested?() }
+            onChangeHinted?(id, hint.seq)
+            streams.hinted(id, seq: hint.seq)
         }
+    }
+
+    private func malformed(_ kind: String, _ payload: [UInt8]) {
+        metrics.malformed += 1
+        log.warning("carrier.malformed", [("subject", kind), ("bytes", payload.count)])
     }
 
     private func statusChanged(_ status: NATSClient.Status) {
@@ -154,13 +189,36 @@ final class NATSCarrier {
             metrics.up = true
             if !first { metrics.reconnects += 1 }
             log.info("carrier.up", [("reconnect", !first)])
+            perform(probe.connected(now: loop.now))
             // Whatever was published while this client was away is lost to it.
             resyncAll(.reconnect)
         case .disconnected:
             metrics.up = false
+            probe.disconnected()
             log.warning("carrier.down", [("effect", "streams and feeds follow PostgreSQL every \(settings.checkSeconds) s until NATS is back")])
         case .closed:
             metrics.up = false
+            probe.disconnected()
+        }
+    }
+
+    private func perform(_ actions: [CarrierProbe.Action]) {
+        for action in actions {
+            switch action {
+            case .send(let n):
+                publish(probeSubject, Array("\(n) \(probeNonce)".utf8))
+            case .stalled:
+                metrics.stalled = true
+                metrics.stalls += 1
+                log.warning("carrier.stalled", [("carrier", "nats"), ("server", client.connectedServer.map(NATSClient.redacted) ?? "-"),
+                                                ("effect", "streams and feeds follow PostgreSQL until its probes come back")])
+                // The library's pings (every second) and its write deadline drop a server that
+                // stopped answering and fail over; meanwhile the check reads at once.
+                resyncAll(.stalled)
+            case .recovered:
+                metrics.stalled = false
+                log.info("carrier.recovered", [("carrier", "nats")])
+            }
         }
     }
 
@@ -202,21 +260,21 @@ final class NATSCarrier {
     // MARK: - A feed's first read
 
     /// Calls `done` once every change committed before now has its feed position (the rows
-    /// waiting now are numbered), or after `numberingWait` seconds (no sequencer: its changes
-    /// then follow the feed's `synced` as live changes, still in order). Under load a pass
-    /// runs every few milliseconds, so this costs a feed a few milliseconds.
+    /// waiting now are numbered), or after `numberingWait` seconds (its changes then follow
+    /// the feed's `synced` as live changes, still in order). Under load a pass runs every few
+    /// milliseconds, so this costs a feed a few milliseconds.
     func awaitNumbering(_ done: @escaping () -> Void) {
         db.read(CarrierSQL.waiting) { [weak self] result in
             guard let self, case .success(let r) = result, !r.rows.isEmpty else { return done() }
             let ids = r.rows.compactMap { $0["activity_id"] }, seqs = r.rows.compactMap { $0.int64("seq") }
-            self.poll(ids, seqs, until: Clock.monotonic() + NATSCarrier.numberingWait, done)
+            self.poll(ids, seqs, until: self.loop.now + NATSCarrier.numberingWait, done)
         }
     }
 
     static let numberingWait = 2.0
 
     private func poll(_ ids: [String], _ seqs: [Int64], until deadline: Double, _ done: @escaping () -> Void) {
-        guard Clock.monotonic() < deadline else { return done() }
+        guard loop.now < deadline else { return done() }
         loop.timer(after: 0.01) { [weak self] in
             guard let self else { return done() }
             self.db.read(CarrierSQL.stillWaiting(ids, seqs)) { [weak self] result in
@@ -228,10 +286,11 @@ final class NATSCarrier {
 
     // MARK: - The check against the database
 
-    /// Finds changes PostgreSQL holds that no message brought: for each followed activity its
+    /// Finds changes PostgreSQL holds that no hint brought: for each followed activity its
     /// newest seq, for the feed the newest position. What was already newer at the previous
-    /// check and still is now was lost, and is read; while NATS is down nothing is on its
-    /// way, so what the check finds is read at once.
+    /// check and still is now was lost, and is read; while NATS is down or stalled nothing is
+    /// on its way, so what the check finds is read at once. Also watches the retention
+    /// horizon: once it moves, final events held in memory may belong to pruned ids.
     private func check() {
         if feedSubscribed, let idle = feedIdleSince, Clock.monotonic() - idle >= NATSCarrier.feedLinger {
             feedSubscribed = false
@@ -242,25 +301,24 @@ final class NATSCarrier {
             feedSuspect = nil
         }
         guard !checking, db.reader.isReady else { return }
-        let carrierDown = !client.isConnected
+        let carrierDown = !isDelivering
         let topics = streams.syncedTopics
         var held: [String: Int64] = [:]
         for t in topics { held[t.topic] = t.seq }
-        // Suspects from the last check that no message has brought since.
+        // Suspects from the last check that no hint has brought since.
         for (id, seq) in suspects {
             if let have = held[id], have < seq {
                 metrics.repairs[.check, default: 0] += 1
-                streams.behind(id, seq: seq)
+                streams.hinted(id, seq: seq)
             }
         }
         suspects = [:]
         if let suspect = feedSuspect, let head = feeds.head, head < suspect, feeds.openFeeds > 0 {
             metrics.repairs[.check, default: 0] += 1
-            feeds.announced(CarrierMessage.Announcement(after: suspect, changes: []))
+            feeds.hinted(position: suspect)
         }
         feedSuspect = nil
         let wantsFeed = feedSubscribed && feeds.openFeeds > 0
-        guard !topics.isEmpty || wantsFeed else { return }
         checking = true
         db.read(CarrierSQL.newer(topics, feed: wantsFeed)) { [weak self] result in
             guard let self else { return }
@@ -268,16 +326,23 @@ final class NATSCarrier {
             guard case .success(let r) = result else { return }
             for row in r.rows {
                 guard let seq = row.int64("seq") else { continue }
-                if let id = row["activity_id"] {
-                    if carrierDown { self.metrics.repairs[.check, default: 0] += 1; self.streams.behind(id, seq: seq) } else { self.suspects[id] = seq }
-                } else if let head = self.feeds.head, seq > head {
-                    // The feed row: `seq` holds the newest position.
+                switch row["kind"] {
+                case "activity":
+                    guard let id = row["activity_id"] else { continue }
+                    if carrierDown { self.metrics.repairs[.check, default: 0] += 1; self.streams.hinted(id, seq: seq) } else { self.suspects[id] = seq }
+                case "feed":
+                    guard let head = self.feeds.head, seq > head else { continue }
                     if carrierDown {
                         self.metrics.repairs[.check, default: 0] += 1
-                        self.feeds.announced(CarrierMessage.Announcement(after: seq, changes: []))
+                        self.feeds.hinted(position: seq)
                     } else {
                         self.feedSuspect = seq
                     }
+                case "horizon":
+                    if let h = self.horizon, seq != h { self.streams.forgetAllFinished() }
+                    self.horizon = seq
+                default:
+                    continue
                 }
             }
         }
@@ -286,7 +351,7 @@ final class NATSCarrier {
 
 /// The carrier's statements.
 enum CarrierSQL {
-    /// The committed changes still without a feed position (few: the sequencer's backlog).
+    /// The committed changes still without a feed position (few: the passes' backlog).
     static let waiting = PGQuery("SELECT activity_id, seq FROM activity_events WHERE position IS NULL LIMIT 10000",
                                  name: "carrier_waiting")
 
@@ -298,17 +363,18 @@ enum CarrierSQL {
             """, [PGArray.text(ids), PGArray.numbers(seqs)], name: "carrier_still_waiting")
     }
 
-    /// The check (one statement: what it reads comes from one snapshot).
-
-    /// The followed activities whose stored seq is newer than the one held, and (with `feed`)
-    /// one row without an activity id whose `seq` is the newest feed position.
+    /// The check, in one statement (what it reads comes from one snapshot): the followed
+    /// activities whose stored seq is newer than the one held; with `feed`, the newest feed
+    /// position; and the retention horizon.
     static func newer(_ topics: [(topic: String, seq: Int64)], feed: Bool) -> PGQuery {
         PGQuery("""
-            SELECT a.activity_id, a.seq
+            SELECT 'activity' AS kind, a.activity_id, a.seq
             FROM unnest($1::text[], $2::bigint[]) AS c(activity_id, seq)
             JOIN activities a ON a.activity_id = c.activity_id AND a.seq > c.seq
             UNION ALL
-            SELECT NULL, coalesce(max(position), 0) FROM activity_events WHERE $3::boolean HAVING $3::boolean
+            SELECT 'feed', NULL, coalesce(max(position), 0) FROM activity_events WHERE $3::boolean HAVING $3::boolean
+            UNION ALL
+            SELECT 'horizon', NULL, position FROM feed_horizon
             """, [PGArray.text(topics.map(\.topic)), PGArray.numbers(topics.map(\.seq)), feed ? "true" : "false"],
             name: "carrier_check")
     }

@@ -2,141 +2,216 @@ import DispatchCore
 import DispatchIO
 import DispatchSystem
 
-/// The shell of `SequencerMachine`: its own PostgreSQL session (the advisory lock that makes
-/// it the leader lives and dies with it), the claim and numbering statements, and the
-/// announcement of every pass on the carrier. One per server process is a candidate.
+/// The shell of `SequencerMachine`: its own PostgreSQL session, the numbering pass, the hint
+/// that positions exist, and the age of the oldest change not yet numbered. Worker 0 of every
+/// server runs one; none leads.
 final class Sequencer {
-    let loop: EventLoop
+    let loop: LoopScheduling
     let session: PGConnection
     let log: Logger
     let metrics: CarrierMetrics
     private var machine: SequencerMachine
     private var timer: Timer?
-    /// The rows of the pass that just committed, waiting for `.announce`.
-    private var numbered: [CarrierMessage.Change] = []
-    /// Publishes one announcement (already encoded) on the feed subject.
-    var announce: (([UInt8]) -> Void)?
-    /// Leadership changed: the carrier listens for wake-ups only while leading.
-    var onLeading: ((Bool) -> Void)?
+    private var ageTimer: Timer?
+    /// Whether the cluster records commit times (`track_commit_timestamp`): passes order by
+    /// them; else by the writers' clocks.
+    private(set) var commitOrdered = false
+    /// Publishes the hint that positions up to a number exist.
+    var announce: ((Int64) -> Void)?
 
-    init(loop: EventLoop, conninfo: String, log: Logger, metrics: CarrierMetrics, settings: SequencerMachine.Settings = .init()) {
+    init(loop: LoopScheduling, session: PGConnection, log: Logger, metrics: CarrierMetrics, settings: SequencerMachine.Settings = .init()) {
         self.loop = loop
         self.log = log
         self.metrics = metrics
+        self.session = session
         machine = SequencerMachine(settings: settings)
-        session = PGConnection(loop: loop, conninfo: conninfo, name: "sequencer", log: log)
     }
 
-    var isLeader: Bool { machine.isLeader }
-
     func start() {
-        session.onReady = { [unowned self] in self.perform(self.machine.sessionReady(now: Clock.monotonic())) }
-        session.onLost = { [unowned self] _ in self.perform(self.machine.sessionLost(now: Clock.monotonic())) }
+        session.onReady = { [unowned self] in self.sessionReady() }
+        session.onLost = { [unowned self] _ in self.machine.sessionLost(now: self.loop.now) }
         session.start()
-        let tick = machine.settings.pollInterval / 2
-        timer = loop.timer(after: tick, repeating: true) { [unowned self] in self.perform(self.machine.tick(now: Clock.monotonic())) }
+        timer = loop.timer(after: machine.settings.busyRetry, repeating: true) { [unowned self] in
+            self.perform(self.machine.tick(now: self.loop.now))
+        }
+        ageTimer = loop.timer(after: 1, repeating: true) { [unowned self] in self.measureBacklog() }
     }
 
     /// A commit somewhere asks for a pass.
-    func woken() { perform(machine.woken(now: Clock.monotonic())) }
+    func woken() { perform(machine.woken(now: loop.now)) }
 
     func stop() {
         timer?.cancel()
         timer = nil
+        ageTimer?.cancel()
+        ageTimer = nil
         session.close()
+    }
+
+    private func sessionReady() {
+        // A hung client must not keep the position lock: PostgreSQL ends its transaction.
+        session.execute(SequencerSQL.sessionSetup) { [weak self] result in
+            guard let self else { return }
+            if case .success(let rs) = result, rs.allSatisfy(\.ok) {
+                self.commitOrdered = rs.last?.first?.bool("ordered") ?? false
+                if !self.commitOrdered {
+                    self.log.info("sequencer.order", [("by", "write time"),
+                                                      ("why", "track_commit_timestamp is off: passes order changes committed within the same pass by the writers' clocks")])
+                }
+            }
+            self.perform(self.machine.sessionReady(now: self.loop.now))
+        }
     }
 
     private func perform(_ actions: [SequencerMachine.Action]) {
         for action in actions {
             switch action {
-            case .claim(let generation):
-                session.execute([SequencerSQL.claim, SequencerSQL.newest]) { [weak self] result in
+            case .number(let limit, let generation):
+                let started = loop.now
+                session.execute(SequencerSQL.pass(limit: limit, commitOrdered: commitOrdered)) { [weak self] result in
                     guard let self else { return }
-                    let now = Clock.monotonic()
+                    let now = self.loop.now
                     switch result {
                     case .failure:
                         break // the session is lost: onLost tells the machine
-                    case .success(let rs) where rs.allSatisfy(\.ok):
-                        if rs[0].first?.bool("leader") == true {
-                            self.perform(self.machine.claimed(newest: rs[1].first?.int64("newest") ?? 0, generation: generation, now: now))
-                        } else {
-                            self.perform(self.machine.claimRefused(generation: generation, now: now))
+                    case .success(let rs) where rs.count == 2 && rs.allSatisfy(\.ok):
+                        guard rs[0].first?.bool("got") == true || rs[1].first?.bool("got") == true else {
+                            self.metrics.sequencerBusy += 1
+                            return self.perform(self.machine.busy(generation: generation, now: now))
                         }
-                    case .success(let rs):
-                        self.log.warning("sequencer.claim_failed", [("error", (rs.first { !$0.ok }?.errorMessage ?? "").trimmingNewlines)])
-                        self.perform(self.machine.claimFailed(generation: generation, now: now))
-                    }
-                }
-            case .number(let limit, let generation):
-                let started = Clock.monotonic()
-                session.execute([SequencerSQL.number(limit: limit)]) { [weak self] result in
-                    guard let self else { return }
-                    let now = Clock.monotonic()
-                    switch result {
-                    case .failure:
-                        break
-                    case .success(let rs) where rs[0].ok:
-                        var rows: [CarrierMessage.Change] = []
-                        rows.reserveCapacity(rs[0].rows.count)
-                        for row in rs[0].rows {
-                            guard let position = row.int64("position"), let id = row["activity_id"], let seq = row.int64("seq"),
-                                  let event = row["event"], let data = row["data"] else { continue }
-                            rows.append(.init(position: position, activityID: id, seq: seq, event: event, json: data))
-                        }
-                        rows.sort { $0.position < $1.position }
-                        self.numbered = rows
+                        let count = rs[1].first?.int("n") ?? 0, through = rs[1].first?.int64("through")
                         self.metrics.sequencerPasses += 1
-                        self.metrics.positionsNumbered += rows.count
-                        if !rows.isEmpty, self.log.enabled(.debug) {
-                            self.log.debug("sequencer.pass", [("rows", rows.count), ("ms", Int((now - started) * 1000))])
+                        self.metrics.positionsNumbered += count
+                        if count > 0, self.log.enabled(.debug) {
+                            self.log.debug("sequencer.pass", [("rows", count), ("through", through ?? 0), ("ms", Int((now - started) * 1000))])
                         }
-                        self.perform(self.machine.numbered(count: rows.count, through: rows.last?.position, generation: generation, now: now))
+                        self.perform(self.machine.numbered(count: count, through: through, generation: generation, now: now))
                     case .success(let rs):
-                        self.log.warning("sequencer.pass_failed", [("error", (rs[0].errorMessage ?? "").trimmingNewlines)])
+                        self.log.warning("sequencer.pass_failed", [("error", (rs.first { !$0.ok }?.errorMessage ?? "").trimmingNewlines)])
                         self.perform(self.machine.passFailed(generation: generation, now: now))
                     }
                 }
-            case .announce(let after):
-                let rows = numbered
-                numbered = []
-                for message in CarrierMessage.announcements(after: after, rows) { announce?(message) }
-            case .leading(let leading):
-                metrics.sequencerLeader = leading
-                log.info(leading ? "sequencer.leading" : "sequencer.stepped_down")
-                onLeading?(leading)
+            case .announce(let through):
+                announce?(through)
             }
+        }
+    }
+
+    /// `dispatch_feed_unnumbered_oldest_seconds`: how long the oldest committed change has
+    /// waited for its position (0 when none waits).
+    private func measureBacklog() {
+        guard session.isReady else { return }
+        session.execute([SequencerSQL.oldestWaiting]) { [weak self] result in
+            guard let self, case .success(let rs) = result, rs.first?.ok == true else { return }
+            self.metrics.unnumberedOldestSeconds = Double(rs[0].first?.int64("age_ms") ?? 0) / 1000
+            self.metrics.unnumbered = rs[0].first?.int("n") ?? 0
         }
     }
 }
 
-/// The sequencer's statements (Migrations/0009_feed_sequencer.sql).
-enum SequencerSQL {
-    /// The lock that makes one session of the whole deployment the sequencer.
-    static let claim = PGQuery("SELECT pg_try_advisory_lock(7345104) AS leader", name: "sequencer_claim")
-    /// Read after the claim, in a statement of its own: its snapshot is taken once the lock is
-    /// held, so it sees everything an earlier leader numbered.
-    static let newest = PGQuery("SELECT coalesce(max(position), 0) AS newest FROM activity_events", name: "sequencer_newest")
-
-    /// One pass: the committed rows without a position, numbered in one transaction. Within a
-    /// pass (changes committed within the same few milliseconds) the order is the writers'
-    /// time, made non-decreasing per activity so that an activity's changes keep their seq
-    /// order whatever the clocks of the servers that wrote them; a cut pass takes whole
-    /// prefixes of each activity's waiting rows.
-    static func number(limit: Int) -> PGQuery {
-        PGQuery("""
-            WITH waiting AS (
-              SELECT activity_id, seq, max(created_ms) OVER (PARTITION BY activity_id ORDER BY seq) AS t
-              FROM activity_events WHERE position IS NULL
-              ORDER BY activity_id, seq
-              LIMIT $1::int
-            ), numbered AS (
-              SELECT o.activity_id, o.seq, nextval('feed_positions') AS position
-              FROM (SELECT activity_id, seq FROM waiting ORDER BY t, activity_id, seq) o
-            )
-            UPDATE activity_events e SET position = n.position
-            FROM numbered n
-            WHERE e.activity_id = n.activity_id AND e.seq = n.seq
-            RETURNING e.position, e.activity_id, e.seq, e.event, e.data
-            """, [String(limit)], name: "sequencer_number")
+extension Sequencer {
+    /// At start-up, before serving: a deployment moved between carriers keeps every change in
+    /// the feed. With LISTEN/NOTIFY, positions are drawn at commit, so what the NATS carrier
+    /// committed but had not numbered yet is numbered now (else a fresh feed would show an
+    /// activity's last numbered change, not its latest); with NATS, the passes number it.
+    static func carrierSwitch(toNATS: Bool, conninfo: String, log: Logger) throws {
+        let db = try BlockingPG(conninfo)
+        if toNATS {
+            let waiting = try db.query("SELECT count(*) AS n FROM activity_events WHERE position IS NULL").first?.int("n") ?? 0
+            if waiting > 0 { log.info("carrier.switch", [("carrier", "nats"), ("unnumbered", waiting), ("effect", "the numbering passes number them")]) }
+            return
+        }
+        let r = try db.query(SequencerSQL.numberLeftovers)
+        if let error = r.errorMessage { throw SystemError("numbering changes left without a feed position: \(error)") }
+        let n = r.first?.int("n") ?? 0
+        if n > 0 {
+            log.info("carrier.switch", [("carrier", "listen"), ("numbered", n),
+                                        ("why", "committed under the NATS carrier without a feed position yet")])
+        }
     }
+}
+
+/// The numbering statements (Migrations/0009_feed_sequencer.sql's index walks the waiting rows).
+enum SequencerSQL {
+    /// The feed's position lock: NOTIFY-mode publish batches hold it from their positions to
+    /// their commit, numbering passes take it with a try. One lock, so a pass and a NOTIFY-mode
+    /// writer never interleave, whichever carrier each server runs.
+    static let positionLock: Int64 = 7_345_103
+
+    /// Run once per session: a client that stops mid-transaction (SIGSTOP, a frozen VM) loses
+    /// it, and its lock, after 2 s; a pass may take 2 s at most; a vanished host's session is
+    /// ended by TCP keepalives within about 10 s.
+    static let sessionSetup = [
+        PGQuery("SET idle_in_transaction_session_timeout = '2s'"),
+        PGQuery("SET statement_timeout = '2s'"),
+        // A host gone without closing its socket (power, network) is noticed in seconds.
+        PGQuery("SET tcp_keepalives_idle = 5"),
+        PGQuery("SET tcp_keepalives_interval = 2"),
+        PGQuery("SET tcp_keepalives_count = 2"),
+        PGQuery("SET tcp_user_timeout = 10000"),
+        PGQuery("SELECT current_setting('track_commit_timestamp') = 'on' AS ordered", name: "sequencer_order"),
+    ]
+
+    /// One pass, one transaction (one pipeline batch): take the lock if free, then number the
+    /// committed rows still without a position. The first statement takes the lock so the
+    /// UPDATE's snapshot is taken after it; the UPDATE asks again (an advisory lock is
+    /// re-entrant) and numbers nothing without it. It checks `position IS NULL` on the row it
+    /// updates, so rows another pass numbered meanwhile are skipped, never renumbered.
+    ///
+    /// Order within a pass: commit time when the cluster records it, else the writer's time,
+    /// made non-decreasing per activity so an activity's changes keep their seq order; the cut
+    /// is taken in the same order, so a cut pass takes whole prefixes of each activity's rows.
+    static func pass(limit: Int, commitOrdered: Bool) -> [PGQuery] {
+        let time = commitOrdered
+            ? "coalesce((extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000000)::bigint, created_ms * 1000)"
+            : "created_ms * 1000"
+        return [
+            PGQuery("SELECT pg_try_advisory_xact_lock(\(positionLock)) AS got", name: "sequencer_lock"),
+            PGQuery("""
+                WITH lock AS (SELECT pg_try_advisory_xact_lock(\(positionLock)) AS got),
+                waiting AS (
+                  SELECT activity_id, seq, max(t) OVER (PARTITION BY activity_id ORDER BY seq) AS t
+                  FROM (SELECT activity_id, seq, \(time) AS t FROM activity_events
+                        WHERE position IS NULL AND (SELECT got FROM lock)) w
+                ), cut AS (
+                  SELECT activity_id, seq, t FROM waiting ORDER BY t, activity_id, seq LIMIT $1::int
+                ), numbered AS (
+                  SELECT o.activity_id, o.seq, nextval('feed_positions') AS position
+                  FROM (SELECT activity_id, seq FROM cut ORDER BY t, activity_id, seq) o
+                ), done AS (
+                  UPDATE activity_events e SET position = n.position
+                  FROM numbered n
+                  WHERE e.activity_id = n.activity_id AND e.seq = n.seq AND e.position IS NULL
+                  RETURNING e.position
+                )
+                SELECT count(*) AS n, max(position) AS through, (SELECT got FROM lock) AS got FROM done
+                """, [String(limit)], name: commitOrdered ? "sequencer_pass_commit_order" : "sequencer_pass"),
+        ]
+    }
+
+    static let oldestWaiting = PGQuery("""
+        SELECT count(*) AS n,
+               coalesce((extract(epoch FROM clock_timestamp()) * 1000)::bigint - min(created_ms), 0) AS age_ms
+        FROM activity_events WHERE position IS NULL
+        """, name: "sequencer_oldest_waiting")
+
+    /// What a server started with LISTEN/NOTIFY numbers before it serves: the changes that a
+    /// deployment running the NATS carrier committed but had not numbered yet. Under the
+    /// position lock (waited for, as NOTIFY-mode writers do), in the passes' order.
+    static let numberLeftovers = """
+        WITH lock AS (SELECT pg_advisory_xact_lock(\(positionLock))),
+        waiting AS (
+          SELECT activity_id, seq, max(created_ms) OVER (PARTITION BY activity_id ORDER BY seq) AS t
+          FROM activity_events WHERE position IS NULL AND (SELECT true FROM lock)
+        ), numbered AS (
+          SELECT o.activity_id, o.seq, nextval('feed_positions') AS position
+          FROM (SELECT activity_id, seq FROM waiting ORDER BY t, activity_id, seq) o
+        ), done AS (
+          UPDATE activity_events e SET position = n.position
+          FROM numbered n
+          WHERE e.activity_id = n.activity_id AND e.seq = n.seq AND e.position IS NULL
+          RETURNING 1
+        )
+        SELECT count(*) AS n FROM done
+        """
 }

@@ -178,6 +178,8 @@ final class API {
         case .databaseUnavailable: reply(req, 503, Array(#"{"status":"unavailable","reason":"database"\#(which)}"#.utf8))
         case .writesRefused:
             reply(req, 503, Array(#"{"status":"unavailable","reason":"writes_refused","detail":"the database refuses writes; reads and streams still work"\#(which)}"#.utf8))
+        case .carrierUnavailable:
+            reply(req, 503, Array(#"{"status":"unavailable","reason":"carrier","detail":"changes from other servers arrive late (read from the database every second)"\#(which)}"#.utf8))
         }
     }
 

@@ -67,6 +67,29 @@ struct ActivityRepository {
         }
     }
 
+    /// The stored events after each given seq, for many activities in one statement (what a
+    /// turn's carrier hints point at), oldest first per activity, at most `limit` each.
+    func histories(_ after: [(id: String, seq: Int64)], limit: Int64,
+                   _ completion: @escaping (Result<[String: [StoredEvent]], DispatchError>) -> Void) {
+        db.read(PGQuery("""
+            SELECT c.activity_id, e.seq, e.event, e.data, e.created_ms
+            FROM unnest($1::text[], $2::bigint[]) AS c(activity_id, after)
+            CROSS JOIN LATERAL (
+              SELECT seq, event, data, created_ms FROM activity_events
+              WHERE activity_id = c.activity_id AND seq > c.after ORDER BY seq LIMIT $3::bigint
+            ) e
+            """, [PGArray.text(after.map(\.id)), PGArray.numbers(after.map(\.seq)), String(limit)], name: "read_histories")) { result in
+            completion(result.map { r in
+                var out: [String: [StoredEvent]] = [:]
+                for row in r.rows {
+                    guard let id = row["activity_id"], let e = StoredEvent(row: row) else { continue }
+                    out[id, default: []].append(e)
+                }
+                return out
+            })
+        }
+    }
+
     /// Stored events newest first: the `limit` newest, or the `limit` before `before` (a
     /// history view paging backwards, contract §3).
     func historyBackwards(_ id: String, before: Int64?, limit: Int64,

@@ -105,6 +105,9 @@ enum Readiness: String, Equatable {
     case databaseUnavailable = "database"
     /// The database answers but refuses writes: reads and streams work, publishes do not.
     case writesRefused = "writes_refused"
+    /// The carrier (NATS, or the LISTEN session) is down, refuses this server's credentials, or
+    /// is connected but silent: streams and feeds still deliver, from PostgreSQL every second.
+    case carrierUnavailable = "carrier"
 }
 
 extension Database {
@@ -117,6 +120,8 @@ enum Channel {
     static let events = "dispatch_events"
     /// A key was revoked: payload is its id.
     static let keys = "dispatch_keys"
+    /// A worker's liveness probe of its own LISTEN session: `pid:n`.
+    static let probe = "dispatch_probe"
 }
 
 /// One committed change as NOTIFY carries it to every server process.

@@ -30,11 +30,6 @@ final class FeedEvent: FeedChange {
         return p
     }
 
-    /// A change announced on the NATS carrier.
-    convenience init(change c: CarrierMessage.Change) {
-        self.init(notice: ChangeNotice(position: c.position, activityID: c.activityID, seq: c.seq, event: c.event, json: c.json))
-    }
-
     /// A change heard through NOTIFY: the machine tag comes from its snapshot.
     convenience init(notice n: ChangeNotice) {
         var machine: String?

@@ -26,8 +26,8 @@ final class FeedSession: KeyedStream {
 /// performs the hub's reads and writes, paces initial sets and replays by what each socket
 /// takes; heartbeats, the one teardown, revocation and shutdown are the shell it shares with
 /// status streams (`SSESessions`). Changes enter only in NOTIFY order (never from this
-/// worker's own commits, which would reorder positions across processes), and each is framed
-/// once for every subscriber.
+/// worker's own commits, which would reorder positions across processes) or, with the NATS
+/// carrier, as read from the database after a hint; each is framed once for every subscriber.
 final class FeedService {
     let loop: LoopScheduling
     let repository: FeedRepository
@@ -129,12 +129,10 @@ final class FeedService {
 
     // MARK: - Inputs from the NATS carrier
 
-    /// A sequencer's announcement (or, with no changes, the newest position the database
-    /// holds, from the carrier's check): a break in the chain re-reads from the database.
-    func announced(_ a: CarrierMessage.Announcement) {
-        // Nobody here reads: the hub keeps only where the chain is, no change is built.
-        let changes = hub.hasSubscribers ? a.changes.map(FeedEvent.init(change:)) : []
-        perform(hub.announced(after: hub.hasSubscribers ? a.after : a.through, changes))
+    /// A hint that positions up to `position` exist (a numbering pass on any server, or the
+    /// carrier's check): what follows this process's place is read from the database.
+    func hinted(position: Int64) {
+        perform(hub.hinted(position: position))
     }
 
     /// Nobody here reads the feed any more and the carrier stopped listening to it.
@@ -359,6 +357,22 @@ final class FeedService {
         let actions = handedOver
         handedOver = []
         perform(actions)
+    }
+
+    /// Logs what every feed here waits for (`kill -USR1` a worker): the hub's source, this
+    /// shell's queue and pacing, and per feed its phase, position, buffer and socket backlog.
+    /// What a stalled feed shows here says which read or drain it is waiting on.
+    func dumpState() {
+        log.warning("feed.state", [("feeds", sessions.count), ("source", hub.sourceDescription), ("head", hub.head.map { String($0) } ?? "-"),
+                                   ("queue", queue.count - nextAction), ("continuing", continuing), ("resting", resting),
+                                   ("held_reads", afterSlices.count), ("followers", hub.followerCount)])
+        for id in sessions.ids {
+            guard let session = sessions[id], let d = hub.describe(id) else { continue }
+            log.warning("feed.state.stream", [("feed", id), ("key", session.keyID), ("phase", d.phase), ("at", d.at.map { String($0) } ?? "-"),
+                                              ("synced", d.synced), ("buffered", d.buffered), ("follows", d.follows.map { String($0) } ?? "-"),
+                                              ("settled", session.settled), ("held_bytes", session.connection.heldBytes),
+                                              ("started", session.connection.started)])
+        }
     }
 
     /// Ends the feeds opened with a key that was revoked.

@@ -181,10 +181,27 @@ final class StreamService {
     }
 
     /// The LISTEN session (or the carrier's connection) came back: re-read every topic's
-    /// history from where it was.
+    /// history from where it was. A start of an id used again may have been missed too, so
+    /// the final events held in memory are forgotten.
     func listenRestored() {
+        terminalCache.removeAll()
         perform(hub.listenRestored())
     }
+
+    /// A NATS carrier hint: `id` changed, its newest seq at least `seq`. Only what the
+    /// database returns is sent; a hint that names nothing new costs nothing, one that names
+    /// too much costs one read.
+    func hinted(_ id: String, seq: Int64) {
+        perform(hub.behind(topic: id, seq: seq))
+    }
+
+    /// An activity of this id was started (a NATS hint): an older activity of the same id,
+    /// pruned since, must not be answered from memory.
+    func forgetFinished(_ id: String) { terminalCache.remove(id) }
+
+    /// Finished activities were pruned somewhere (the retention horizon moved): forget every
+    /// final event held, since any of their ids may be used again.
+    func forgetAllFinished() { terminalCache.removeAll() }
 
     /// Every topic held here with the seq it has (the carrier's check against the database).
     var syncedTopics: [(topic: String, seq: Int64)] { hub.syncedTopics }
@@ -222,7 +239,7 @@ final class StreamService {
                 }
             case .readTopicHistory(let topic, let generation, let after):
                 metrics.resyncs += 1
-                resync(topic, generation: generation, after: after, attempt: 0)
+                queueResync(topic, generation: generation, after: after)
             case .readHistory(let s, _, let after):
                 readPage(s, after: after) { [weak self] events in
                     guard let self else { return }
@@ -244,6 +261,39 @@ final class StreamService {
                 close(s, reason: .notFound)
             case .drop(let s, let why):
                 close(s, reason: why.closeReason)
+            }
+        }
+    }
+
+    /// Re-reads asked for in one turn (many hints arrive together under load) go out as one
+    /// statement at the end of the turn: the cost follows the changes, not the topics.
+    private var resyncBatch: [(topic: String, generation: UInt64, after: Int64)] = []
+
+    private func queueResync(_ topic: String, generation: UInt64, after: Int64) {
+        resyncBatch.append((topic, generation, after))
+        guard resyncBatch.count == 1 else { return }
+        loop.soon { [weak self] in self?.flushResyncs() }
+    }
+
+    private func flushResyncs() {
+        let batch = resyncBatch
+        resyncBatch = []
+        guard batch.count > 1 else {
+            for r in batch { resync(r.topic, generation: r.generation, after: r.after, attempt: 0) }
+            return
+        }
+        metrics.resyncBatches += 1
+        activities.histories(batch.map { ($0.topic, $0.after) }, limit: settings.historyPage) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .failure:
+                for r in batch { self.resync(r.topic, generation: r.generation, after: r.after, attempt: 1) }
+            case .success(let found):
+                for r in batch {
+                    let events = (found[r.topic] ?? []).map(WireEvent.init(stored:))
+                    self.perform(self.hub.topicHistoryLoaded(topic: r.topic, generation: r.generation, events))
+                    self.beginLiveSubscribers(of: r.topic)
+                }
             }
         }
     }
