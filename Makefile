@@ -68,7 +68,8 @@ compose-env:
 	  umask 077; { echo "POSTGRES_PASSWORD=$$(openssl rand -hex 24)"; \
 	    echo "DISPATCH_BOOTSTRAP_KEY=dsp_$$(openssl rand -hex 24)"; \
 	    echo "DISPATCH_TOKEN_KEY=$$(openssl rand -hex 32)"; \
-	    echo "DISPATCH_WEBHOOK_SECRET=$$(openssl rand -hex 32)"; } > .env; \
+	    echo "DISPATCH_WEBHOOK_SECRET=$$(openssl rand -hex 32)"; \
+	    echo "NATS_PASSWORD=$$(openssl rand -hex 24)"; } > .env; \
 	  echo "wrote .env (mode 0600)"; fi
 
 clean:

@@ -15,15 +15,18 @@ public final class NATSCluster: @unchecked Sendable {
     public let monitorPorts: [Int]
     private var running: [NATSServerProcess?]
     private let tag: String
+    /// Arguments every server is started with (e.g. `--user`, `--pass`), also on a restart.
+    public var serverArgs: [String]
 
     public var urls: [String] { ports.map { "nats://127.0.0.1:\($0)" } }
 
     /// Starts `size` servers and waits until each accepts clients and has its routes to the
     /// others. Ports are found free, so a clash with another process is possible: start
     /// retries with new ports a few times.
-    public init(size: Int) throws {
+    public init(size: Int, serverArgs: [String] = []) throws {
         precondition(size >= 1, "a cluster has at least one server")
         self.size = size
+        self.serverArgs = serverArgs
         tag = "\(getpid())-\(Int(Clock.monotonic() * 1000) % 1_000_000)"
         var lastError: Error = TestError("nats-server did not start")
         for _ in 0..<3 {
@@ -32,7 +35,7 @@ public final class NATSCluster: @unchecked Sendable {
                                            monitors: Array(chosen[(2 * size)...]))
             var started: [NATSServerProcess?] = Array(repeating: nil, count: size)
             do {
-                for i in 0..<size { started[i] = try NATSCluster.launch(i, attempt, tag: tag) }
+                for i in 0..<size { started[i] = try NATSCluster.launch(i, attempt, tag: tag, extra: serverArgs) }
                 for i in 0..<size { try NATSCluster.waitUntilReady(i, attempt, running: size, server: started[i]!, log: "/tmp/nats-test-\(tag)-\(i).log") }
                 ports = attempt.clients
                 routePorts = attempt.routes
@@ -61,7 +64,7 @@ public final class NATSCluster: @unchecked Sendable {
     public func start(_ i: Int) throws {
         guard running[i] == nil else { return }
         let layout = NATSClusterPorts(clients: ports, routes: routePorts, monitors: monitorPorts)
-        let server = try NATSCluster.launch(i, layout, tag: tag)
+        let server = try NATSCluster.launch(i, layout, tag: tag, extra: serverArgs)
         running[i] = server
         do {
             try NATSCluster.waitUntilReady(i, layout, running: running.compactMap { $0 }.count, server: server, log: logPath(i))
@@ -130,9 +133,9 @@ public final class NATSCluster: @unchecked Sendable {
         throw TestError("nats-server is not installed (scripts/install-deps.sh --tests installs Debian's nats-server)")
     }
 
-    private static func launch(_ i: Int, _ layout: NATSClusterPorts, tag: String) throws -> NATSServerProcess {
+    private static func launch(_ i: Int, _ layout: NATSClusterPorts, tag: String, extra: [String]) throws -> NATSServerProcess {
         var args = [try binary(), "-a", "127.0.0.1", "-p", String(layout.clients[i]), "-m", String(layout.monitors[i]),
-                    "-n", "dispatch-test-\(i)", "-l", "/tmp/nats-test-\(tag)-\(i).log"]
+                    "-n", "dispatch-test-\(i)", "-l", "/tmp/nats-test-\(tag)-\(i).log"] + extra
         if layout.clients.count > 1 {
             let others = layout.routes.enumerated().filter { $0.offset != i }.map { "nats://127.0.0.1:\($0.element)" }
             args += ["--cluster_name", "dispatch-test", "--cluster", "nats://127.0.0.1:\(layout.routes[i])",
@@ -223,5 +226,109 @@ final class NATSServerProcess {
     func stop() {
         if pipeFD >= 0 { close(pipeFD); pipeFD = -1 }
         if shell > 0 { _ = Subprocess.wait(shell); shell = 0 }
+    }
+}
+
+/// A bare NATS client speaking the text protocol over a blocking socket: what an attacker on
+/// the private network can do (publish anything, subscribe to everything). For tests only.
+public final class RawNATSClient {
+    private let fd: Int32
+    private var buffer: [UInt8] = []
+
+    public init(port: Int, user: String? = nil, password: String? = nil) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestError("socket failed") }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = in_port_t(UInt16(port).bigEndian)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var tv = timeval(tv_sec: 5, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        let ok = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        guard ok == 0 else { close(fd); throw TestError("cannot connect to NATS on \(port)") }
+        _ = try line() // INFO
+        var hello = #"{"verbose":false,"pedantic":false"#
+        if let user, let password { hello += #","user":"\#(user)","pass":"\#(password)""# }
+        hello += "}"
+        try send("CONNECT \(hello)\r\n")
+        try flush()
+    }
+
+    deinit { close(fd) }
+
+    public func publish(_ subject: String, _ payload: [UInt8]) throws {
+        try send("PUB \(subject) \(payload.count)\r\n")
+        try write(payload + Array("\r\n".utf8))
+    }
+
+    public func subscribe(_ subject: String, sid: Int = 1) throws {
+        try send("SUB \(subject) \(sid)\r\n")
+        try flush()
+    }
+
+    /// PING, and wait for the PONG: everything sent before was processed by the server.
+    public func flush() throws {
+        try send("PING\r\n")
+        while true {
+            let l = try line()
+            if l.hasPrefix("PONG") { return }
+            if l.hasPrefix("-ERR") { throw TestError("NATS: \(l)") }
+        }
+    }
+
+    /// Messages received within `seconds`, as (subject, payload).
+    public func messages(for seconds: Double) throws -> [(String, [UInt8])] {
+        var out: [(String, [UInt8])] = []
+        let deadline = Clock.monotonic() + seconds
+        while Clock.monotonic() < deadline {
+            guard let l = try? line(timeout: deadline - Clock.monotonic()) else { break }
+            if l.hasPrefix("PING") { try send("PONG\r\n"); continue }
+            guard l.hasPrefix("MSG ") else { continue }
+            let parts = l.split(separator: " ")
+            guard parts.count >= 4, let n = Int(parts[parts.count - 1]) else { continue }
+            let payload = try bytes(n + 2)
+            out.append((String(parts[1]), Array(payload.prefix(n))))
+        }
+        return out
+    }
+
+    private func send(_ s: String) throws { try write(Array(s.utf8)) }
+
+    private func write(_ b: [UInt8]) throws {
+        var off = 0
+        while off < b.count {
+            let n = b[off...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            guard n > 0 else { throw TestError("NATS write failed") }
+            off += n
+        }
+    }
+
+    private func fill(timeout: Double) throws {
+        var tv = timeval(tv_sec: Int(max(0, timeout)), tv_usec: Int((max(0, timeout) - floor(max(0, timeout))) * 1_000_000))
+        if tv.tv_sec == 0 && tv.tv_usec < 1000 { tv.tv_usec = 1000 }
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        let n = recv(fd, &chunk, chunk.count, 0)
+        guard n > 0 else { throw TestError("NATS read: nothing") }
+        buffer += chunk[0..<n]
+    }
+
+    private func line(timeout: Double = 5) throws -> String {
+        while true {
+            if let i = buffer.firstIndex(of: 10) {
+                let l = String(decoding: buffer[..<i], as: UTF8.self)
+                buffer.removeFirst(i + 1)
+                return l.hasSuffix("\r") ? String(l.dropLast()) : l
+            }
+            try fill(timeout: timeout)
+        }
+    }
+
+    private func bytes(_ n: Int) throws -> [UInt8] {
+        while buffer.count < n { try fill(timeout: 5) }
+        let out = Array(buffer.prefix(n))
+        buffer.removeFirst(n)
+        return out
     }
 }

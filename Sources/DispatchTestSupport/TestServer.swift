@@ -79,6 +79,9 @@ public final class TestServer: @unchecked Sendable {
     /// Shell commands run before dispatchd starts (e.g. `ulimit -n 256;`).
     public var shell = ""
     public private(set) var pid: pid_t = 0
+    /// `launch` also returns when /readyz says only the carrier is unavailable (a test of a
+    /// carrier that refuses the server's credentials).
+    public var acceptCarrierUnready = false
     public var baseURL: String { "http://127.0.0.1:\(port)" }
     public let logPath: String
 
@@ -107,7 +110,7 @@ public final class TestServer: @unchecked Sendable {
         env["DISPATCH_LOG_LEVEL"] = "info"
         for (k, v) in environment { env[k] = v }
         if env["DISPATCH_NATS_URL"] == nil, let urls = try TestCarrier.sharedURLs() { env["DISPATCH_NATS_URL"] = urls }
-        if env["DISPATCH_NATS_URL"] != nil, env["DISPATCH_NATS_SUBJECT_PREFIX"] == nil {
+        if let urls = env["DISPATCH_NATS_URL"], !urls.isEmpty, env["DISPATCH_NATS_SUBJECT_PREFIX"] == nil {
             // Tests share NATS servers; each database is a deployment of its own.
             env["DISPATCH_NATS_SUBJECT_PREFIX"] = TestCarrier.subjectPrefix(conninfo)
         }
@@ -118,7 +121,8 @@ public final class TestServer: @unchecked Sendable {
         pid = p
         let deadline = Clock.monotonic() + 30
         while Clock.monotonic() < deadline {
-            if let r = try? HTTPClient(port: port).request("GET", "/readyz"), r.status == 200 { return }
+            if let r = try? HTTPClient(port: port).request("GET", "/readyz"),
+               r.status == 200 || (acceptCarrierUnready && r.status == 503 && r.text.contains("carrier")) { return }
             var status: Int32 = 0
             if waitpid(pid, &status, WNOHANG) == pid {
                 pid = 0

@@ -122,6 +122,11 @@ public final class NATSClient {
     private var publishFailed = 0
     private var draining = false
     private var closed = false
+    /// The library gave the connection up for good (it does so when the servers refuse the
+    /// credentials at the first connect): why, and the attempts to start over since.
+    public private(set) var lastFailure: String?
+    private var restarts = 0
+    private var restartTimer: Timer?
 
     /// servers: nats:// or tls:// URLs of one cluster (the client fails over between them).
     public init(loop: EventLoop, servers: [String], name: String, log: Logger, options: Options = Options(), security: Security = Security()) {
@@ -183,8 +188,9 @@ public final class NATSClient {
             isConnected = true
             mailbox.post(.status(.connected))
         } else {
+            lastFailure = lastError ?? Self.text(s)
             log.warning("nats.connecting", [("client", name), ("servers", servers.map(Self.redacted).joined(separator: ",")),
-                                             ("reason", lastError ?? Self.text(s))])
+                                             ("reason", lastFailure ?? "-")])
         }
         // Subscriptions asked for before start() are made now.
         let early = pendingSubjects.sorted()
@@ -287,6 +293,13 @@ public final class NATSClient {
         return nil
     }
 
+    /// Whether the servers refused this client's credentials at its last attempt (it keeps
+    /// trying, with backoff: the operator may fix them on the servers' side).
+    public var credentialsRefused: Bool {
+        guard !isConnected, let e = (lastFailure ?? lastError)?.lowercased() else { return false }
+        return e.contains("authorization") || e.contains("authentication") || e.contains("auth")
+    }
+
     /// The library's last error on this connection (e.g. "Authorization Violation"), if any.
     public var lastError: String? {
         guard let connection else { return nil }
@@ -367,6 +380,8 @@ public final class NATSClient {
         guard s == NATS_OK, let sub else {
             Unmanaged<NATSSubscriptionTag>.fromOpaque(tag).release()
             log.error("nats.subscribe_failed", [("client", name), ("subject", subject), ("reason", Self.text(s))])
+            // Kept as wanted: a connection started over (after the library closed this one) subscribes it.
+            pendingSubjects.insert(subject)
             mailbox.post(.dropped("cannot subscribe to \(subject): " + Self.text(s)))
             return
         }
@@ -444,9 +459,62 @@ public final class NATSClient {
             log.warning("nats.disconnected", [("client", name), ("error", lastError ?? "-")])
         case .closed:
             isConnected = false
-            log.warning("nats.closed", [("client", name)])
+            lastFailure = lastFailure ?? lastError ?? "connection closed"
+            log.warning("nats.closed", [("client", name), ("error", lastFailure ?? "-")])
+            scheduleRestart()
+        }
+        if status != .closed && status != .disconnected {
+            lastFailure = nil
+            restarts = 0
         }
         onStatus?(status)
+    }
+
+    /// The library closed the connection by itself (refused credentials, or its reconnects
+    /// gave up): start a new one after a backoff that doubles up to `maxReconnectWait`, with
+    /// the same interest, until it is accepted or `close()` is called.
+    private func scheduleRestart() {
+        guard !closed, restartTimer == nil else { return }
+        let wait = min(options.maxReconnectWait, options.reconnectWait * Double(1 << min(restarts, 10))) * Double.random(in: 0.8...1.2)
+        restarts += 1
+        log.info("nats.restart_scheduled", [("client", name), ("in_s", (wait * 100).rounded() / 100), ("attempt", restarts)])
+        restartTimer = loop.timer(after: wait) { [weak self] in
+            guard let self else { return }
+            self.restartTimer = nil
+            self.restart()
+        }
+    }
+
+    private func restart() {
+        guard !closed else { return }
+        let subjects = Set(subscriptions.keys).union(pendingSubjects)
+        tearDown()
+        pendingSubjects = subjects
+        do {
+            try start()
+        } catch {
+            lastFailure = error.message
+            scheduleRestart()
+        }
+    }
+
+    /// Frees a connection the library closed, keeping this client usable for `start()`.
+    private func tearDown() {
+        mailbox?.shutDown()
+        freeEvent()
+        if let connection {
+            for entry in subscriptions.values {
+                retiredDrops += Self.dropped(entry.sub)
+                natsSubscription_Destroy(entry.sub)
+            }
+            natsConnection_Destroy(connection)
+        }
+        subscriptions = [:]
+        liveIDs = []
+        connection = nil
+        if let statistics { natsStatistics_Destroy(statistics) }
+        statistics = nil
+        mailbox = nil
     }
 
     /// The URL of the server the library is connected to now (nil while it is not), as the
@@ -463,6 +531,8 @@ public final class NATSClient {
     public func close() {
         guard !closed else { return }
         closed = true
+        restartTimer?.cancel()
+        restartTimer = nil
         onMessage = nil
         onStatus = nil
         onDropped = nil

@@ -74,7 +74,9 @@ public final class Worker {
         if let settings = config.carrier {
             publisher.sequencedPositions = true
             let c = NATSCarrier(loop: loop, settings: settings, db: db, conninfo: conninfo, streams: streams, feeds: feeds,
-                                runsSequencer: index == 0, server: Worker.serverName(workers: config.workers), log: log,
+                                // Tests only: a server that commits but never numbers (a carrier switch test).
+                                runsSequencer: index == 0 && Subprocess.environment("DISPATCH_TEST_SEQUENCER_OFF") != "1",
+                                server: Worker.serverName(workers: config.workers), log: log,
                                 name: "dispatchd-w\(index)-\(getpid())")
             metrics.carrier = c.metrics
             carrier = c
@@ -410,7 +412,7 @@ public final class Worker {
     var readiness: Readiness {
         guard isReady else { return .databaseUnavailable }
         if publisher.writesRefused || databaseReadOnly { return .writesRefused }
-        let delivering = carrier?.isDelivering ?? !probe.isStalled
+        let delivering = carrier?.isHealthy ?? !probe.isStalled
         return delivering ? .ready : .carrierUnavailable
     }
 

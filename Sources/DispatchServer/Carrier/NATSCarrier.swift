@@ -119,8 +119,13 @@ final class NATSCarrier {
         metrics.up = false
     }
 
-    /// Whether the carrier delivers: connected, and its probes come back.
+    /// Whether hints arrive: connected, and the probes come back.
     var isDelivering: Bool { client.isConnected && !probe.isStalled }
+
+    /// What `/readyz` says: a carrier that is connected but silent, or that refuses this
+    /// server's credentials, is a fault to see; NATS merely down (restarting, failing over) is
+    /// not, since streams and feeds follow PostgreSQL meanwhile.
+    var isHealthy: Bool { !probe.isStalled && !client.credentialsRefused }
 
     // MARK: - Out
 
