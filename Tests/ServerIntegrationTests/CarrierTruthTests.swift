@@ -203,6 +203,38 @@ final class CarrierTruthTests: XCTestCase {
         }
     }
 
+    /// A nats-server that stops reading with its connections open (SIGSTOP): the servers notice
+    /// their probes do not come back, follow PostgreSQL meanwhile, and cut no reader.
+    func testAStalledNATSServerCutsNoReaderAndDeliveryGoesOn() throws {
+        let cluster = try NATSCluster(size: 1)
+        nats = cluster
+        let a = try node(cluster, 0)
+        defer { a.stop() }
+        let b = try node(cluster, 0, conninfo: a.conninfo)
+        defer { b.stop() }
+        try b.startActivity("stalled-carrier")
+        let stream = try a.stream("stalled-carrier")
+        XCTAssertTrue(try stream.pump(timeout: 5) { !$0.ids.isEmpty })
+        let feed = try a.feed()
+        guard try feed.waitSynced() != nil else { return XCTFail("no synced") }
+        // The server itself, not the watchdog shell whose arguments name it too.
+        let found = Subprocess.run(["pgrep", "-f", "^\(try NATSCluster.binary()) -a 127.0.0.1 -p \(cluster.ports[0]) "])
+        guard let natsPID = found.output.split(separator: "\n").first.flatMap({ pid_t($0) }) else { return XCTFail("no nats-server pid") }
+        XCTAssertEqual(kill(natsPID, SIGSTOP), 0)
+        defer { kill(natsPID, SIGCONT) }
+        // Publishing goes on (acknowledged by PostgreSQL alone), fast enough to fill buffers.
+        for i in 1...200 { XCTAssertEqual(try b.update("stalled-carrier", #"{"progress":\#(Double(i) / 1000)}"#).status, 200) }
+        XCTAssertTrue(try keepReading([stream, feed], timeout: 10) { stream.ids.last == 201 }, "delivered from PostgreSQL: \(stream.ids.last ?? 0)")
+        assertConsecutive(stream.ids, from: 1, through: 201)
+        XCTAssertTrue(try waitUntil(10) { try a.metric("dispatch_carrier_stalls_total") >= 1 || a.metric("dispatch_carrier_up") == 0 },
+                      "the silent carrier was noticed: by the probe, or dropped by the client's pings")
+        XCTAssertFalse(stream.ended || feed.ended, "no reader was cut")
+        XCTAssertEqual(kill(natsPID, SIGCONT), 0)
+        XCTAssertEqual(try b.update("stalled-carrier", #"{"progress":0.5}"#).status, 200)
+        XCTAssertTrue(try keepReading([stream, feed], timeout: 10) { stream.ids.last == 202 })
+        XCTAssertFalse(stream.ended || feed.ended)
+    }
+
     /// The LISTEN session's backend stops delivering while its socket stays open: the worker's
     /// probe notices, the session is reconnected, and what was committed meanwhile arrives.
     func testAStuckListenSessionIsNoticedAndRepaired() throws {
