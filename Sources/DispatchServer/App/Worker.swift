@@ -73,7 +73,7 @@ public final class Worker {
         if let vault { api.devices = DevicesContext(vault: vault, pushes: config.apns != nil, limits: config.limits) }
         if let settings = config.carrier {
             publisher.sequencedPositions = true
-            let c = NATSCarrier(loop: loop, settings: settings, db: db, conninfo: conninfo, streams: streams, feeds: feeds,
+            let c = NATSCarrier.make(loop: loop, settings: settings, db: db, conninfo: conninfo, streams: streams, feeds: feeds,
                                 // Tests only: a server that commits but never numbers (a carrier switch test).
                                 runsSequencer: index == 0 && Subprocess.environment("DISPATCH_TEST_SEQUENCER_OFF") != "1",
                                 server: Worker.serverName(workers: config.workers), log: log,

@@ -17,8 +17,8 @@ import Glibc
 /// commit and its message, a partition) within a few seconds; a lost connection, dropped
 /// messages or a carrier that stops delivering (the liveness probe) re-read everything held.
 final class NATSCarrier {
-    let loop: EventLoop
-    let client: NATSClient
+    let loop: LoopScheduling
+    let client: CarrierClient
     let subjects: CarrierSubjects
     let settings: CarrierSettings
     let db: Database
@@ -57,31 +57,44 @@ final class NATSCarrier {
     /// killed between its commit and its message would; the repairs must deliver anyway.
     private let mute = Subprocess.environment("DISPATCH_TEST_CARRIER_MUTE") == "1"
 
-    /// `server`: what names this server among all (its numbering pass's wake-up subject).
-    init(loop: EventLoop, settings: CarrierSettings, db: Database, conninfo: String, streams: StreamService, feeds: FeedService,
-         runsSequencer: Bool, server: String, log: Logger, name: String) {
+    /// `server`: what names this server among all (its numbering pass's wake-up subject);
+    /// `name`: this worker's (its probe's subject). `sequencer`: this server's numbering passes
+    /// (worker 0), sharing `metrics`.
+    init(loop: LoopScheduling, client: CarrierClient, settings: CarrierSettings, db: Database, streams: StreamService, feeds: FeedService,
+         sequencer: Sequencer?, metrics: CarrierMetrics, server: String, log: Logger, name: String) {
         self.loop = loop
+        self.client = client
         self.settings = settings
         self.db = db
         self.streams = streams
         self.feeds = feeds
+        self.sequencer = sequencer
+        self.metrics = metrics
         self.log = log
-        metrics = CarrierMetrics()
         subjects = CarrierSubjects(prefix: settings.subjectPrefix)
         sequencerSubject = subjects.sequencer + "." + CarrierSubjects.token(server)
         probeSubject = subjects.probe(CarrierSubjects.token(name))
+    }
+
+    /// The carrier of a worker of dispatchd: libnats on its loop, and (worker 0) the passes'
+    /// own PostgreSQL session.
+    static func make(loop: EventLoop, settings: CarrierSettings, db: Database, conninfo: String, streams: StreamService,
+                     feeds: FeedService, runsSequencer: Bool, server: String, log: Logger, name: String) -> NATSCarrier {
         var options = NATSClient.Options()
         options.pingInterval = 1
-        client = NATSClient(loop: loop, servers: settings.servers, name: name, log: log, options: options, security: settings.security)
-        sequencer = runsSequencer
+        let client = NATSClient(loop: loop, servers: settings.servers, name: name, log: log, options: options, security: settings.security)
+        let metrics = CarrierMetrics()
+        let sequencer = runsSequencer
             ? Sequencer(loop: loop, session: PGConnection(loop: loop, conninfo: conninfo, name: "sequencer", log: log), log: log, metrics: metrics)
             : nil
+        return NATSCarrier(loop: loop, client: client, settings: settings, db: db, streams: streams, feeds: feeds, sequencer: sequencer,
+                           metrics: metrics, server: server, log: log, name: name)
     }
 
     /// Wakes this server's numbering pass.
     private let sequencerSubject: String
 
-    func start() throws {
+    func start() throws(SystemError) {
         client.onMessage = { [unowned self] subject, payload in self.received(subject, payload) }
         client.onStatus = { [unowned self] status in self.statusChanged(status) }
         client.onDropped = { [unowned self] reason in
@@ -92,7 +105,7 @@ final class NATSCarrier {
         streams.watch = { [unowned self] id in self.watch(id) }
         streams.unwatch = { [unowned self] id in self.unwatch(id) }
         feeds.onFirstFeed = { [unowned self] in self.feedOpened() }
-        feeds.onLastFeedClosed = { [unowned self] in self.feedIdleSince = Clock.monotonic() }
+        feeds.onLastFeedClosed = { [unowned self] in self.feedIdleSince = self.loop.now }
         feeds.awaitNumbering = { [unowned self] done in self.awaitNumbering(done) }
         client.subscribe(subjects.starts)
         client.subscribe(probeSubject)
@@ -297,7 +310,7 @@ final class NATSCarrier {
     /// on its way, so what the check finds is read at once. Also watches the retention
     /// horizon: once it moves, final events held in memory may belong to pruned ids.
     private func check() {
-        if feedSubscribed, let idle = feedIdleSince, Clock.monotonic() - idle >= NATSCarrier.feedLinger {
+        if feedSubscribed, let idle = feedIdleSince, loop.now - idle >= NATSCarrier.feedLinger {
             feedSubscribed = false
             feedIdleSince = nil
             client.unsubscribe(subjects.feed)
@@ -384,3 +397,21 @@ enum CarrierSQL {
             name: "carrier_check")
     }
 }
+
+/// What the carrier needs of its NATS client: `NATSClient` in dispatchd, an in-memory fake in
+/// tests (`NATSCarrierShellTests`).
+protocol CarrierClient: AnyObject {
+    var onMessage: ((_ subject: String, _ payload: [UInt8]) -> Void)? { get set }
+    var onStatus: ((NATSClient.Status) -> Void)? { get set }
+    var onDropped: ((_ reason: String) -> Void)? { get set }
+    var isConnected: Bool { get }
+    var credentialsRefused: Bool { get }
+    var connectedServer: String? { get }
+    func start() throws(SystemError)
+    func close()
+    @discardableResult func publish(_ subject: String, _ payload: [UInt8]) -> Bool
+    func subscribe(_ subject: String)
+    func unsubscribe(_ subject: String)
+}
+
+extension NATSClient: CarrierClient {}
