@@ -72,14 +72,6 @@ final class NATSCarrierShellTests: XCTestCase {
 
     var pendingReads: [String] { scripted.pending(on: scripted.reader) }
 
-    func activityRow(_ id: String, state: ActivityState, seq: Int64) -> PGResult {
-        let columns = ActivityRepository.columns.split(separator: ",").map { String($0.split(separator: ".").last!) }
-        let values: [String: String] = ["activity_id": id, "task_name": "build", "state": state.rawValue, "attempt": "1",
-                                        "seq": String(seq), "created_ms": "1000", "updated_ms": "2000", "last_event": state.rawValue,
-                                        "start_fingerprint": "fp"]
-        return PGResult(columns: columns, rows: [columns.map { values[$0] }])
-    }
-
     func history(_ rows: [(id: String, seq: Int64, event: String, data: String)]) -> PGResult {
         PGResult(columns: ["activity_id", "seq", "event", "data", "created_ms"],
                  rows: rows.map { [$0.id, String($0.seq), $0.event, $0.data, "5000"] })
@@ -90,7 +82,7 @@ final class NATSCarrierShellTests: XCTestCase {
         let s = ScriptedStream()
         streams.open(s, activityID: id, lastEventID: nil, keyID: 1)
         XCTAssertEqual(pendingReads, ["read_activity"])
-        scripted.answer(on: scripted.reader) { _ in self.activityRow(id, state: .processing, seq: seq) }
+        scripted.answer(on: scripted.reader) { _ in activityRow(id, state: .processing, seq: seq) }
         XCTAssertEqual(eventIDs(s), [String(seq)])
         XCTAssertTrue(client.subscribed.contains(subjects.activity(id)), "listens to what its streams follow")
         return s
@@ -154,7 +146,7 @@ final class NATSCarrierShellTests: XCTestCase {
         let again = ScriptedStream()
         streams.open(again, activityID: "reused", lastEventID: nil, keyID: 1)
         XCTAssertEqual(pendingReads, ["read_activity"], "an id started elsewhere is read from the database again")
-        scripted.answer(on: scripted.reader) { _ in self.activityRow("reused", state: .queued, seq: 1) }
+        scripted.answer(on: scripted.reader) { _ in activityRow("reused", state: .queued, seq: 1) }
         XCTAssertEqual(eventIDs(again), ["1"])
         XCTAssertNil(again.ending)
     }

@@ -93,6 +93,15 @@ final class ScriptedSession {
     }
 }
 
+/// A row of every column `ActivityRepository.columns` reads, as `read_activity` returns it.
+func activityRow(_ id: String, state: ActivityState, seq: Int64) -> PGResult {
+    let columns = ActivityRepository.columns.split(separator: ",").map { String($0.split(separator: ".").last!) }
+    let values: [String: String] = ["activity_id": id, "task_name": "build", "state": state.rawValue, "attempt": "1",
+                                    "seq": String(seq), "created_ms": "1000", "updated_ms": "2000", "last_event": state.rawValue,
+                                    "start_fingerprint": "fp"]
+    return PGResult(columns: columns, rows: [columns.map { values[$0] }])
+}
+
 /// The event ids a scripted client was sent, in order.
 func eventIDs(_ s: ScriptedStream) -> [String] {
     s.written.filter { $0.hasPrefix("id: ") }.map { String($0.dropFirst(4).prefix { $0 != "\n" }) }

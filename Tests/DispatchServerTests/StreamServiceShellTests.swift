@@ -33,15 +33,6 @@ final class StreamServiceShellTests: XCTestCase {
     var pendingStatements: [String] { scripted.pending(on: reader) }
     func answerReader(_ rows: (String) -> PGResult) { scripted.answer(on: reader, rows) }
 
-    /// A row of every column the repository reads (`ActivityRepository.columns`).
-    func activityRow(_ id: String, state: ActivityState, seq: Int64) -> PGResult {
-        let columns = ActivityRepository.columns.split(separator: ",").map { String($0.split(separator: ".").last!) }
-        let values: [String: String] = ["activity_id": id, "task_name": "build", "state": state.rawValue, "attempt": "1",
-                                        "seq": String(seq), "created_ms": "1000", "updated_ms": "2000", "last_event": state.rawValue,
-                                        "start_fingerprint": "fp"]
-        return PGResult(columns: columns, rows: [columns.map { values[$0] }])
-    }
-
     func ids(_ s: ScriptedStream) -> [String] { eventIDs(s) }
 
     /// Subscribe, read the snapshot, go live, deliver what commits, end at the final event;
@@ -51,7 +42,7 @@ final class StreamServiceShellTests: XCTestCase {
         service.open(client, activityID: "job-1", lastEventID: nil, keyID: 1)
         XCTAssertEqual(pendingStatements, ["read_activity"])
         XCTAssertFalse(client.started, "headers wait for the snapshot")
-        answerReader { _ in self.activityRow("job-1", state: .processing, seq: 3) }
+        answerReader { _ in activityRow("job-1", state: .processing, seq: 3) }
         XCTAssertEqual(ids(client), ["3"])
         XCTAssertEqual(service.openStreams, 1)
         XCTAssertEqual(client.priority, .normal, "live changes are not bulk: a status stream keeps the loop's normal priority")
@@ -81,7 +72,7 @@ final class StreamServiceShellTests: XCTestCase {
     func testAResumeReadsTheHistoryThenGoesLiveWithoutAGap() {
         let client = ScriptedStream()
         service.open(client, activityID: "job-2", lastEventID: 1, keyID: 1)
-        answerReader { _ in self.activityRow("job-2", state: .processing, seq: 3) }
+        answerReader { _ in activityRow("job-2", state: .processing, seq: 3) }
         XCTAssertEqual(pendingStatements, ["read_history"])
         service.committed(activityID: "job-2", seq: 4, name: "processing", json: "{}")
         answerReader { _ in
@@ -110,7 +101,7 @@ final class StreamServiceShellTests: XCTestCase {
         service.open(client, activityID: "job-4", lastEventID: nil, keyID: 1)
         client.peerLeaves()
         XCTAssertEqual(service.openStreams, 0)
-        answerReader { _ in self.activityRow("job-4", state: .processing, seq: 1) }
+        answerReader { _ in activityRow("job-4", state: .processing, seq: 1) }
         XCTAssertEqual(client.written, [])
         XCTAssertEqual(metrics.streamCloses[.clientClosed], 1)
     }
@@ -119,7 +110,7 @@ final class StreamServiceShellTests: XCTestCase {
     func testHeartbeatsThenRevocation() {
         let client = ScriptedStream()
         service.open(client, activityID: "job-5", lastEventID: nil, keyID: 9)
-        answerReader { _ in self.activityRow("job-5", state: .processing, seq: 1) }
+        answerReader { _ in activityRow("job-5", state: .processing, seq: 1) }
         loop.advance(by: 3.5)
         XCTAssertEqual(client.written.filter { $0.hasPrefix(": heartbeat") }.count, 1)
         service.closeStreams(ofKey: 9)

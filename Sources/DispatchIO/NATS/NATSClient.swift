@@ -498,11 +498,14 @@ public final class NATSClient {
         }
     }
 
-    /// Frees a connection the library closed, keeping this client usable for `start()`.
-    private func tearDown() {
+    /// Frees the connection (closed by the library, or by `close`: `closing` closes it first),
+    /// keeping this client usable for `start()` unless `close` was called.
+    private func tearDown(closing: Bool = false) {
         mailbox?.shutDown()
-        freeEvent()
+        if let event { event_del(event) }
+        if !draining { freeEvent() }
         if let connection {
+            if closing { natsConnection_Close(connection) }
             for entry in subscriptions.values {
                 retiredDrops += Self.dropped(entry.sub)
                 natsSubscription_Destroy(entry.sub)
@@ -537,20 +540,7 @@ public final class NATSClient {
         onStatus = nil
         onDropped = nil
         isConnected = false
-        mailbox?.shutDown()
-        if let event { event_del(event) }
-        if !draining { freeEvent() }
-        if let connection {
-            natsConnection_Close(connection)
-            for entry in subscriptions.values { natsSubscription_Destroy(entry.sub) }
-            natsConnection_Destroy(connection)
-        }
-        subscriptions = [:]
-        liveIDs = []
-        connection = nil
-        if let statistics { natsStatistics_Destroy(statistics) }
-        statistics = nil
-        mailbox = nil
+        tearDown(closing: true)
     }
 
     private func freeEvent() {

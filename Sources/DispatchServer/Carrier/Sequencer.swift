@@ -167,26 +167,35 @@ enum SequencerSQL {
             : "created_ms * 1000"
         return [
             PGQuery("SELECT pg_try_advisory_xact_lock(\(positionLock)) AS got", name: "sequencer_lock"),
-            PGQuery("""
-                WITH lock AS (SELECT pg_try_advisory_xact_lock(\(positionLock)) AS got),
-                waiting AS (
-                  SELECT activity_id, seq, max(t) OVER (PARTITION BY activity_id ORDER BY seq) AS t
-                  FROM (SELECT activity_id, seq, \(time) AS t FROM activity_events
-                        WHERE position IS NULL AND (SELECT got FROM lock)) w
-                ), cut AS (
-                  SELECT activity_id, seq, t FROM waiting ORDER BY t, activity_id, seq LIMIT $1::int
-                ), numbered AS (
-                  SELECT o.activity_id, o.seq, nextval('feed_positions') AS position
-                  FROM (SELECT activity_id, seq FROM cut ORDER BY t, activity_id, seq) o
-                ), done AS (
-                  UPDATE activity_events e SET position = n.position
-                  FROM numbered n
-                  WHERE e.activity_id = n.activity_id AND e.seq = n.seq AND e.position IS NULL
-                  RETURNING e.position
-                )
-                SELECT count(*) AS n, max(position) AS through, (SELECT got FROM lock) AS got FROM done
-                """, [String(limit)], name: commitOrdered ? "sequencer_pass_commit_order" : "sequencer_pass"),
+            PGQuery(numbering(lock: "pg_try_advisory_xact_lock(\(positionLock))", time: time, limit: "$1::int",
+                              result: "count(*) AS n, max(position) AS through, (SELECT got FROM lock) AS got"),
+                    [String(limit)], name: commitOrdered ? "sequencer_pass_commit_order" : "sequencer_pass"),
         ]
+    }
+
+    /// One numbering statement: `lock` (a boolean: whether to number), the rows still without a
+    /// position in the order of `time`, made non-decreasing per activity, at most `limit`
+    /// (SQL), cut in that same order; the UPDATE checks `position IS NULL` on each row.
+    static func numbering(lock: String, time: String, limit: String, result: String) -> String {
+        """
+        WITH lock AS (SELECT \(lock) AS got),
+        waiting AS (
+          SELECT activity_id, seq, max(t) OVER (PARTITION BY activity_id ORDER BY seq) AS t
+          FROM (SELECT activity_id, seq, \(time) AS t FROM activity_events
+                WHERE position IS NULL AND (SELECT got FROM lock)) w
+        ), cut AS (
+          SELECT activity_id, seq, t FROM waiting ORDER BY t, activity_id, seq LIMIT \(limit)
+        ), numbered AS (
+          SELECT o.activity_id, o.seq, nextval('feed_positions') AS position
+          FROM (SELECT activity_id, seq FROM cut ORDER BY t, activity_id, seq) o
+        ), done AS (
+          UPDATE activity_events e SET position = n.position
+          FROM numbered n
+          WHERE e.activity_id = n.activity_id AND e.seq = n.seq AND e.position IS NULL
+          RETURNING e.position
+        )
+        SELECT \(result) FROM done
+        """
     }
 
     static let oldestWaiting = PGQuery("""
@@ -198,20 +207,6 @@ enum SequencerSQL {
     /// What a server started with LISTEN/NOTIFY numbers before it serves: the changes that a
     /// deployment running the NATS carrier committed but had not numbered yet. Under the
     /// position lock (waited for, as NOTIFY-mode writers do), in the passes' order.
-    static let numberLeftovers = """
-        WITH lock AS (SELECT pg_advisory_xact_lock(\(positionLock))),
-        waiting AS (
-          SELECT activity_id, seq, max(created_ms) OVER (PARTITION BY activity_id ORDER BY seq) AS t
-          FROM activity_events WHERE position IS NULL AND (SELECT true FROM lock)
-        ), numbered AS (
-          SELECT o.activity_id, o.seq, nextval('feed_positions') AS position
-          FROM (SELECT activity_id, seq FROM waiting ORDER BY t, activity_id, seq) o
-        ), done AS (
-          UPDATE activity_events e SET position = n.position
-          FROM numbered n
-          WHERE e.activity_id = n.activity_id AND e.seq = n.seq AND e.position IS NULL
-          RETURNING 1
-        )
-        SELECT count(*) AS n FROM done
-        """
+    static let numberLeftovers = numbering(lock: "pg_advisory_xact_lock(\(positionLock))::text = ''",
+                                           time: "created_ms * 1000", limit: "ALL", result: "count(*) AS n")
 }
