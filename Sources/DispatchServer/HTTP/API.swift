@@ -72,6 +72,7 @@ final class API {
         case .startActivity: publish(req, .start)
         case .update(let id): publish(req, .update(id))
         case .end(let id): publish(req, .end(id))
+        case .changes: publishChanges(req)
         case .listActivities: listActivities(req)
         case .activity(let id): getActivity(req, id)
         case .events(let id): history(req, id)
