@@ -113,6 +113,9 @@ final class API {
 
     func fail(_ req: HTTPRequest, _ error: DispatchError, headers: [(String, String)] = []) {
         var h = headers
+        // A body over the route's limit ends the connection, as evhttp's own 413 does for one
+        // over its limit: the client is not worth reading further.
+        if error.code == .bodyTooLarge, !h.contains(where: { $0.0 == "Connection" }) { h.append(("Connection", "close")) }
         if let s = error.retryAfterSeconds { h.append(("Retry-After", String(s))) }
         if error.code == .unauthorized { h.append(("WWW-Authenticate", "Bearer")) }
         reply(req, error.httpStatus, error.jsonBody(), headers: h)
