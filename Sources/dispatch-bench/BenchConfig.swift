@@ -59,7 +59,7 @@ struct BenchConfig {
     /// Repetitions of the three scenarios above (each restarts servers; they take longer).
     var stormRepeats = 1
     var scenarios: Set<String> = BenchConfig.allScenarios
-    static let allScenarios: Set<String> = ["idle", "fanout", "throughput", "terminal", "restart", "nodes", "replay", "feed"]
+    static let allScenarios: Set<String> = ["idle", "fanout", "throughput", "batch", "terminal", "restart", "nodes", "replay", "feed"]
     var repeats = 3
     var targets: [Target.Kind] = [.dispatch, .nchan]
     var serverWorkers = 2

@@ -36,7 +36,7 @@ enum BenchMain {
       --node-workers N            DISPATCH_WORKERS of each node in the nodes scenario (default 2)
       --node-counts LIST          nodes scenario sizes, e.g. 1,4 (default 1,2,4; 1 to 8 each)
       --pg-stat-statements        nodes: load pg_stat_statements, note each run's costliest statements
-      --scenarios LIST            comma-separated subset of: idle, fanout, throughput, terminal,
+      --scenarios LIST            comma-separated subset of: idle, fanout, throughput, batch, terminal,
                                   restart, nodes, replay, feed (default all; restart needs a
                                   server this run starts, nodes, replay and feed need dispatchd)
       --replay-streams N          streams of the replay storm, half never reading (default 2000)
