@@ -36,6 +36,10 @@ struct BenchConfig {
     var nodeActivities = 1000
     var nodePublishers = 32
     var nodeSeconds = 4.0
+    /// Weak scaling (the default): each node gets the streams, activities and publishers
+    /// above, so N nodes carry N times the load, as a deployment grows. Off (`--node-load
+    /// fixed`): that load in all, divided among the nodes.
+    var nodeWeakScaling = true
     /// How nodes hear each other's changes: PostgreSQL's LISTEN/NOTIFY, then NATS (a cluster
     /// of one nats-server per node, started by the bench), which also runs the carrier outage.
     var nodeCarriers = ["notify", "nats"]

@@ -76,7 +76,8 @@ final class Orchestrator {
         defer { cleanup() }
         try startTargets()
         let maxConns = max(config.idleCounts.max() ?? 0, config.fanoutSubscribers, config.throughputSubscribers,
-                           config.stormStreams, config.nodeSubscribers, config.replayStreams)
+                           config.stormStreams, config.nodeSubscribers * (config.nodeWeakScaling ? config.nodeCounts.max() ?? 1 : 1),
+                           config.replayStreams)
         let subWorkers = max(2, (maxConns + 15999) / 16000)
         for k in 0..<subWorkers { subscribers.append(try WorkerHandle(name: "sub\(k)")) }
         publisher = try WorkerHandle(name: "pub")
