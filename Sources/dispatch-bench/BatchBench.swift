@@ -19,11 +19,14 @@ extension Orchestrator {
         for size in sizes { try batchRun(t, size: size, rep: rep) }
     }
 
-    /// The server's processes apart from PostgreSQL, and PostgreSQL's (Dispatch's embedded one).
+    /// The server's processes apart from PostgreSQL, and PostgreSQL's (Dispatch's embedded
+    /// cluster: the postmaster, from its pid file, and its children).
     func serverPids(_ t: Target) -> (server: [pid_t], postgres: [pid_t]) {
         guard let root = t.rootPid else { return ([], []) }
-        let all = Proc.tree(root)
-        return (all.filter { !Proc.comm($0).hasPrefix("postgres") }, all.filter { Proc.comm($0).hasPrefix("postgres") })
+        let server = Proc.tree(root).filter { !Proc.comm($0).hasPrefix("postgres") }
+        guard let cluster = t.postgresCluster, let text = Files.read(cluster + "/postmaster.pid"),
+              let first = text.split(separator: "\n").first, let pid = pid_t(first) else { return (server, []) }
+        return (server, Proc.tree(pid))
     }
 
     func batchRun(_ t: Target, size: Int, rep: Int) throws {
