@@ -156,6 +156,30 @@ final class ChangesTests: XCTestCase {
                             413, "body_too_large")
     }
 
+    /// Pushes see a batch's changes as single publishes: a push-to-start for the start that asks
+    /// for a Live Activity (only that one), and the activity's updates up to its end.
+    func testPushesSeeEachChangeAsIfPublishedAlone() throws {
+        let f = try FakeAPNs.start()
+        defer { f.stop() }
+        let s = try TestServer.start(environment: f.serverEnvironment)
+        defer { s.stop() }
+        let pts = randomToken(bytes: 80), t = randomToken(bytes: 80)
+        XCTAssertEqual(try s.client.post("/v1/activity-tokens", #"{"deviceToken":"\#(randomToken(bytes: 32))","pushToStartToken":"\#(pts)"}"#).status, 200)
+        try s.startActivity("tracked")
+        XCTAssertEqual(try s.client.post("/v1/activity-tokens", #"{"deviceToken":"\#(randomToken(bytes: 32))","activityTokens":{"tracked":"\#(t)"}}"#).status, 200)
+        XCTAssertEqual(lines(try changes(s.client, [
+            #"{"op":"start","activityId":"live-job","taskName":"Live","liveActivity":true}"#,
+            #"{"op":"start","activityId":"plain-job","taskName":"Plain"}"#,
+            #"{"op":"update","activityId":"tracked","progress":0.5,"state":"processing"}"#,
+            #"{"op":"end","activityId":"tracked","status":"done"}"#,
+        ])), ["201 1", "201 1", "200 2", "200 3"])
+        let starts = try f.wait(token: pts) { $0.contains { $0.status == 200 } }
+        let ended = try f.wait(token: t) { $0.contains { $0.status == 200 && $0.event == "end" } }
+        XCTAssertEqual(ended.filter { $0.status == 200 }.last?.seq, 3, "the end, with its seq")
+        usleep(300_000)  // room for a wrong push-to-start for the plain job
+        XCTAssertEqual(try f.requests(token: pts).count, 1, "one push-to-start, for the start that asked: \(starts.map(\.event))")
+    }
+
     /// A thousand changes, each to an activity of its own: one transaction, also when the
     /// updates must first read rows this server process never saw (another worker wrote them).
     func testAThousandChangesCommitInOneTransaction() throws {
