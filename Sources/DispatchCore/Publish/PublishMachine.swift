@@ -6,7 +6,9 @@
 ///
 /// It plans each change against the newest known snapshot (a bounded cache of live ones, kept
 /// current by this worker's commits and by what `observe` hears of others') or a fresh read,
-/// and group-commits what is ready: one batch in flight, at most `maxBatch` changes.
+/// and group-commits what is ready: one batch in flight, at most `maxBatch` changes (a
+/// request of many changes, `submittedAll`, goes whole: its changes wait until none of them is
+/// being read, then go in one batch however large).
 /// Publishes for one activity are serialised here (one in progress, the rest wait in order);
 /// across processes a compare-and-set on `seq` keeps the history gap-free, and a miss re-reads
 /// and re-plans.
@@ -378,7 +380,9 @@ public struct PublishMachine {
     // MARK: - Writing
 
     /// Group commit: what is queued goes in one batch (an op retried alone goes by itself),
-    /// which the shell sends as one transaction; one batch in flight at a time. With the
+    /// which the shell sends as one transaction; one batch in flight at a time. A request's
+    /// changes are held while one of them is being read, and are not split by `maxBatch`
+    /// (the batch grows past it to take the rest of a request it started). With the
     /// writer down, everything queued fails at once (and what that lets through, too).
     private mutating func flush(now: Int64, _ actions: inout [Action]) {
         guard inFlight == nil else { return }
