@@ -180,6 +180,23 @@ final class ChangesTests: XCTestCase {
         XCTAssertEqual(try f.requests(token: pts).count, 1, "one push-to-start, for the start that asked: \(starts.map(\.event))")
     }
 
+    /// Many changes of one activity in one request apply in request order, each planned on the
+    /// one before it.
+    func testManyChangesOfOneActivityApplyInRequestOrder() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        let n = 200
+        let started = Clock.monotonic()
+        let results = try changes(s.client, [#"{"op":"start","activityId":"chain","taskName":"Chain","state":"processing"}"#]
+            + (1...n).map { #"{"op":"update","activityId":"chain","status":"step \#($0)"}"# }
+            + [#"{"op":"end","activityId":"chain","status":"done"}"#])
+        print("ChangesTests: \(n + 2) changes of one activity answered in \(Int((Clock.monotonic() - started) * 1000)) ms")
+        XCTAssertEqual(lines(results), ["201 1"] + (1...n).map { "200 \($0 + 1)" } + ["200 \(n + 2)"])
+        XCTAssertEqual(results[n]["snapshot"]?["status"]?.stringValue, "step \(n)")
+        let stored = try sql(s, "SELECT data::json->>'status' FROM activity_events WHERE activity_id = 'chain' AND seq BETWEEN 2 AND \(n + 1) ORDER BY seq")
+        XCTAssertEqual(stored.map { $0[0] ?? "" }, (1...n).map { "step \($0)" })
+    }
+
     /// A thousand changes, each to an activity of its own: one transaction, also when the
     /// updates must first read rows this server process never saw (another worker wrote them).
     func testAThousandChangesCommitInOneTransaction() throws {
