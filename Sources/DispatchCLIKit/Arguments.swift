@@ -172,6 +172,8 @@ public enum CLICommand: Equatable, Sendable {
     /// `touch --id ID`.
     case touch(String)
     case verifyWebhook(CLIVerifyWebhookOptions)
+    /// `batch [FILE|-]`: one JSON change per line, sent as `POST /v1/changes`.
+    case batch(CLIBatchOptions)
 
     public var name: String {
         switch self {
@@ -184,6 +186,7 @@ public enum CLICommand: Equatable, Sendable {
         case .cancel: return "cancel"
         case .touch: return "touch"
         case .verifyWebhook: return "verify-webhook"
+        case .batch: return "batch"
         }
     }
 }
@@ -233,6 +236,7 @@ public enum CLIArguments {
         var switches: Set<String> = []
         var commandName: String?
         var trailing: [String] = []
+        var positional: String?
         var i = 0
 
         while i < arguments.count {
@@ -299,6 +303,10 @@ public enum CLIArguments {
             if commandName == "run" {
                 trailing = Array(arguments[(i - 1)...])
                 break
+            }
+            if commandName == "batch", positional == nil {
+                positional = arg
+                continue
             }
             throw CLIUsageError("unexpected argument '\(arg)'", command: commandName)
         }
@@ -386,6 +394,15 @@ public enum CLIArguments {
             return .command(global, .cancel(CLICancelOptions(activityID: try required("id"), reason: values["reason"])))
         case "touch":
             return .command(global, .touch(try required("id")))
+        case "batch":
+            var size = CLIBatch.maxChanges
+            if let text = values["size"] {
+                guard let n = Int(text), (1...CLIBatch.maxChanges).contains(n) else {
+                    throw CLIUsageError("--size must be a whole number from 1 to \(CLIBatch.maxChanges) (got '\(text)')", command: command)
+                }
+                size = n
+            }
+            return .command(global, .batch(CLIBatchOptions(path: positional == "-" ? nil : positional, size: size)))
         case "verify-webhook":
             guard let secret = values["secret"] ?? nonEmpty(environment("DISPATCH_WEBHOOK_SECRET")), !secret.isEmpty else {
                 throw CLIUsageError("--secret is required (or DISPATCH_WEBHOOK_SECRET)", command: command)

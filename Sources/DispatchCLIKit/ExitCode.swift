@@ -19,6 +19,8 @@ public enum CLIExitCode: Int32, Sendable, CaseIterable {
     /// `progress`: no answer within its `--deadline` (the server is down or failing); the
     /// update is dropped so the script it reports on goes on.
     case deadline = 8
+    /// `batch`: every change was answered, and at least one was refused (its result line says why).
+    case someRefused = 9
 }
 
 /// What the CLI does with one HTTP answer.

@@ -262,6 +262,21 @@ public enum CLIHelp {
                        say: renews its stale deadline (see start --stale-after). No event, nothing pushed.
                        A finished activity exits 5. Needs the publish key that started it (or an admin key).
                        """),
+        CLICommandSpec("batch", synopsis: "dispatch batch [FILE|-]",
+                       summary: "send many changes at once: one JSON change per line",
+                       options: [CLIOption("size", "N", "changes per request, 1-1000  [default 1000]")],
+                       details: """
+                       Reads FILE (or standard input, also with -): one change per line, a JSON object
+                       {"op": "start"|"update"|"end", "activityId": ..., ...the fields of that call}, such as
+                         {"op":"update","activityId":"render-17","progress":0.4}
+                       and sends them as POST /v1/changes, up to 1000 changes (1 MiB) per request. Prints
+                       one result per change, in input order, as a JSON line: {"status":201|200,"snapshot":{...}}
+                       or {"status":4xx,"error":{"code":...,"message":...}}. Blank lines are skipped; a line
+                       that is not a JSON object gets a 400 result without being sent. Each change without
+                       an idempotencyKey gets one, reused when a request is retried, so none applies twice.
+                       Exits 0 when every change was accepted, 9 when some were refused; a request refused
+                       as a whole stops it with that answer's code (4, 6, 7).
+                       """),
         CLICommandSpec("verify-webhook", synopsis: "dispatch verify-webhook --signature HEADER --body FILE [--secret SECRET] [--max-age DUR]",
                        summary: "check a cancel webhook's signature",
                        options: [
@@ -371,6 +386,7 @@ public enum CLIHelp {
       6  server unreachable, or 5xx (or 429 rate_limited) until --retry-for ran out
       7  input rejected by the server (400/413/415, a 429 limit such as too_many_live_activities)
       8  progress: no answer within --deadline (default 2 s); the update was dropped
+      9  batch: every change was answered, and some were refused (see their result lines)
       run: the command's own exit code (128+N when it died of signal N); after a remote
            cancel 143 (SIGTERM stopped it) or 137 (it needed SIGKILL)
       verify-webhook: 0 the signature is valid, 1 it is not

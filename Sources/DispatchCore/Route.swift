@@ -17,6 +17,8 @@ public enum Route: Equatable, Sendable {
     case status(String)
     case cancel(String)
     case touch(String)
+    /// Many starts, updates and ends in one request (contract §2.1).
+    case changes
     case keys
     case key(String)
     /// The feed: every change to every activity the key may read (contract §8).
@@ -35,7 +37,7 @@ public enum Route: Equatable, Sendable {
     public var methods: [HTTPMethod] {
         switch self {
         case .healthz, .readyz, .metrics, .listActivities, .activity, .events, .status, .feed, .page, .openAPI, .liveActivity: return [.get]
-        case .startActivity, .update, .end, .cancel, .touch, .registerTokens: return [.post]
+        case .startActivity, .update, .end, .cancel, .touch, .registerTokens, .changes: return [.post]
         case .keys: return [.get, .post]
         case .key, .forgetDevice: return [.delete]
         case .session: return [.get, .post, .delete]
@@ -57,6 +59,7 @@ public enum Route: Equatable, Sendable {
         case .status: return "/v1/activities/{id}/status"
         case .cancel: return "/v1/activities/{id}/cancel"
         case .touch: return "/v1/activities/{id}/touch"
+        case .changes: return "/v1/changes"
         case .keys: return "/v1/keys"
         case .key: return "/v1/keys/{name}"
         case .feed: return "/v1/stream"
@@ -100,7 +103,7 @@ public enum Route: Equatable, Sendable {
         case .activity(let id), .update(let id), .end(let id), .events(let id), .status(let id), .cancel(let id), .touch(let id),
              .liveActivity(let id):
             return id
-        case .healthz, .readyz, .metrics, .startActivity, .listActivities, .keys, .key, .feed, .registerTokens, .forgetDevice,
+        case .healthz, .readyz, .metrics, .startActivity, .listActivities, .changes, .keys, .key, .feed, .registerTokens, .forgetDevice,
              .page, .openAPI, .session:
             return nil
         }
@@ -124,6 +127,7 @@ public enum Route: Equatable, Sendable {
         case 2 where parts[0] == "v1":
             switch parts[1] {
             case "activities": return .listActivities
+            case "changes": return .changes
             case "keys": return .keys
             case "stream": return .feed
             case "activity-tokens": return .registerTokens

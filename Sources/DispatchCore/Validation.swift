@@ -44,6 +44,11 @@ public enum Validation {
         guard case .object(let members) = value else {
             throw DispatchError(.invalidJSON, "body must be a JSON object")
         }
+        return try fields(members, allowed: allowed)
+    }
+
+    /// An object's members as a dictionary, when every key is allowed (the last of repeated keys wins).
+    public static func fields(_ members: [(String, JSONValue)], allowed: Set<String>) throws(DispatchError) -> [String: JSONValue] {
         var out: [String: JSONValue] = [:]
         for (k, v) in members {
             guard allowed.contains(k) else {
@@ -113,9 +118,18 @@ public enum Validation {
         return !host.isEmpty && host != "["
     }
 
+    /// The fields of each publishing call's body (§2).
+    public static let startFields: Set<String> = ["activityId", "taskName", "systemImage", "machine", "cancelURL",
+                                                  "initialProgress", "status", "state", "liveActivity", "staleAfter", "broadcast"]
+    public static let updateFields: Set<String> = ["progress", "status", "state"]
+    public static let endFields: Set<String> = ["progress", "status", "state", "error"]
+
     public static func start(_ body: [UInt8]) throws(DispatchError) -> StartCommand {
-        let f = try object(body, allowed: ["activityId", "taskName", "systemImage", "machine", "cancelURL",
-                                           "initialProgress", "status", "state", "liveActivity", "staleAfter", "broadcast"])
+        try start(fields: try object(body, allowed: startFields))
+    }
+
+    /// A start's fields, already checked to be among `startFields` (a body, or one change of `POST /v1/changes`).
+    public static func start(fields f: [String: JSONValue]) throws(DispatchError) -> StartCommand {
         var cmd = StartCommand(taskName: "")
         if let v = try optionalString(f, "activityId"), let id = v { cmd.activityId = try activityID(id) }
         guard let nameValue = try optionalString(f, "taskName"), let rawName = nameValue else {
@@ -164,13 +178,19 @@ public enum Validation {
     }
 
     public static func update(_ body: [UInt8]) throws(DispatchError) -> UpdateCommand {
-        let f = try object(body, allowed: ["progress", "status", "state"])
+        try update(fields: try object(body, allowed: updateFields))
+    }
+
+    public static func update(fields f: [String: JSONValue]) throws(DispatchError) -> UpdateCommand {
         return UpdateCommand(progress: try progress(f, "progress"), status: try status(f),
                              state: try state(f, allowed: [.processing, .queued, .retrying, .idle], default: .processing))
     }
 
     public static func end(_ body: [UInt8]) throws(DispatchError) -> EndCommand {
-        let f = try object(body, allowed: ["progress", "status", "state", "error"])
+        try end(fields: try object(body, allowed: endFields))
+    }
+
+    public static func end(fields f: [String: JSONValue]) throws(DispatchError) -> EndCommand {
         var cmd = EndCommand(progress: try progress(f, "progress"), status: try status(f),
                              state: try state(f, allowed: [.completed, .error, .cancelled, .rejected], default: .completed))
         if case .set(let e) = try status(f, key: "error", max: 500) { cmd.error = e }

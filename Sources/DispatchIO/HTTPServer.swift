@@ -6,9 +6,11 @@ import Glibc
 /// Limits on everything a client controls at the HTTP layer.
 public struct HTTPLimits: Sendable {
     public var maxHeaderBytes = 8 * 1024
-    /// evhttp refuses larger bodies itself (from Content-Length, before reading them); routes
-    /// enforce their own, smaller limit with a JSON answer.
-    public var maxBodyBytes = 64 * 1024
+    /// evhttp refuses larger bodies itself (from Content-Length, before reading them, with its
+    /// own HTML 413); routes enforce their own, smaller limit with a JSON answer: 16 KiB for a
+    /// single call, 1 MiB for `POST /v1/changes` (the margin above it keeps a body a little
+    /// over 1 MiB answered with the JSON error).
+    public var maxBodyBytes = 2 * 1024 * 1024
     /// Read inactivity while a request is being received, and idle keep-alive.
     public var requestTimeoutSeconds: Double = 10
     public var backlog: Int32 = 4096

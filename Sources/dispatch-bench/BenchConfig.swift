@@ -36,6 +36,10 @@ struct BenchConfig {
     var nodeActivities = 1000
     var nodePublishers = 32
     var nodeSeconds = 4.0
+    /// Weak scaling (the default): each node gets the streams, activities and publishers
+    /// above, so N nodes carry N times the load, as a deployment grows. Off (`--node-load
+    /// fixed`): that load in all, divided among the nodes.
+    var nodeWeakScaling = true
     /// How nodes hear each other's changes: PostgreSQL's LISTEN/NOTIFY, then NATS (a cluster
     /// of one nats-server per node, started by the bench), which also runs the carrier outage.
     var nodeCarriers = ["notify", "nats"]
@@ -59,7 +63,7 @@ struct BenchConfig {
     /// Repetitions of the three scenarios above (each restarts servers; they take longer).
     var stormRepeats = 1
     var scenarios: Set<String> = BenchConfig.allScenarios
-    static let allScenarios: Set<String> = ["idle", "fanout", "throughput", "terminal", "restart", "nodes", "replay", "feed"]
+    static let allScenarios: Set<String> = ["idle", "fanout", "throughput", "batch", "terminal", "restart", "nodes", "replay", "feed"]
     var repeats = 3
     var targets: [Target.Kind] = [.dispatch, .nchan]
     var serverWorkers = 2

@@ -34,9 +34,11 @@ enum BenchMain {
       --json PATH                 write the results JSON to PATH instead
       --node-carriers LIST        nodes scenario carriers: notify, nats (default both; smoke: notify)
       --node-workers N            DISPATCH_WORKERS of each node in the nodes scenario (default 2)
+      --node-load weak|fixed      nodes: each node gets the per-node load (weak, default), or the
+                                  same total load is divided among the nodes (fixed)
       --node-counts LIST          nodes scenario sizes, e.g. 1,4 (default 1,2,4; 1 to 8 each)
       --pg-stat-statements        nodes: load pg_stat_statements, note each run's costliest statements
-      --scenarios LIST            comma-separated subset of: idle, fanout, throughput, terminal,
+      --scenarios LIST            comma-separated subset of: idle, fanout, throughput, batch, terminal,
                                   restart, nodes, replay, feed (default all; restart needs a
                                   server this run starts, nodes, replay and feed need dispatchd)
       --replay-streams N          streams of the replay storm, half never reading (default 2000)
@@ -85,6 +87,12 @@ enum BenchMain {
                 guard !list.isEmpty, list.isSubset(of: BenchConfig.allScenarios) else { log(usage); return 64 }
                 c.scenarios = list
             case "--pg-stat-statements": c.pgStatStatements = true
+            case "--node-load":
+                switch value() {
+                case "weak": c.nodeWeakScaling = true
+                case "fixed": c.nodeWeakScaling = false
+                default: log(usage); return 64
+                }
             case "--node-workers": c.nodeWorkers = max(1, Int(value() ?? "") ?? 2)
             case "--node-counts":
                 let counts = (value() ?? "").split(separator: ",").compactMap { Int($0) }.filter { (1...8).contains($0) }

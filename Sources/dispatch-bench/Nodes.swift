@@ -11,9 +11,11 @@ import Glibc
 /// committed change is sent by PostgreSQL to every worker of every node.
 ///
 /// 1. **Cross-node**: subscribers on node A, publishers on node B (the throughput shape).
-/// 2. **1, 2, 4 nodes, the same total load**: streams and publisher connections spread over
-///    the nodes; publishes/s, deliveries/s, latency, and where the CPU goes (dispatchd,
-///    PostgreSQL), with PostgreSQL's commits/s and what its sessions wait on.
+/// 2. **1, 2, 4 nodes**: by default each node brings its own load (streams, activities and
+///    publisher connections per node: weak scaling, as a deployment adds nodes because its
+///    load grew); with `--node-load fixed` one total load is spread over the nodes. Figures:
+///    publishes/s, deliveries/s, latency, and where the CPU goes per publish (dispatchd,
+///    PostgreSQL, nats-server), with PostgreSQL's commits/s and what its sessions wait on.
 extension Orchestrator {
     func nodes(rep: Int) throws {
         let key = Servers.randomKey()
@@ -30,9 +32,11 @@ extension Orchestrator {
                 if n >= 2 && !scenarioDone(cross, rep) {
                     try nodeRun(label: cross, subs: [nodeTargets[0]], pubs: [nodeTargets[1]], running: Array(nodeTargets.prefix(n)), rep: rep)
                 }
-                let label = "\(n) node\(n == 1 ? "" : "s")\(tag) \(Self.count(config.nodeSubscribers))/\(Self.count(config.nodeActivities))"
+                let scale = config.nodeWeakScaling ? n : 1
+                let load = "\(Self.count(config.nodeSubscribers * scale))/\(Self.count(config.nodeActivities * scale))"
+                let label = "\(n) node\(n == 1 ? "" : "s")\(tag) \(load)\(config.nodeWeakScaling ? " weak" : "")"
                 let running = Array(nodeTargets.prefix(n))
-                try nodeRun(label: label, subs: running, pubs: running, running: running, rep: rep)
+                try nodeRun(label: label, subs: running, pubs: running, running: running, rep: rep, scale: scale)
             }
             if carrier == "nats" { try carrierOutage(rep: rep) }
         }
@@ -174,14 +178,15 @@ extension Orchestrator {
     }
 
     /// One measured run: streams on `subs`, publishers on `pubs`, `running` nodes up.
-    func nodeRun(label: String, subs: [Target], pubs: [Target], running: [Target], rep: Int) throws {
+    /// `scale`: the per-node load times this (weak scaling: the number of nodes).
+    func nodeRun(label: String, subs: [Target], pubs: [Target], running: [Target], rep: Int, scale: Int = 1) throws {
         let t = running[0]
         // Fresh activities for every run: reused ones would start past the seq the streams expect.
         nodeRuns += 1
         let prefix = "b\(runTag)-nd\(rep)-\(nodeRuns)"
-        let k = config.nodeActivities
+        let k = config.nodeActivities * scale
         try batch(t, t.createRequests(names(prefix, k)), what: "creating node activities")
-        let s = try subscribe(t, count: config.nodeSubscribers, path: t.streamPath("\(prefix)-{ch}"), channels: k, trackSeqs: false) { w in
+        let s = try subscribe(t, count: config.nodeSubscribers * scale, path: t.streamPath("\(prefix)-{ch}"), channels: k, trackSeqs: false) { w in
             w.key("ports"); w.beginArray(); for n in subs { w.int(Int64(n.port)) }; w.endArray()
             w.field("spreadNodes", true)
         }
@@ -195,7 +200,7 @@ extension Orchestrator {
         let natsMessages0 = nodeNATS?.messages() ?? 0, sequencer0 = nodeCounters(running, Self.carrierCounters)
         let cpuD0 = cpuSeconds(dPids), cpuPG0 = cpuSeconds(pgPids), cpuN0 = cpuSeconds(natsPids), cpuM0 = PushRun.machineBusySeconds()
         let started = Clock.monotonicNanoseconds()
-        startPublishing(t, port: pubs[0].port, prefix: prefix, channels: k, conns: config.nodePublishers,
+        startPublishing(t, port: pubs[0].port, prefix: prefix, channels: k, conns: config.nodePublishers * scale,
                         seconds: config.nodeSeconds) { w in
             w.key("ports"); w.beginArray(); for n in pubs { w.int(Int64(n.port)) }; w.endArray()
         }
@@ -258,6 +263,8 @@ extension Orchestrator {
             record(label, "NATS messages/s", "1/s", higher: false, t, natsMessages / window)
             record(label, "CPU nats-server", "%", higher: false, t, cpuN / window * 100, table: false)
             if natsMessages > 0 { record(label, "NATS CPU per message", "us", higher: false, t, cpuN / natsMessages * 1e6) }
+            record(label, "nats-server CPU per publish", "us", higher: false, t, cpuN / publishedInWindow * 1e6)
+            record(label, "NATS messages per publish", "", higher: false, t, natsMessages / publishedInWindow)
             let passes = (sequencer1["dispatch_sequencer_passes_total"] ?? 0) - (sequencer0["dispatch_sequencer_passes_total"] ?? 0)
             let positions = (sequencer1["dispatch_sequencer_positions_total"] ?? 0) - (sequencer0["dispatch_sequencer_positions_total"] ?? 0)
             record(label, "sequencer passes/s", "1/s", higher: false, t, passes / window, table: false)

@@ -76,7 +76,8 @@ final class Orchestrator {
         defer { cleanup() }
         try startTargets()
         let maxConns = max(config.idleCounts.max() ?? 0, config.fanoutSubscribers, config.throughputSubscribers,
-                           config.stormStreams, config.nodeSubscribers, config.replayStreams)
+                           config.stormStreams, config.nodeSubscribers * (config.nodeWeakScaling ? config.nodeCounts.max() ?? 1 : 1),
+                           config.replayStreams)
         let subWorkers = max(2, (maxConns + 15999) / 16000)
         for k in 0..<subWorkers { subscribers.append(try WorkerHandle(name: "sub\(k)")) }
         publisher = try WorkerHandle(name: "pub")
@@ -85,12 +86,13 @@ final class Orchestrator {
 
         let want = config.scenarios
         if want.contains("idle") { try setupIdleActivities() }
-        for rep in 0..<config.repeats where !want.isDisjoint(with: ["idle", "fanout", "throughput", "terminal"]) {
+        for rep in 0..<config.repeats where !want.isDisjoint(with: ["idle", "fanout", "throughput", "batch", "terminal"]) {
             // Alternate which server goes first so neither always gets the warmer machine.
             let order = rep % 2 == 0 ? targets : targets.reversed()
             if want.contains("idle") { for t in order { try idle(t, rep: rep) } }
             if want.contains("fanout") { for t in order { try fanout(t, rep: rep) } }
             if want.contains("throughput") { for t in order { try throughput(t, rep: rep) } }
+            if want.contains("batch") { for t in order { try batchScenario(t, rep: rep) } }
             if want.contains("terminal") { for t in order { try terminal(t, rep: rep) } }
         }
         for rep in 0..<config.stormRepeats {

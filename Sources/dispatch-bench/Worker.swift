@@ -151,6 +151,10 @@ final class Worker {
     /// waiting when an answer comes early, so the server sees a steady rate (0: closed loop).
     var pubInterval: Int64 = 0
     var pubNextAt: [Int64] = []
+    /// Changes per request through `POST /v1/changes` (0: one single update per request).
+    var pubBatch = 0
+    /// Per slot, the channels its request in flight changes (batch mode).
+    var pubBatchChannels: [[Int]] = []
     /// Connections waiting to send their next request: their `token` then.
     var pacedFD: [Int: UInt32] = [:]
     var batchRequests: [(method: String, path: String, body: String)] = []

@@ -42,6 +42,8 @@ extension Worker {
             pubLimit = max(0, v.int("perChannel") ?? 0)
             pubRetryDelay = Int64((v.double("retryDelay") ?? 0) * 1e9)
             pubIdempotent = v.bool("idempotent") ?? false
+            pubBatch = reqTarget == "nchan" ? 0 : max(0, v.int("batch") ?? 0)
+            pubBatchChannels = Array(repeating: [], count: connsWanted)
         case .batch:
             batchRequests = []
             if case .array(let list)? = v["requests"] {
@@ -177,7 +179,28 @@ extension Worker {
             }
             conns[i].lastSeq = Int64(ch)
             let name = pubChannelNames[ch]
-            if reqTarget == "nchan" {
+            if pubBatch > 0 {
+                // This channel and the slot's next ones, pubBatch in all (a slot owns at least
+                // that many: the runner sizes the connections so), one change each.
+                var chs = [ch]
+                while chs.count < pubBatch {
+                    var c = pubCursor[slot]
+                    if c >= pubChannelNames.count { c = slot % max(1, pubChannelNames.count) }
+                    var next = c + pubCursor.count
+                    if next >= pubChannelNames.count { next = slot % max(1, pubChannelNames.count) }
+                    pubCursor[slot] = next
+                    if chs.contains(c) { break }
+                    chs.append(c)
+                }
+                pubBatchChannels[slot] = chs
+                var body = "{\"changes\":["
+                for (j, c) in chs.enumerated() {
+                    if j > 0 { body += "," }
+                    body += "{\"op\":\"update\",\"activityId\":\"\(pubChannelNames[c])\",\"progress\":0.5,\"status\":\"t=\(now)\"}"
+                }
+                body += "]}"
+                req = Self.request("POST", "/v1/changes", body: body, auth: reqAuth)
+            } else if reqTarget == "nchan" {
                 let seq = pubNextSeq[ch]
                 let body = Self.nchanMessage(id: name, seq: seq, t: now)
                 req = Self.request("POST", "/pub/\(name)", body: body, auth: "")
@@ -247,7 +270,7 @@ extension Worker {
             switch reqMode {
             case .publisher:
                 let ch = Int(conns[i].lastSeq)
-                if reqTarget != "nchan", e.seq > 0, (200...299).contains(Int(conns[i].status)) {
+                if reqTarget != "nchan", pubBatch == 0, e.seq > 0, (200...299).contains(Int(conns[i].status)) {
                     pubFinal[ch] = max(pubFinal[ch], e.seq)
                 }
             case .terminal:
@@ -264,7 +287,19 @@ extension Worker {
             case .publisher:
                 let ch = Int(conns[i].lastSeq)
                 let slot = Int(conns[i].channel)
-                if ok {
+                if ok && pubBatch > 0 && slot < pubBatchChannels.count {
+                    // Every change of the batch is taken as applied: a refused one shows up as
+                    // events the subscribers never get (lost).
+                    pubAckHist.record(now - conns[i].sentAt)
+                    for c in pubBatchChannels[slot] {
+                        reqCount += 1
+                        pubFinal[c] = pubNextSeq[c]
+                        pubNextSeq[c] += 1
+                        pubAcked[c] += 1
+                    }
+                    pubBatchChannels[slot] = []
+                    if slot < pubPending.count { pubPending[slot] = -1 }
+                } else if ok {
                     reqCount += 1
                     pubAckHist.record(now - conns[i].sentAt)
                     if reqTarget == "nchan" { pubFinal[ch] = pubNextSeq[ch] }

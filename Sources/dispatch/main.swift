@@ -65,6 +65,7 @@ case .command(var global, let command):
     case .cancel(let o): code = CancelCommands.cancel(o, client: client).rawValue
     case .touch(let id): code = CancelCommands.touch(id, client: client).rawValue
     case .verifyWebhook(let o): code = CancelCommands.verifyWebhook(o)
+    case .batch(let o): code = BatchCommand.run(o, client: client).rawValue
     }
     exit(code)
 }

@@ -42,7 +42,8 @@ final class BenchSmokeTests: XCTestCase {
             return nil
         })
         for expected in ["idle connect rate", "fanout last receipt p50", "throughput publishes/s",
-                         "throughput deliveries/s", "throughput publish->receipt p50", "terminal finished streams/s"] {
+                         "throughput deliveries/s", "throughput publish->receipt p50", "terminal finished streams/s",
+                         "batch changes/s", "batch change->receipt p50"] {
             XCTAssertTrue(names.contains(expected), "missing figure \(expected)\n\(text)")
         }
         // Events really flowed: a run that delivered nothing would pass the loss checks vacuously.

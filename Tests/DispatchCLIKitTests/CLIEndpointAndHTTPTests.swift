@@ -85,7 +85,7 @@ final class CLIEndpointAndHTTPTests: XCTestCase {
         XCTAssertEqual(CLIHTTPDisposition.of(status: 500), .retry)
         XCTAssertEqual(CLIHTTPDisposition.of(status: 503), .retry)
         XCTAssertEqual(CLIHTTPDisposition.of(status: 302), .fail(.unavailable))
-        XCTAssertEqual([0, 1, 2, 3, 4, 5, 6, 7, 8], CLIExitCode.allCases.map(\.rawValue))
+        XCTAssertEqual([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], CLIExitCode.allCases.map(\.rawValue))
     }
 
     func testServerErrorDescription() {

@@ -139,6 +139,47 @@ final class PublishMachineTests: XCTestCase {
         XCTAssertEqual(batch(last)?.starts.first?.event.snapshot.activityId, "s512", "in submission order")
     }
 
+    // MARK: - Many changes in one request (POST /v1/changes)
+
+    func testARequestsChangesWaitForItsReadsThenGoInOneBatch() {
+        var m = machine(cached: [stored("c", seq: 4)])
+        let (ids, a1) = m.submittedAll([start("a"), update("x", 0.5), update("c", 0.1)], now: now)
+        XCTAssertEqual(render(a1), ["read \(ids[1]) x"], "a and c are planned, but wait for x's read")
+        let (z, a2) = m.submitted(start("z"), now: now)
+        XCTAssertEqual(render(a2), ["write 1: start z"], "another publisher's change does not wait for the request")
+        XCTAssertEqual(render(m.readLoaded(ids[1], read(stored("x", seq: 2)), now: now)), [], "one batch in flight")
+        XCTAssertEqual(render(m.batchFinished(1, committed(["z"]), now: now)),
+                       ["announce z 1 processing @100", "answer \(z) created 1", "write 2: start a, update c@4, update x@2"])
+        XCTAssertEqual(render(m.batchFinished(2, committed(["a", "c", "x"]), now: now)),
+                       ["announce a 1 processing @100", "answer \(ids[0]) created 1", "announce c 5 processing @101",
+                        "answer \(ids[2]) committed 5", "announce x 3 processing @102", "answer \(ids[1]) committed 3"])
+        XCTAssertTrue(m.isIdle)
+    }
+
+    func testARequestsChangesOfOneActivityApplyInItsOrder() {
+        var m = machine()
+        let (ids, a1) = m.submittedAll([start("a"), update("a", 0.5), end("a")], now: now)
+        XCTAssertEqual(render(a1), ["write 1: start a"])
+        XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
+                       ["announce a 1 processing @100", "answer \(ids[0]) created 1", "write 2: update a@1"],
+                       "the update sees the start")
+        XCTAssertEqual(render(m.batchFinished(2, committed(["a"]), now: now)),
+                       ["announce a 2 processing @100", "answer \(ids[1]) committed 2", "write 3: update a@2"])
+        XCTAssertEqual(render(m.batchFinished(3, committed(["a"]), now: now)), ["announce a 3 completed @100", "answer \(ids[2]) committed 3"])
+        XCTAssertTrue(m.isIdle)
+    }
+
+    func testARequestIsKeptWholePastMaxBatchAndRefusedChangesDoNotStopIt() {
+        var m = machine(cached: [stored("done", seq: 3, state: .completed)], maxBatch: 4)
+        _ = m.submitted(start("first"), now: now)
+        for i in 0..<3 { _ = m.submitted(start("s\(i)"), now: now) }
+        let (ids, a1) = m.submittedAll((0..<6).map { start("g\($0)") } + [update("unknown", 0.1)], now: now)
+        XCTAssertEqual(render(a1), ["read \(ids[6]) unknown"])
+        XCTAssertEqual(render(m.readLoaded(ids[6], .success(nil), now: now)), ["answer \(ids[6]) failed not_found"])
+        let next = m.batchFinished(1, committed(["first"]), now: now)
+        XCTAssertEqual(batch(next)?.starts.map(\.event.snapshot.activityId), ["s0", "s1", "s2", "g0", "g1", "g2", "g3", "g4", "g5"])
+    }
+
     func testIsIdleOnlyWhenEveryPublisherHasItsAnswer() {
         var m = machine()
         XCTAssertTrue(m.isIdle)

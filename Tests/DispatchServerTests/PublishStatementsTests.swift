@@ -21,7 +21,7 @@ final class PublishStatementsTests: XCTestCase {
         let both = ActivityRepository.publishStatements(
             PublishBatch(starts: [start], updates: [update], changes: [change("a", seq: 1), change("b", seq: 3)], marksPushes: true, now: 5),
             maxLivePerKey: 10, sequenced: false)
-        XCTAssertEqual(both.queries.map(\.name), ["publish_starts", "publish_updates", "position_lock", "publish_finalize_push"])
+        XCTAssertEqual(both.queries.map(\.name), ["publish_updates", "publish_starts", "position_lock", "publish_finalize_push"])
         XCTAssertEqual(both.writes, 2)
         let updatesOnly = ActivityRepository.publishStatements(
             PublishBatch(updates: [update], changes: [change("b", seq: 3)], marksPushes: false, now: 5), maxLivePerKey: 10, sequenced: false)

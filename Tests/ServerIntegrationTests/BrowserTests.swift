@@ -169,12 +169,12 @@ final class BrowserTests: XCTestCase {
     /// One of each Route; the switch makes a new case fail to compile here until it is listed.
     private func everyRoute() -> [Route] {
         let all: [Route] = [.healthz, .readyz, .metrics, .startActivity, .listActivities, .activity("x"), .update("x"), .end("x"),
-                            .events("x"), .status("x"), .cancel("x"), .touch("x"), .keys, .key("k"), .feed, .registerTokens,
+                            .changes, .events("x"), .status("x"), .cancel("x"), .touch("x"), .keys, .key("k"), .feed, .registerTokens,
                             .forgetDevice("ab"), .session, .liveActivity("x"), .openAPI, .page("index.html")] + Route.pageFiles.sorted().map { .page($0) }
         for r in all {
             switch r {
-            case .healthz, .readyz, .metrics, .startActivity, .listActivities, .activity, .update, .end, .events, .status, .cancel,
-                 .touch, .keys, .key, .feed, .registerTokens, .forgetDevice, .session, .liveActivity, .page, .openAPI: break
+            case .healthz, .readyz, .metrics, .startActivity, .listActivities, .activity, .update, .end, .changes, .events, .status,
+                 .cancel, .touch, .keys, .key, .feed, .registerTokens, .forgetDevice, .session, .liveActivity, .page, .openAPI: break
             }
         }
         return all

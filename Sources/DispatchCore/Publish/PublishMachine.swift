@@ -6,7 +6,9 @@
 ///
 /// It plans each change against the newest known snapshot (a bounded cache of live ones, kept
 /// current by this worker's commits and by what `observe` hears of others') or a fresh read,
-/// and group-commits what is ready: one batch in flight, at most `maxBatch` changes.
+/// and group-commits what is ready: one batch in flight, at most `maxBatch` changes (a
+/// request of many changes, `submittedAll`, goes whole: its changes wait until none of them is
+/// being read, then go in one batch however large).
 /// Publishes for one activity are serialised here (one in progress, the rest wait in order);
 /// across processes a compare-and-set on `seq` keeps the history gap-free, and a miss re-reads
 /// and re-plans.
@@ -14,6 +16,8 @@ public struct PublishMachine {
     /// Names a submitted op until it is answered (also the token of its read).
     public typealias OpID = UInt64
     public typealias BatchID = UInt64
+    /// Names the changes of one request that go to the database together.
+    public typealias GroupID = UInt64
 
     public static let maxBatch = 512
     /// Compare-and-set misses before a publisher is told to retry later.
@@ -53,6 +57,9 @@ public struct PublishMachine {
         let op: PublishOp
         var attempts = 0
         var replays = 0
+        /// The request of several changes (`POST /v1/changes`) it belongs to: its changes go in
+        /// one batch once none of them is still being read.
+        var group: GroupID?
         /// Sent in a batch of its own: a batch it was in rolled back at a step shared by all
         /// its changes (the finalize), so each is retried alone to find the one at fault.
         var alone = false
@@ -99,6 +106,9 @@ public struct PublishMachine {
     private var inFlight: Batch?
     private var nextOp: OpID = 1
     private var nextBatch: BatchID = 1
+    private var nextGroup: GroupID = 1
+    /// Reads in flight per group: its planned changes wait for them (one transaction).
+    private var readsInGroup: [GroupID: Int] = [:]
 
     public init(defaultStaleAfter: Int, maxBatch: Int = PublishMachine.maxBatch, cacheBytes: Int = 32 << 20) {
         self.defaultStaleAfter = defaultStaleAfter
@@ -152,9 +162,40 @@ public struct PublishMachine {
         return (id, actions)
     }
 
+    /// A request of several changes (`POST /v1/changes`), in its order: changes of one activity
+    /// apply in that order (each planned after the one before it committed); the others are
+    /// planned at once and, once none of them waits for a read, go to the database in one
+    /// batch (kept whole even past `maxBatch`). Ids in the ops' order.
+    public mutating func submittedAll(_ ops: [PublishOp], now: Int64) -> (ids: [OpID], actions: [Action]) {
+        let group = nextGroup
+        nextGroup += 1
+        var ids: [OpID] = []
+        ids.reserveCapacity(ops.count)
+        var actions: [Action] = []
+        for op in ops {
+            let id = nextOp
+            nextOp += 1
+            ids.append(id)
+            var pending = Pending(id: id, op: op)
+            pending.group = group
+            if busy.contains(op.activityID) {
+                waiting[op.activityID, default: []].append(pending)
+                continue
+            }
+            busy.insert(op.activityID)
+            begin(pending, now: now, &actions)
+        }
+        flush(now: now, &actions)
+        return (ids, actions)
+    }
+
     /// The answer to `.read(op, …)`: nil when there is no such activity.
     public mutating func readLoaded(_ id: OpID, _ result: Result<PublishRead?, DispatchError>, now: Int64) -> [Action] {
         guard let pending = reading.removeValue(forKey: id) else { return [] }
+        if let group = pending.group {
+            let left = (readsInGroup[group] ?? 1) - 1
+            readsInGroup[group] = left > 0 ? left : nil
+        }
         var actions: [Action] = []
         switch result {
         case .failure(let e):
@@ -278,6 +319,7 @@ public struct PublishMachine {
             return decide(pending, current, now: now)
         }
         reading[pending.id] = pending
+        if let group = pending.group { readsInGroup[group, default: 0] += 1 }
         actions.append(.read(pending.id, activityID: op.activityID, idempotencyKey: op.idempotencyKey))
         return nil
     }
@@ -338,7 +380,9 @@ public struct PublishMachine {
     // MARK: - Writing
 
     /// Group commit: what is queued goes in one batch (an op retried alone goes by itself),
-    /// which the shell sends as one transaction; one batch in flight at a time. With the
+    /// which the shell sends as one transaction; one batch in flight at a time. A request's
+    /// changes are held while one of them is being read, and are not split by `maxBatch`
+    /// (the batch grows past it to take the rest of a request it started). With the
     /// writer down, everything queued fails at once (and what that lets through, too).
     private mutating func flush(now: Int64, _ actions: inout [Action]) {
         guard inFlight == nil else { return }
@@ -350,10 +394,27 @@ public struct PublishMachine {
             }
             return
         }
-        guard let first = writeQueue.first else { return }
-        let count = first.pending.alone ? 1 : writeQueue.prefix(maxBatch).prefix { !$0.pending.alone }.count
-        let changes = Array(writeQueue.prefix(count))
-        writeQueue.removeFirst(count)
+        // A request's changes wait while any of them is being read, so they go together.
+        guard let first = writeQueue.firstIndex(where: { !isGathering($0) }) else { return }
+        var changes: [Planned] = []
+        if writeQueue[first].pending.alone {
+            changes.append(writeQueue.remove(at: first))
+        } else {
+            var kept: [Planned] = []
+            var groups: Set<GroupID> = []
+            for planned in writeQueue {
+                let group = planned.pending.group
+                let full = changes.count >= maxBatch && !(group.map { groups.contains($0) } ?? false)
+                if planned.pending.alone || full || isGathering(planned) {
+                    kept.append(planned)
+                    continue
+                }
+                changes.append(planned)
+                if let group { groups.insert(group) }
+            }
+            writeQueue = kept
+        }
+        let count = changes.count
         var batch = PublishBatch(marksPushes: marksPushes, now: now)
         var jsons: [[UInt8]] = []
         jsons.reserveCapacity(count)
@@ -382,6 +443,11 @@ public struct PublishMachine {
         nextBatch += 1
         inFlight = Batch(id: id, changes: changes, jsons: jsons)
         actions.append(.write(id, batch))
+    }
+
+    private func isGathering(_ planned: Planned) -> Bool {
+        guard let group = planned.pending.group else { return false }
+        return readsInGroup[group] != nil
     }
 
     /// One change of a committed batch: announced and answered if it applied; planned again

@@ -1,7 +1,7 @@
 import DispatchCore
 import DispatchIO
 
-/// The three publishing calls of contract §2.
+/// The three publishing calls of contract §2 (and §2.1's many changes in one request, below).
 enum PublishCall {
     case start
     case update(String)
@@ -14,9 +14,7 @@ extension API {
             if let e = self.auth.checkRate(key) { return self.fail(req, e) }
             if let e = API.requireJSON(req) { return self.fail(req, e) }
             let idempotencyKey = req.header("Idempotency-Key")
-            if let k = idempotencyKey, !(1...128).contains(k.utf8.count) || !k.utf8.allSatisfy({ (0x21...0x7E).contains($0) }) {
-                return self.fail(req, DispatchError(.invalidField, "Idempotency-Key must be 1-128 printable characters"))
-            }
+            if let k = idempotencyKey, !ChangeBatch.isValidIdempotencyKey(k) { return self.fail(req, ChangeBatch.invalidIdempotencyKey) }
             let body = req.body()
             let kind: PublishOp.Kind
             let activityID: String
@@ -51,6 +49,39 @@ extension API {
                 case .replay(let json): self.reply(req, 200, Array(json.utf8))
                 case .failed(let e): self.fail(req, e)
                 }
+            }
+        }
+    }
+
+    /// `POST /v1/changes` (§2.1): each change checked as its single call, the accepted ones
+    /// submitted in request order, one answer once every one is answered. The request takes one
+    /// token of the key's publish rate, as one call.
+    func publishChanges(_ req: HTTPRequest) {
+        authenticated(req, .publish) { [unowned self] key in
+            if let e = self.auth.checkRate(key) { return self.fail(req, e) }
+            if let e = API.requireJSON(req) { return self.fail(req, e) }
+            let parsed: [Result<ChangeBatch.Change, DispatchError>]
+            do throws(DispatchError) {
+                parsed = try ChangeBatch.parse(req.body(), boundMachine: key.isAdmin ? nil : key.machine,
+                                               newID: { RandomID.uuid(using: &self.rng) })
+            } catch {
+                return self.fail(req, error)
+            }
+            let access: PublishAccess = key.isAdmin ? .anyActivity : .startedBy(keyID: key.id)
+            var ops: [PublishOp] = []
+            ops.reserveCapacity(parsed.count)
+            for case .success(let c) in parsed {
+                ops.append(PublishOp(activityID: c.activityID, kind: c.kind, idempotencyKey: c.idempotencyKey, ownerKeyID: key.id, access: access))
+            }
+            self.publisher.submitAll(ops) { [unowned self] outcomes in
+                var next = outcomes.makeIterator()
+                let results = parsed.map { entry -> Result<PublishOp.Outcome, DispatchError> in
+                    switch entry {
+                    case .success: return .success(next.next()!)
+                    case .failure(let e): return .failure(e)
+                    }
+                }
+                self.reply(req, 200, ChangeBatch.answer(results))
             }
         }
     }

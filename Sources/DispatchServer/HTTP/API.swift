@@ -72,6 +72,7 @@ final class API {
         case .startActivity: publish(req, .start)
         case .update(let id): publish(req, .update(id))
         case .end(let id): publish(req, .end(id))
+        case .changes: publishChanges(req)
         case .listActivities: listActivities(req)
         case .activity(let id): getActivity(req, id)
         case .events(let id): history(req, id)
@@ -112,6 +113,9 @@ final class API {
 
     func fail(_ req: HTTPRequest, _ error: DispatchError, headers: [(String, String)] = []) {
         var h = headers
+        // A body over the route's limit ends the connection, as evhttp's own 413 does for one
+        // over its limit: the client is not worth reading further.
+        if error.code == .bodyTooLarge, !h.contains(where: { $0.0 == "Connection" }) { h.append(("Connection", "close")) }
         if let s = error.retryAfterSeconds { h.append(("Retry-After", String(s))) }
         if error.code == .unauthorized { h.append(("WWW-Authenticate", "Bearer")) }
         reply(req, error.httpStatus, error.jsonBody(), headers: h)

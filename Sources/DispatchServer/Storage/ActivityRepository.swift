@@ -283,7 +283,7 @@ struct ActivityRepository {
             name: "publish_updates")
     }
 
-    /// A publish batch as statements: its new activities in one, its changes in another, then
+    /// A publish batch as statements: its changes in one, its new activities in another, then
     /// the position lock and the finalize. PostgreSQL runs the pipeline batch as one implicit
     /// transaction committed at its sync point (no BEGIN/COMMIT: an error rolls the whole batch
     /// back instead of leaving the session in an aborted transaction), so a batch is at most
@@ -293,8 +293,11 @@ struct ActivityRepository {
     /// position lock is taken (see `finalizeStatement`).
     static func publishStatements(_ batch: PublishBatch, maxLivePerKey: Int, sequenced: Bool) -> (queries: [PGQuery], writes: Int) {
         var queries: [PGQuery] = []
-        if !batch.starts.isEmpty { queries.append(startsStatement(batch.starts, maxLivePerKey: maxLivePerKey)) }
+        // Changes to existing activities first: an end the batch carries frees its key's place
+        // for a start in the same batch (the live quota counts what this transaction wrote),
+        // as it would have if it had been published alone before it.
         if !batch.updates.isEmpty { queries.append(updatesStatement(batch.updates)) }
+        if !batch.starts.isEmpty { queries.append(startsStatement(batch.starts, maxLivePerKey: maxLivePerKey)) }
         let writes = queries.count
         if !sequenced { queries.append(positionLock) }
         queries.append(finalizeStatement(batch.changes, pushes: batch.marksPushes, now: batch.now, sequenced: sequenced))

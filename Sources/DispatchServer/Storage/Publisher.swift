@@ -96,6 +96,18 @@ final class Publisher {
         perform(actions)
     }
 
+    /// Several changes of one request (`POST /v1/changes`), submitted in order; `completion`
+    /// runs once with every outcome, in the ops' order, after the last one was answered.
+    func submitAll(_ ops: [PublishOp], completion: @escaping ([PublishOp.Outcome]) -> Void) {
+        guard !ops.isEmpty else { return completion([]) }
+        let (ids, actions) = machine.submittedAll(ops, now: now())
+        let collector = OutcomeCollector(count: ids.count, completion: completion)
+        for (index, id) in ids.enumerated() {
+            completions[id] = { collector.set(index, $0) }
+        }
+        perform(actions)
+    }
+
     private func perform(_ actions: [PublishMachine.Action]) {
         pending.append(contentsOf: actions)
         guard !performing else { return }
@@ -144,5 +156,25 @@ final class Publisher {
         case .log(.changeFailed(let activityID, let error)):
             log.error("publish.failed", [("activity", activityID), ("error", error)])
         }
+    }
+}
+
+/// Gathers the outcomes of one request's changes; calls its completion when the last arrives.
+private final class OutcomeCollector {
+    private var outcomes: [PublishOp.Outcome?]
+    private var left: Int
+    private let completion: ([PublishOp.Outcome]) -> Void
+
+    init(count: Int, completion: @escaping ([PublishOp.Outcome]) -> Void) {
+        outcomes = Array(repeating: nil, count: count)
+        left = count
+        self.completion = completion
+    }
+
+    func set(_ index: Int, _ outcome: PublishOp.Outcome) {
+        guard outcomes[index] == nil else { return }
+        outcomes[index] = outcome
+        left -= 1
+        if left == 0 { completion(outcomes.map { $0! }) }
     }
 }
