@@ -1,21 +1,28 @@
-// The Activities view: a session cookie instead of a key (POST /v1/session once), one
-// EventSource on the feed (GET /v1/stream), a map of snapshots, and a virtualised list that
-// draws only the rows on screen. Filters and the open job live in the URL
+// The Activities view: a session cookie instead of a key (POST /v1/session once), the feed
+// (GET /v1/stream) kept by dispatch.js's ActivityFeed, the one store of snapshots every part
+// of the page reads, and a virtualised list that draws only the rows on screen. Filters and the open job live in the URL
 // (#/activities/<id>?q=&machine=&show=&stall=). No framework, no build step, no CDN.
 'use strict';
 
 const STATES = ['queued', 'processing', 'retrying', 'idle', 'completed', 'error', 'cancelled', 'rejected'];
 const TERMINAL = new Set(['completed', 'error', 'cancelled', 'rejected']);
-const EVENTS = STATES.concat(['cancel_requested']);
 const DEFAULT_STALL_SECONDS = 120;
 
 const $ = (id) => document.getElementById(id);
-const activities = new Map();   // activityId -> snapshot (with _created, _updated, _ended in ms)
+let feed = null;                // dispatch.js's ActivityFeed: activityId -> snapshot, kept by the feed
+let feedModule = null;          // import('/dispatch.js'), loaded once
+// The feed's store as the view and detail.js read it (snapshots carry _created, _updated,
+// _ended in ms and _search, added by prepare() as they arrive). Never a copy of its own.
+const activities = {
+  get: (id) => (feed ? feed.get(id) : undefined),
+  has: (id) => !!feed && feed.has(id),
+  values: () => (feed ? feed.values() : [].values()),
+  set: (id, a) => { if (feed) feed.put(a); },   // a snapshot read elsewhere (older finished jobs)
+  get size() { return feed ? feed.size : 0; },
+};
 const samples = new Map();      // activityId -> [[ms, progress], ...] seen live, for the ETA
 let session = null;             // {keyName, scopes}
-let source = null;
 let synced = false;
-let retryTimer = 0;
 let structureDirty = true;
 let lastRebuild = 0;
 let frame = 0;
@@ -60,8 +67,8 @@ async function boot(message) {
 
 function showLogin(message) {
   session = null;
-  if (source) source.close();
-  source = null;
+  if (feed) feed.close();
+  feed = null;
   $('board').hidden = true;
   $('detail').hidden = true;
   $('forget').hidden = true;
@@ -83,10 +90,9 @@ async function signIn(key) {
 }
 
 async function signOut() {
-  if (source) source.close();
-  source = null;
+  if (feed) feed.close();
+  feed = null;
   try { await api('/v1/session', { method: 'DELETE' }); } catch (e) { /* the cookie dies with the session anyway */ }
-  activities.clear();
   structureDirty = true;
   showLogin('Signed out.');
 }
@@ -103,46 +109,55 @@ function start() {
   connect();
 }
 
-function connect() {
-  clearTimeout(retryTimer);
-  if (source) source.close();
+async function connect() {
+  if (feed) feed.close();
+  feed = null;
   synced = false;
-  // The cookie authenticates the stream: no key in the URL (proxies log URLs).
-  source = new EventSource('/v1/stream');
   setConn('Connecting…', 'wait');
-  source.onopen = () => { logConn('open'); banner(null); setConn(synced ? 'Live' : 'Loading…', synced ? 'ok' : 'wait'); };
-  for (const name of EVENTS) source.addEventListener(name, onChange);
-  source.addEventListener('synced', () => {
-    synced = true;
-    structureDirty = true;
-    setConn('Live', 'ok');
-    banner(null);
-    schedule();
-  });
-  source.addEventListener('reset', () => {
-    for (const [id, a] of activities) if (!a._archived) activities.delete(id);
-    synced = false;
-    structureDirty = true;
-    schedule();
-  });
-  // The event named `error` (a failed job) shares its name with connection errors: a
-  // MessageEvent with data is a job.
-  source.addEventListener('error', (e) => {
-    if (e instanceof MessageEvent && e.data) return onChange(e);
-    onConnectionError();
-  });
+  try {
+    feedModule = feedModule || await import('/dispatch.js');
+  } catch (e) {
+    feedModule = null;
+    return banner('Could not load dispatch.js (' + e.message + '). Reload the page.');
+  }
+  if (!session) return;
+  // The cookie authenticates the stream: no key in the URL (proxies log URLs).
+  feed = new feedModule.ActivityFeed();
+  feed.subscribe(onFeed);
 }
 
-function onConnectionError() {
-  logConn(source && source.readyState === EventSource.CLOSED ? 'closed' : 'error');
+function onFeed(change) {
+  switch (change.type) {
+    case 'snapshot': return onChange(change);
+    case 'synced':
+      synced = true;
+      structureDirty = true;
+      setConn('Live', 'ok');
+      banner(null);
+      return schedule();
+    case 'reset':
+    case 'removed':
+      synced = feed.synced;
+      structureDirty = true;
+      return schedule();
+    case 'connection': return onConnection(change.state);
+  }
+}
+
+function onConnection(state) {
+  logConn(state === 'open' ? 'open' : state === 'closed' ? 'closed' : 'error');
+  if (state === 'open') {
+    banner(null);
+    return setConn(synced ? 'Live' : 'Loading…', synced ? 'ok' : 'wait');
+  }
   setConn('Disconnected', 'bad');
   banner('Disconnected from the server — reconnecting. The list resumes where it left off.');
-  if (source && source.readyState === EventSource.CLOSED) {
-    // The browser gave up (an answer that is not a stream): is the session over?
+  if (state === 'closed') {
+    // The browser gave up (an answer that is not a stream): is the session over? If not, the
+    // feed resumes from its position by itself.
     api('/v1/session').then((r) => {
-      if (r.status === 401) return showLogin('Your session has ended (signed out elsewhere, unused for 12 hours, or its key revoked).');
-      retryTimer = setTimeout(connect, 3000);
-    }, () => { retryTimer = setTimeout(connect, 3000); });
+      if (r.status === 401) showLogin('Your session has ended (signed out elsewhere, unused for 12 hours, or its key revoked).');
+    }, () => {});
   }
 }
 
@@ -166,13 +181,8 @@ function prepare(a) {
   return a;
 }
 
-function onChange(e) {
-  let a;
-  try { a = JSON.parse(e.data); } catch (err) { return; }
-  if (!a || typeof a.activityId !== 'string') return;
-  const old = activities.get(a.activityId);
-  if (old && old.seq > a.seq) return;  // never go back in seq
-  activities.set(a.activityId, prepare(a));
+function onChange(change) {
+  const a = prepare(change.snapshot), old = change.previous;
   if (!old || old.state !== a.state) structureDirty = true;
   if (typeof a.progress === 'number' && (!old || old.progress !== a.progress)) {
     const s = samples.get(a.activityId) || [];
@@ -181,7 +191,7 @@ function onChange(e) {
     samples.set(a.activityId, s);
   }
   dirtyRows.add(a.activityId);
-  if (window.onDetailChange) window.onDetailChange(a, e.type);
+  if (window.onDetailChange && change.event) window.onDetailChange(a, change.event);
   schedule();
 }
 
@@ -473,7 +483,7 @@ async function loadOlderFinished() {
     if (!r.ok) throw new Error(String(r.status));
     const body = await r.json();
     for (const a of body.activities) {
-      if (!activities.has(a.activityId)) { a._archived = true; activities.set(a.activityId, prepare(a)); archive.added++; }
+      if (!activities.has(a.activityId)) { activities.set(a.activityId, a); archive.added++; }
     }
     archive.cursor = body.nextCursor;
     archive.done = !body.nextCursor;
