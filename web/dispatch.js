@@ -20,7 +20,10 @@
 
 export const STATES = ['queued', 'processing', 'retrying', 'idle', 'completed', 'error', 'cancelled', 'rejected'];
 export const TERMINAL = new Set(['completed', 'error', 'cancelled', 'rejected']);
-const CHANGE_EVENTS = STATES.concat(['cancel_requested']);
+// Every change's event name but `error`: that one shares its name with connection errors and
+// is told apart in the `error` listener.
+const CHANGE_EVENTS = STATES.filter((s) => s !== 'error').concat(['cancel_requested']);
+const isJobEvent = (e) => typeof e.data === 'string' && e.data !== '';
 const RETRY_MS = 3000;
 
 function withQuery(path, params) {
@@ -109,7 +112,7 @@ export function watchActivity(id, { onEvent = () => {}, onEnd = () => {}, base =
     source.addEventListener('not_found', () => end('not_found', null));
     // `error` is two things: a failed job (a MessageEvent with data) or the connection.
     source.addEventListener('error', (e) => {
-      if (e.data !== undefined && e.data !== null && e.data !== '') return onChange(e);
+      if (isJobEvent(e)) return onChange(e);
       if (!source || source.readyState !== ES.CLOSED) return;  // the browser reconnects with Last-Event-ID itself
       source = null;
       recover();
@@ -198,7 +201,7 @@ export class ActivityFeed {
     src.addEventListener('synced', (e) => this._syncedEvent(e));
     src.addEventListener('reset', () => this._reset());
     src.addEventListener('error', (e) => {
-      if (e.data !== undefined && e.data !== null && e.data !== '') return onChange(e);  // a failed job
+      if (isJobEvent(e)) return onChange(e);  // a failed job
       if (src.readyState === ES.CLOSED) {
         // An answer that is not a stream (a 401, a 503 while a server stops): resume by position.
         if (this._source === src) this._source = null;

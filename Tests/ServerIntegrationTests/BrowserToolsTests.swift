@@ -56,6 +56,49 @@ final class BrowserToolsTests: XCTestCase {
         XCTAssertTrue(output.contains("0 failed"), output)
     }
 
+    /// web/dispatch.js imported into a signed-in page: watchActivity on an unknown id (one
+    /// request, no reconnects), a failed job's `error` event, a resume past the end (204), an
+    /// ActivityFeed through a `reset`, a filter, a job ending with no listener, and a server
+    /// restart mid-stream (every seq once, the feed resumed by position).
+    func testDispatchModuleInChromium() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_PUBLISH_RATE": "0"])
+        defer { s.stop() }
+        let control = "/tmp/dispatch-module-\(getpid())-\(s.port)"
+        _ = Subprocess.run(["rm", "-rf", control])
+        XCTAssertEqual(mkdir(control, 0o700), 0)
+        defer { _ = Subprocess.run(["rm", "-rf", control]) }
+        let (output, status, restarted) = try runWithRestarts(s, control: control,
+            "exec '\(python)' '\(tools)/dispatch_js_test.py' '\(s.baseURL)' '\(s.adminKey)' '\(control)'")
+        print(output)
+        XCTAssertEqual(status, 0, output)
+        XCTAssertTrue(restarted, "the script asked for a restart")
+        XCTAssertTrue(output.contains(" passed, 0 failed"), output)
+    }
+
+    /// Runs `command` (its output into CONTROL/output.txt), restarting the server once when it
+    /// writes CONTROL/restart and answering with CONTROL/restarted.
+    private func runWithRestarts(_ s: TestServer, control: String, _ command: String) throws -> (String, Int32, Bool) {
+        let out = control + "/output.txt"
+        guard let pid = Subprocess.start(["/bin/sh", "-c", command + " > '\(out)' 2>&1"]) else { throw TestError("cannot start python") }
+        var restarted = false
+        var status: Int32 = 0
+        let deadline = Clock.monotonic() + 300
+        while waitpid(pid, &status, WNOHANG) == 0 {
+            if !restarted && access(control + "/restart", F_OK) == 0 {
+                try s.restart()
+                restarted = true
+                _ = Subprocess.run(["touch", control + "/restarted"])
+            }
+            if Clock.monotonic() > deadline {
+                kill(pid, SIGKILL)
+                _ = Subprocess.wait(pid)
+                throw TestError("took over 300 s: \(Files.read(out) ?? "")")
+            }
+            usleep(50_000)
+        }
+        return (Files.read(out) ?? "", Subprocess.exitCode(status), restarted)
+    }
+
     /// 50,000 activities (written straight into the real schema, copies of one the API made):
     /// the page loads them all, goes Live, draws only the rows on screen, scrolls end to end
     /// and still shows an update and a new job at once.
