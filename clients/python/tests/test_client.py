@@ -53,12 +53,17 @@ def test_touch_keeps_the_job_fresh_without_an_event(client: Client) -> None:
         assert client.get(job.id)["seq"] == 1
 
 
-def test_client_reads_url_and_token_from_the_environment(server: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_client_reads_url_and_token_from_the_environment(server: tuple, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("DISPATCH_URL", server[0])
     monkeypatch.setenv("DISPATCH_TOKEN", server[1])
     c = Client()
     assert c.start("from env")["state"] == "queued"
     monkeypatch.delenv("DISPATCH_TOKEN")
+    key_file = tmp_path / "key"
+    key_file.write_text(server[1] + "\n")
+    monkeypatch.setenv("DISPATCH_TOKEN_FILE", str(key_file))
+    assert Client().start("from a key file")["state"] == "queued"
+    monkeypatch.delenv("DISPATCH_TOKEN_FILE")
     with pytest.raises(ValueError):
         Client()
 

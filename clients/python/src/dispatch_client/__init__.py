@@ -89,8 +89,9 @@ class BatchResult:
 class Client:
     """A connection to one Dispatch server with one API key.
 
-    `url` and `token` default to the environment's `DISPATCH_URL` and `DISPATCH_TOKEN`
-    (the url to http://127.0.0.1:8080, `make run`'s server). `retry_for` bounds how long one
+    `url` and `token` default to the environment's `DISPATCH_URL` and `DISPATCH_TOKEN` (or
+    the file named by `DISPATCH_TOKEN_FILE`), as the CLI's do; the url to
+    http://127.0.0.1:8080, `make run`'s server. `retry_for` bounds how long one
     call keeps retrying (seconds); `timeout` is one request's socket timeout.
     """
 
@@ -98,8 +99,11 @@ class Client:
                  timeout: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> None:
         url = url or os.environ.get("DISPATCH_URL") or "http://127.0.0.1:8080"
         token = token or os.environ.get("DISPATCH_TOKEN")
+        if not token and os.environ.get("DISPATCH_TOKEN_FILE"):
+            with open(os.environ["DISPATCH_TOKEN_FILE"]) as f:
+                token = f.read().strip()
         if not token:
-            raise ValueError("no API key: pass token= or set DISPATCH_TOKEN")
+            raise ValueError("no API key: pass token= or set DISPATCH_TOKEN (or DISPATCH_TOKEN_FILE)")
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
