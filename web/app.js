@@ -58,11 +58,22 @@ function may(action) {
 async function boot(message) {
   // Earlier versions kept the key in this tab's storage: never again.
   try { sessionStorage.removeItem('dispatch.key'); localStorage.removeItem('dispatch.key'); } catch (e) { /* storage off */ }
+  // Only ask the server about a session this browser made: a visitor who never signed in gets
+  // the form without a 401 in the console. (A marker, not a secret: the cookie is HttpOnly.)
+  if (!signedInHere()) return showLogin(message || '');
   let r;
   try { r = await api('/v1/session'); } catch (e) { return showLogin('The server is unreachable.'); }
-  if (r.status !== 200) return showLogin(message || '');
+  if (r.status !== 200) { markSignedIn(false); return showLogin(message || ''); }
   session = await r.json();
   start();
+}
+
+function signedInHere() {
+  try { return localStorage.getItem('dispatch.signedIn') === '1'; } catch (e) { return true; }  // storage off: ask
+}
+
+function markSignedIn(yes) {
+  try { if (yes) localStorage.setItem('dispatch.signedIn', '1'); else localStorage.removeItem('dispatch.signedIn'); } catch (e) { /* storage off */ }
 }
 
 function showLogin(message) {
@@ -85,13 +96,14 @@ async function signIn(key) {
   try { r = await api('/v1/session', { method: 'POST', headers: { Authorization: 'Bearer ' + key } }); } catch (e) {
     return showLogin('The server is unreachable.');
   }
-  if (r.status === 204) return boot();
+  if (r.status === 204) { markSignedIn(true); return boot(); }
   showLogin(r.status === 401 ? 'The server does not know this key.' : 'Sign-in failed (' + r.status + ').');
 }
 
 async function signOut() {
   if (feed) feed.close();
   feed = null;
+  markSignedIn(false);
   try { await api('/v1/session', { method: 'DELETE' }); } catch (e) { /* the cookie dies with the session anyway */ }
   structureDirty = true;
   showLogin('Signed out.');
@@ -212,8 +224,9 @@ function duration(ms) {
 
 function ago(ms) { return ms < 1500 ? 'just now' : duration(ms) + ' ago'; }
 
+/// Only a job that should be moving: a queued job waits its turn and an idle one says it waits.
 function isStalled(a, now) {
-  return !TERMINAL.has(a.state) && a.state !== 'idle' && now - a._updated > view.stall * 1000;
+  return (a.state === 'processing' || a.state === 'retrying') && now - a._updated > view.stall * 1000;
 }
 
 /// Milliseconds left when progress moved steadily over the last few updates, else null:
@@ -236,12 +249,12 @@ function eta(a, now) {
   return left > 0 && left < 48 * 3600 * 1000 ? left : null;
 }
 
+/// [ETA or '', the rest]: the ETA leads (it is what a reader looks for and must never be cut),
+/// then the last update, then the age, which may be cut on a narrow row.
 function timeLine(a, now) {
-  if (TERMINAL.has(a.state)) return 'took ' + duration(a._ended - a._created) + ' · finished ' + ago(now - a._ended);
-  let t = duration(now - a._created) + ' · updated ' + ago(now - a._updated);
+  if (TERMINAL.has(a.state)) return ['', 'took ' + duration(a._ended - a._created) + ' · finished ' + ago(now - a._ended)];
   const left = eta(a, now);
-  if (left !== null) t += ' · ETA ' + duration(left);
-  return t;
+  return [left === null ? '' : 'ETA ' + duration(left), 'updated ' + ago(now - a._updated) + ' · running ' + duration(now - a._created)];
 }
 
 // ---------------------------------------------------------------- the list
@@ -364,10 +377,10 @@ function make(kind) {
     el.innerHTML =
       '<button type="button" class="open"><span class="glyph"></span>' +
       '<span class="main"><span class="name"></span><span class="meta"><span class="badge"></span>' +
-      '<span class="machine"></span><span class="attempt"></span><span class="stall"></span></span>' +
+      '<span class="stall"></span><span class="attempt"></span><span class="machine"></span></span>' +
       '<span class="status"></span></span>' +
       '<span class="side"><span class="bar" role="progressbar" aria-valuemin="0" aria-valuemax="100"><span class="fill"></span></span>' +
-      '<span class="pct"></span><span class="time"></span></span></button>';
+      '<span class="pct"></span><span class="time"><span class="eta"></span><span class="ago"></span></span></span></button>';
     el.querySelector('.glyph').appendChild(symbolSVG(null, 26));
     el.querySelector('button').addEventListener('click', () => openDetail(el.dataset.id));
   } else if (kind === 'head') {
@@ -437,7 +450,9 @@ function fillRow(el, a, now) {
   text(badge, a.cancelRequested && !terminal ? a.state + ' · cancel requested' : a.state);
   badge.dataset.state = a.state;
   text(q('.attempt'), a.attempt > 1 ? 'attempt ' + a.attempt : '');
-  text(q('.stall'), stalled ? 'stalled: no update for ' + duration(now - a._updated) : '');
+  text(q('.stall'), stalled ? 'stalled ' + duration(now - a._updated) : '');
+  q('.stall').title = stalled ? 'No update for ' + duration(now - a._updated) : '';
+  q('.machine').title = a.machine || '';
   q('.stall').hidden = !stalled;
   text(q('.status'), a.error && terminal ? a.error : (a.status || ''));
   const bar = q('.bar');
@@ -449,7 +464,11 @@ function fillRow(el, a, now) {
   if (known) bar.setAttribute('aria-valuenow', String(pct)); else bar.removeAttribute('aria-valuenow');
   bar.setAttribute('aria-label', a.taskName + (known ? ' progress' : ' progress unknown'));
   text(q('.pct'), known ? pct + '%' : '');
-  text(q('.time'), timeLine(a, now));
+  const [etaText, rest] = timeLine(a, now);
+  text(q('.eta'), etaText);
+  q('.eta').hidden = !etaText;
+  text(q('.ago'), rest);
+  q('.time').title = etaText ? etaText + ' · ' + rest : rest;
 }
 
 function refreshMachines(machines) {

@@ -75,6 +75,21 @@ final class BrowserToolsTests: XCTestCase {
         XCTAssertTrue(output.contains(" passed, 0 failed"), output)
     }
 
+    /// The Activities view's rough edges at 390x844 and 1440x900 (Tests/tools/view_edges_test.py):
+    /// nothing overflows a row, the ETA and the stalled hint are whole, a queued job is never
+    /// stalled, unknown and invalid ids, the Dynamic Island's title and failed bar, the chart's
+    /// labels and single point, no 401 for a visitor. Screenshots: .build/browser-shots/.
+    func testActivitiesViewEdgesInChromium() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_PUBLISH_RATE": "0"])
+        defer { s.stop() }
+        let shots = TestPaths.repositoryRoot + "/.build/browser-shots"
+        _ = Subprocess.run(["mkdir", "-p", shots])
+        let r = Subprocess.run(["/bin/sh", "-c", "exec '\(python)' '\(tools)/view_edges_test.py' '\(s.baseURL)' '\(s.adminKey)' '\(shots)' 2>&1"])
+        print(r.output)
+        XCTAssertEqual(r.status, 0, r.output)
+        XCTAssertTrue(r.output.contains(" passed, 0 failed"), r.output)
+    }
+
     /// Runs `command` (its output into CONTROL/output.txt), restarting the server once when it
     /// writes CONTROL/restart and answering with CONTROL/restarted.
     private func runWithRestarts(_ s: TestServer, control: String, _ command: String) throws -> (String, Int32, Bool) {
