@@ -401,6 +401,10 @@ async function refreshPush() {
   if (!id) return;
   const r = await window.dispatchView.api('/v1/activities/' + encodeURIComponent(id) + '/live-activity');
   if (token !== D.token || !r.ok) return;
+  // Without APNs no phone gets anything: say so instead of drawing a phone.
+  const off = r.headers.get('Dispatch-Pushes') === 'off';
+  $d('detail').classList.toggle('no-pushes', off);
+  if (off) return;
   const push = await r.json();
   $d('raw').textContent = JSON.stringify(push, null, 2);
   drawPhone(push, window.dispatchView.activities.get(id));

@@ -23,7 +23,10 @@ final class BrowserToolsTests: XCTestCase {
     /// keys may do, deep links and filters across reloads, dark and mobile layouts, no key in
     /// any request URL or web storage, and a server restart. Writes the screenshots in docs/.
     func testActivitiesViewInChromium() throws {
-        let s = try TestServer.start(environment: ["DISPATCH_PUBLISH_RATE": "0"])
+        // With APNs (a fake): the page shows the phone's view only where phones get pushes.
+        let apns = try FakeAPNs.start()
+        defer { apns.stop() }
+        let s = try TestServer.start(environment: ["DISPATCH_PUBLISH_RATE": "0"].merging(apns.serverEnvironment) { $1 })
         defer { s.stop() }
         let control = "/tmp/dispatch-browser-\(getpid())-\(s.port)"
         _ = Subprocess.run(["rm", "-rf", control])
@@ -79,15 +82,22 @@ final class BrowserToolsTests: XCTestCase {
     /// nothing overflows a row, the ETA and the stalled hint are whole, a queued job is never
     /// stalled, unknown and invalid ids, the Dynamic Island's title and failed bar, the chart's
     /// labels and single point, no 401 for a visitor. Screenshots: .build/browser-shots/.
+    /// Run twice: on a server pushing to a fake APNs (the phone's view checked), and on one
+    /// without APNs (the phone panels give way to a note).
     func testActivitiesViewEdgesInChromium() throws {
-        let s = try TestServer.start(environment: ["DISPATCH_PUBLISH_RATE": "0"])
-        defer { s.stop() }
-        let shots = TestPaths.repositoryRoot + "/.build/browser-shots"
-        _ = Subprocess.run(["mkdir", "-p", shots])
-        let r = Subprocess.run(["/bin/sh", "-c", "exec '\(python)' '\(tools)/view_edges_test.py' '\(s.baseURL)' '\(s.adminKey)' '\(shots)' 2>&1"])
-        print(r.output)
-        XCTAssertEqual(r.status, 0, r.output)
-        XCTAssertTrue(r.output.contains(" passed, 0 failed"), r.output)
+        let apns = try FakeAPNs.start()
+        defer { apns.stop() }
+        for withAPNs in [true, false] {
+            let s = try TestServer.start(environment: ["DISPATCH_PUBLISH_RATE": "0"].merging(withAPNs ? apns.serverEnvironment : [:]) { $1 })
+            defer { s.stop() }
+            let shots = TestPaths.repositoryRoot + "/.build/browser-shots/" + (withAPNs ? "apns" : "no-apns")
+            _ = Subprocess.run(["mkdir", "-p", shots])
+            let r = Subprocess.run(["/bin/sh", "-c", "exec '\(python)' '\(tools)/view_edges_test.py' '\(s.baseURL)' '\(s.adminKey)' '\(shots)' "
+                + (withAPNs ? "apns" : "none") + " 2>&1"])
+            print(r.output)
+            XCTAssertEqual(r.status, 0, r.output)
+            XCTAssertTrue(r.output.contains(" passed, 0 failed"), r.output)
+        }
     }
 
     /// Runs `command` (its output into CONTROL/output.txt), restarting the server once when it

@@ -21,6 +21,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 BASE, KEY, SHOTS = sys.argv[1:4]
+APNS = len(sys.argv) > 4 and sys.argv[4] == "apns"  # the server pushes to phones (a fake APNs)
 passed = 0
 
 
@@ -161,25 +162,34 @@ for w, h, name in [(390, 844, "phone"), (1440, 900, "desktop")]:
 
     # A failed job's detail: the phone's view and the chart.
     driver.get(BASE + "/#/activities/failed")
-    wait(f"{name}: the phone view", lambda: driver.find_elements(By.CSS_SELECTOR, "#phone .island-expanded .pfill"))
-    colour = js("return getComputedStyle(document.querySelector('#phone .island-expanded .pfill')).backgroundColor")
-    check(f"{name}: the Dynamic Island draws a failed job's bar red", colour == "rgb(255, 69, 58)", colour)
-    broken = js("""const el = document.querySelector('#phone .ex-title'), text = el.firstChild, out = [];
-                   let at = 0;
-                   for (const word of text.textContent.split(' ')) {
-                     const r = document.createRange(); r.setStart(text, at); r.setEnd(text, at + word.length);
-                     if (r.getClientRects().length > 1) out.push(word);
-                     at += word.length + 1;
-                   }
-                   return out""")
-    check(f"{name}: the Dynamic Island's title breaks between words only", not broken,
-          str(broken) + js("const e = document.querySelector('#phone .ex-title'); return JSON.stringify([e.getBoundingClientRect().width, getComputedStyle(e).display, e.textContent])"))
+    wait(f"{name}: the failed job's detail", lambda: driver.find_element(By.ID, "detail-title").text.startswith("Reticulating"))
+    if APNS:
+        wait(f"{name}: the phone view", lambda: driver.find_elements(By.CSS_SELECTOR, "#phone .island-expanded .pfill"))
+        colour = js("return getComputedStyle(document.querySelector('#phone .island-expanded .pfill')).backgroundColor")
+        check(f"{name}: the Dynamic Island draws a failed job's bar red", colour == "rgb(255, 69, 58)", colour)
+        broken = js("""const el = document.querySelector('#phone .ex-title'), text = el.firstChild, out = [];
+                       let at = 0;
+                       for (const word of text.textContent.split(' ')) {
+                         const r = document.createRange(); r.setStart(text, at); r.setEnd(text, at + word.length);
+                         if (r.getClientRects().length > 1) out.push(word);
+                         at += word.length + 1;
+                       }
+                       return out""")
+        check(f"{name}: the Dynamic Island's title breaks between words only", not broken,
+              str(broken) + js("const e = document.querySelector('#phone .ex-title'); return JSON.stringify([e.getBoundingClientRect().width, getComputedStyle(e).display, e.textContent])"))
     wait(f"{name}: the chart", lambda: driver.find_elements(By.CSS_SELECTOR, "#chart .mark-label"))
     outside = js("""const svg = document.querySelector('#chart svg'), W = svg.viewBox.baseVal.width;
                     return [...svg.querySelectorAll('.mark-label, .axis')].map(t => [t.textContent, t.getBBox()])
                       .filter(([, b]) => b.x < 0 || b.x + b.width > W).map(([t]) => t)""")
     check(f"{name}: every chart label inside the chart", not outside, str(outside))
     driver.find_element(By.ID, "detail").screenshot(os.path.join(SHOTS, f"edges-failed-{name}.png"))
+    if APNS:
+        check(f"{name}: with APNs the phone panels show, without the note",
+              driver.find_element(By.ID, "phone").is_displayed() and not driver.find_element(By.ID, "no-pushes").is_displayed())
+    else:
+        wait(f"{name}: without APNs, a note", lambda: driver.find_element(By.ID, "no-pushes").is_displayed())
+        check(f"{name}: without APNs the phone panels are hidden",
+              not any(e.is_displayed() for e in driver.find_elements(By.CSS_SELECTOR, "#detail .push-only")))
 
     driver.get(BASE + "/#/activities/one")
     wait(f"{name}: a single progress point is drawn", lambda: driver.find_elements(By.CSS_SELECTOR, "#chart circle.dot"))
