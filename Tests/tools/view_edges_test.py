@@ -110,7 +110,7 @@ driver.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
 wait("live after sign-in", lambda: driver.find_element(By.ID, "conn").text == "Live", 30)
 for i in range(1, 6):  # steady, slow progress: an ETA of minutes, shown for the whole test
     api("POST", "/v1/activities/steady/update", {"progress": 0.05 + i * 0.002})
-    time.sleep(0.4)
+    time.sleep(1.0)  # even steps (the ETA wants rates within a factor of 3), even on a busy machine
 
 OVERFLOW = """
   const out = [];
@@ -138,8 +138,7 @@ OVERFLOW = """
 
 for w, h, name in [(390, 844, "phone"), (1440, 900, "desktop")]:
     size(w, h)
-    driver.get(BASE + "/#/?stall=1")
-    time.sleep(1.2)  # past the 1 s stall threshold of the URL
+    driver.get(BASE + "/#/?stall=1")  # `busy` last changed seconds ago: stalled
     wait(f"{name}: rows drawn", lambda: driver.find_elements(By.CSS_SELECTOR, '.row[data-id="busy"]:not([hidden]).stalled'))
     wait(f"{name}: the ETA", lambda: js("return document.querySelector('.row[data-id=steady]:not([hidden]) .eta').textContent").startswith("ETA"), 5)
     wide = js("return [document.documentElement.scrollWidth, innerWidth, [...document.querySelectorAll('header *, #filters *')]"
