@@ -20,7 +20,8 @@ run: build
 	./.build/release/dispatchd
 
 # Every test: unit, server integration (real PostgreSQL the tests start themselves), CLI,
-# browser, bench smoke. All are XCTest; the empty Swift Testing pass is skipped so the last
+# browser, the clients (the Python client's pytest suite runs from PythonClientTests), bench
+# smoke. All are XCTest; the empty Swift Testing pass is skipped so the last
 # line is the real summary.
 # The server suite runs a second time with every test server on a NATS cluster instead of
 # LISTEN/NOTIFY (contract §10: every delivery guarantee holds with either carrier).

@@ -1,21 +1,28 @@
-// The Activities view: a session cookie instead of a key (POST /v1/session once), one
-// EventSource on the feed (GET /v1/stream), a map of snapshots, and a virtualised list that
-// draws only the rows on screen. Filters and the open job live in the URL
+// The Activities view: a session cookie instead of a key (POST /v1/session once), the feed
+// (GET /v1/stream) kept by dispatch.js's ActivityFeed, the one store of snapshots every part
+// of the page reads, and a virtualised list that draws only the rows on screen. Filters and the open job live in the URL
 // (#/activities/<id>?q=&machine=&show=&stall=). No framework, no build step, no CDN.
 'use strict';
 
 const STATES = ['queued', 'processing', 'retrying', 'idle', 'completed', 'error', 'cancelled', 'rejected'];
 const TERMINAL = new Set(['completed', 'error', 'cancelled', 'rejected']);
-const EVENTS = STATES.concat(['cancel_requested']);
 const DEFAULT_STALL_SECONDS = 120;
 
 const $ = (id) => document.getElementById(id);
-const activities = new Map();   // activityId -> snapshot (with _created, _updated, _ended in ms)
+let feed = null;                // dispatch.js's ActivityFeed: activityId -> snapshot, kept by the feed
+let feedModule = null;          // import('/dispatch.js'), loaded once
+// The feed's store as the view and detail.js read it (snapshots carry _created, _updated,
+// _ended in ms and _search, added by prepare() as they arrive). Never a copy of its own.
+const activities = {
+  get: (id) => (feed ? feed.get(id) : undefined),
+  has: (id) => !!feed && feed.has(id),
+  values: () => (feed ? feed.values() : [].values()),
+  set: (id, a) => { if (feed) feed.put(a); },   // a snapshot read elsewhere (older finished jobs)
+  get size() { return feed ? feed.size : 0; },
+};
 const samples = new Map();      // activityId -> [[ms, progress], ...] seen live, for the ETA
 let session = null;             // {keyName, scopes}
-let source = null;
 let synced = false;
-let retryTimer = 0;
 let structureDirty = true;
 let lastRebuild = 0;
 let frame = 0;
@@ -51,17 +58,28 @@ function may(action) {
 async function boot(message) {
   // Earlier versions kept the key in this tab's storage: never again.
   try { sessionStorage.removeItem('dispatch.key'); localStorage.removeItem('dispatch.key'); } catch (e) { /* storage off */ }
+  // Only ask the server about a session this browser made: a visitor who never signed in gets
+  // the form without a 401 in the console. (A marker, not a secret: the cookie is HttpOnly.)
+  if (!signedInHere()) return showLogin(message || '');
   let r;
   try { r = await api('/v1/session'); } catch (e) { return showLogin('The server is unreachable.'); }
-  if (r.status !== 200) return showLogin(message || '');
+  if (r.status !== 200) { markSignedIn(false); return showLogin(message || ''); }
   session = await r.json();
   start();
 }
 
+function signedInHere() {
+  try { return localStorage.getItem('dispatch.signedIn') === '1'; } catch (e) { return true; }  // storage off: ask
+}
+
+function markSignedIn(yes) {
+  try { if (yes) localStorage.setItem('dispatch.signedIn', '1'); else localStorage.removeItem('dispatch.signedIn'); } catch (e) { /* storage off */ }
+}
+
 function showLogin(message) {
   session = null;
-  if (source) source.close();
-  source = null;
+  if (feed) feed.close();
+  feed = null;
   $('board').hidden = true;
   $('detail').hidden = true;
   $('forget').hidden = true;
@@ -78,15 +96,15 @@ async function signIn(key) {
   try { r = await api('/v1/session', { method: 'POST', headers: { Authorization: 'Bearer ' + key } }); } catch (e) {
     return showLogin('The server is unreachable.');
   }
-  if (r.status === 204) return boot();
+  if (r.status === 204) { markSignedIn(true); return boot(); }
   showLogin(r.status === 401 ? 'The server does not know this key.' : 'Sign-in failed (' + r.status + ').');
 }
 
 async function signOut() {
-  if (source) source.close();
-  source = null;
+  if (feed) feed.close();
+  feed = null;
+  markSignedIn(false);
   try { await api('/v1/session', { method: 'DELETE' }); } catch (e) { /* the cookie dies with the session anyway */ }
-  activities.clear();
   structureDirty = true;
   showLogin('Signed out.');
 }
@@ -103,46 +121,55 @@ function start() {
   connect();
 }
 
-function connect() {
-  clearTimeout(retryTimer);
-  if (source) source.close();
+async function connect() {
+  if (feed) feed.close();
+  feed = null;
   synced = false;
-  // The cookie authenticates the stream: no key in the URL (proxies log URLs).
-  source = new EventSource('/v1/stream');
   setConn('Connecting…', 'wait');
-  source.onopen = () => { logConn('open'); banner(null); setConn(synced ? 'Live' : 'Loading…', synced ? 'ok' : 'wait'); };
-  for (const name of EVENTS) source.addEventListener(name, onChange);
-  source.addEventListener('synced', () => {
-    synced = true;
-    structureDirty = true;
-    setConn('Live', 'ok');
-    banner(null);
-    schedule();
-  });
-  source.addEventListener('reset', () => {
-    for (const [id, a] of activities) if (!a._archived) activities.delete(id);
-    synced = false;
-    structureDirty = true;
-    schedule();
-  });
-  // The event named `error` (a failed job) shares its name with connection errors: a
-  // MessageEvent with data is a job.
-  source.addEventListener('error', (e) => {
-    if (e instanceof MessageEvent && e.data) return onChange(e);
-    onConnectionError();
-  });
+  try {
+    feedModule = feedModule || await import('/dispatch.js');
+  } catch (e) {
+    feedModule = null;
+    return banner('Could not load dispatch.js (' + e.message + '). Reload the page.');
+  }
+  if (!session) return;
+  // The cookie authenticates the stream: no key in the URL (proxies log URLs).
+  feed = new feedModule.ActivityFeed();
+  feed.subscribe(onFeed);
 }
 
-function onConnectionError() {
-  logConn(source && source.readyState === EventSource.CLOSED ? 'closed' : 'error');
+function onFeed(change) {
+  switch (change.type) {
+    case 'snapshot': return onChange(change);
+    case 'synced':
+      synced = true;
+      structureDirty = true;
+      setConn('Live', 'ok');
+      banner(null);
+      return schedule();
+    case 'reset':
+    case 'removed':
+      synced = feed.synced;
+      structureDirty = true;
+      return schedule();
+    case 'connection': return onConnection(change.state);
+  }
+}
+
+function onConnection(state) {
+  logConn(state === 'open' ? 'open' : state === 'closed' ? 'closed' : 'error');
+  if (state === 'open') {
+    banner(null);
+    return setConn(synced ? 'Live' : 'Loading…', synced ? 'ok' : 'wait');
+  }
   setConn('Disconnected', 'bad');
   banner('Disconnected from the server — reconnecting. The list resumes where it left off.');
-  if (source && source.readyState === EventSource.CLOSED) {
-    // The browser gave up (an answer that is not a stream): is the session over?
+  if (state === 'closed') {
+    // The browser gave up (an answer that is not a stream): is the session over? If not, the
+    // feed resumes from its position by itself.
     api('/v1/session').then((r) => {
-      if (r.status === 401) return showLogin('Your session has ended (signed out elsewhere, unused for 12 hours, or its key revoked).');
-      retryTimer = setTimeout(connect, 3000);
-    }, () => { retryTimer = setTimeout(connect, 3000); });
+      if (r.status === 401) showLogin('Your session has ended (signed out elsewhere, unused for 12 hours, or its key revoked).');
+    }, () => {});
   }
 }
 
@@ -166,13 +193,8 @@ function prepare(a) {
   return a;
 }
 
-function onChange(e) {
-  let a;
-  try { a = JSON.parse(e.data); } catch (err) { return; }
-  if (!a || typeof a.activityId !== 'string') return;
-  const old = activities.get(a.activityId);
-  if (old && old.seq > a.seq) return;  // never go back in seq
-  activities.set(a.activityId, prepare(a));
+function onChange(change) {
+  const a = prepare(change.snapshot), old = change.previous;
   if (!old || old.state !== a.state) structureDirty = true;
   if (typeof a.progress === 'number' && (!old || old.progress !== a.progress)) {
     const s = samples.get(a.activityId) || [];
@@ -181,7 +203,7 @@ function onChange(e) {
     samples.set(a.activityId, s);
   }
   dirtyRows.add(a.activityId);
-  if (window.onDetailChange) window.onDetailChange(a, e.type);
+  if (window.onDetailChange && change.event) window.onDetailChange(a, change.event);
   schedule();
 }
 
@@ -202,8 +224,9 @@ function duration(ms) {
 
 function ago(ms) { return ms < 1500 ? 'just now' : duration(ms) + ' ago'; }
 
+/// Only a job that should be moving: a queued job waits its turn and an idle one says it waits.
 function isStalled(a, now) {
-  return !TERMINAL.has(a.state) && a.state !== 'idle' && now - a._updated > view.stall * 1000;
+  return (a.state === 'processing' || a.state === 'retrying') && now - a._updated > view.stall * 1000;
 }
 
 /// Milliseconds left when progress moved steadily over the last few updates, else null:
@@ -226,12 +249,12 @@ function eta(a, now) {
   return left > 0 && left < 48 * 3600 * 1000 ? left : null;
 }
 
+/// [ETA or '', the rest]: the ETA leads (it is what a reader looks for and must never be cut),
+/// then the last update, then the age, which may be cut on a narrow row.
 function timeLine(a, now) {
-  if (TERMINAL.has(a.state)) return 'took ' + duration(a._ended - a._created) + ' · finished ' + ago(now - a._ended);
-  let t = duration(now - a._created) + ' · updated ' + ago(now - a._updated);
+  if (TERMINAL.has(a.state)) return ['', 'took ' + duration(a._ended - a._created) + ' · finished ' + ago(now - a._ended)];
   const left = eta(a, now);
-  if (left !== null) t += ' · ETA ' + duration(left);
-  return t;
+  return [left === null ? '' : 'ETA ' + duration(left), 'updated ' + ago(now - a._updated) + ' · running ' + duration(now - a._created)];
 }
 
 // ---------------------------------------------------------------- the list
@@ -354,10 +377,10 @@ function make(kind) {
     el.innerHTML =
       '<button type="button" class="open"><span class="glyph"></span>' +
       '<span class="main"><span class="name"></span><span class="meta"><span class="badge"></span>' +
-      '<span class="machine"></span><span class="attempt"></span><span class="stall"></span></span>' +
+      '<span class="stall"></span><span class="attempt"></span><span class="machine"></span></span>' +
       '<span class="status"></span></span>' +
       '<span class="side"><span class="bar" role="progressbar" aria-valuemin="0" aria-valuemax="100"><span class="fill"></span></span>' +
-      '<span class="pct"></span><span class="time"></span></span></button>';
+      '<span class="pct"></span><span class="time"><span class="eta"></span><span class="ago"></span></span></span></button>';
     el.querySelector('.glyph').appendChild(symbolSVG(null, 26));
     el.querySelector('button').addEventListener('click', () => openDetail(el.dataset.id));
   } else if (kind === 'head') {
@@ -427,7 +450,9 @@ function fillRow(el, a, now) {
   text(badge, a.cancelRequested && !terminal ? a.state + ' · cancel requested' : a.state);
   badge.dataset.state = a.state;
   text(q('.attempt'), a.attempt > 1 ? 'attempt ' + a.attempt : '');
-  text(q('.stall'), stalled ? 'stalled: no update for ' + duration(now - a._updated) : '');
+  text(q('.stall'), stalled ? 'stalled ' + duration(now - a._updated) : '');
+  q('.stall').title = stalled ? 'No update for ' + duration(now - a._updated) : '';
+  q('.machine').title = a.machine || '';
   q('.stall').hidden = !stalled;
   text(q('.status'), a.error && terminal ? a.error : (a.status || ''));
   const bar = q('.bar');
@@ -439,7 +464,11 @@ function fillRow(el, a, now) {
   if (known) bar.setAttribute('aria-valuenow', String(pct)); else bar.removeAttribute('aria-valuenow');
   bar.setAttribute('aria-label', a.taskName + (known ? ' progress' : ' progress unknown'));
   text(q('.pct'), known ? pct + '%' : '');
-  text(q('.time'), timeLine(a, now));
+  const [etaText, rest] = timeLine(a, now);
+  text(q('.eta'), etaText);
+  q('.eta').hidden = !etaText;
+  text(q('.ago'), rest);
+  q('.time').title = etaText ? etaText + ' · ' + rest : rest;
 }
 
 function refreshMachines(machines) {
@@ -473,7 +502,7 @@ async function loadOlderFinished() {
     if (!r.ok) throw new Error(String(r.status));
     const body = await r.json();
     for (const a of body.activities) {
-      if (!activities.has(a.activityId)) { a._archived = true; activities.set(a.activityId, prepare(a)); archive.added++; }
+      if (!activities.has(a.activityId)) { activities.set(a.activityId, a); archive.added++; }
     }
     archive.cursor = body.nextCursor;
     archive.done = !body.nextCursor;

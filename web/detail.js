@@ -28,25 +28,49 @@ window.showDetail = function (id) {
   $d('chart').textContent = '';
   $d('phone').textContent = '';
   $d('raw').textContent = '';
+  // Nothing of the previous job stays while this one loads, or when it turns out not to exist.
+  panel.classList.remove('missing');
+  $d('detail-title').textContent = id;
+  $d('detail-sub').textContent = '';
+  $d('detail-facts').textContent = '';
+  $d('detail-glyph').textContent = '';
+  $d('cancel').hidden = $d('end-error').hidden = true;
   const a = v.activities.get(id);
-  if (a) facts(a); else fetchOne(id);
-  loadHistory(true);
-  refreshPush();
+  if (a) {
+    facts(a);
+    loadHistory(true);
+    refreshPush();
+  } else {
+    fetchOne(id);
+  }
   panel.focus({ preventScroll: true });
 };
 
+/// A job the list does not hold (older, or a link): read it, then its history and phone view.
 async function fetchOne(id) {
   const v = window.dispatchView;
-  const r = await v.api('/v1/activities/' + encodeURIComponent(id));
-  if (D.id !== id) return;
-  if (r.status === 404) { $d('detail-title').textContent = id; $d('detail-sub').textContent = 'No such job on this server (it may have been pruned).'; return; }
-  if (!r.ok) return;
+  const token = D.token;
+  let r;
+  try { r = await v.api('/v1/activities/' + encodeURIComponent(id)); } catch (e) { r = null; }
+  if (D.token !== token) return;
+  if (!r || !r.ok) {
+    const why = !r ? 'The server is unreachable.'
+      : r.status === 404 ? 'No such job on this server (a mistyped link, or it was pruned).'
+      : r.status === 400 ? 'This cannot be a job id (1–128 of A–Z a–z 0–9 . _ : -).'
+      : 'The server answered ' + r.status + '.';
+    $d('detail').classList.add('missing');
+    $d('detail-title').textContent = r && r.status === 404 ? 'No such job' : r && r.status === 400 ? 'Not a job id' : 'Could not load this job';
+    $d('detail-sub').textContent = id + ' · ' + why;
+    return;
+  }
   const a = await r.json();
   a._archived = true;
   a._created = Date.parse(a.createdAt); a._updated = Date.parse(a.updatedAt); a._ended = a.endedAt ? Date.parse(a.endedAt) : 0;
   a._search = (a.activityId + '\n' + a.taskName).toLowerCase();
   if (!v.activities.has(id)) v.activities.set(id, a);
   facts(a);
+  loadHistory(true);
+  refreshPush();
 }
 
 window.onDetailChange = function (a, type) {
@@ -349,7 +373,10 @@ function drawChart() {
       // Labels of changes close together stack instead of overprinting.
       row = mx - lastLabel < 70 ? (row + 1) % 4 : 0;
       lastLabel = mx;
-      el('text', { x: mx + 3, y: T + 10 + row * 11, class: 'mark-label', 'data-state': e.data.state }, svg).textContent = e.data.state;
+      // Near the right edge the label goes left of its line, so it is never clipped.
+      const right = mx + 3 + e.data.state.length * 6 > W - R;
+      el('text', { x: right ? mx - 3 : mx + 3, y: T + 10 + row * 11, class: 'mark-label', 'data-state': e.data.state,
+        'text-anchor': right ? 'end' : 'start' }, svg).textContent = e.data.state;
       prevState = e.data.state;
     }
     if (typeof e.data.progress === 'number') {
@@ -358,6 +385,9 @@ function drawChart() {
     }
   }
   if (d) el('path', { d, class: 'line' }, svg);
+  // The newest point as a dot: a job with one progress report still shows it.
+  const last = evs.filter((e) => typeof e.data.progress === 'number').pop();
+  if (last) el('circle', { cx: x(last._t).toFixed(1), cy: y(last.data.progress).toFixed(1), r: 3.5, class: 'dot' }, svg);
   box.dataset.points = String(points);
   box.setAttribute('aria-label', 'Progress over time: ' + points + ' points, ' + svg.querySelectorAll('.mark').length + ' state changes');
   const note = !points ? 'This job reports no progress.' : D.complete ? '' : 'From the ' + evs.length.toLocaleString() + ' newest events: load older ones below for the whole run.';
@@ -371,6 +401,10 @@ async function refreshPush() {
   if (!id) return;
   const r = await window.dispatchView.api('/v1/activities/' + encodeURIComponent(id) + '/live-activity');
   if (token !== D.token || !r.ok) return;
+  // Without APNs no phone gets anything: say so instead of drawing a phone.
+  const off = r.headers.get('Dispatch-Pushes') === 'off';
+  $d('detail').classList.toggle('no-pushes', off);
+  if (off) return;
   const push = await r.json();
   $d('raw').textContent = JSON.stringify(push, null, 2);
   drawPhone(push, window.dispatchView.activities.get(id));
@@ -405,6 +439,7 @@ function drawPhone(push, a) {
   const island = div('island', box);
   div('caption', island, 'Dynamic Island · compact');
   const compact = div('island-compact', island);
+  compact.dataset.state = cs.state;
   compact.appendChild(symbolSVG(at.systemImage, 18));
   div('island-gap', compact);
   const ring = el('svg', { viewBox: '0 0 20 20', width: 20, height: 20, class: 'ring' + (known ? '' : ' indeterminate') }, compact);
@@ -412,6 +447,7 @@ function drawPhone(push, a) {
   el('circle', { cx: 10, cy: 10, r: 8, class: 'ring-fg', 'stroke-dasharray': (known ? 50.3 * cs.progress : 12) + ' 50.3', transform: 'rotate(-90 10 10)' }, ring);
   div('caption', island, 'Dynamic Island · expanded');
   const ex = div('island-expanded', island);
+  ex.dataset.state = cs.state;
   const top = div('ex-top', ex);
   top.appendChild(symbolSVG(at.systemImage, 24));
   div('ex-title', top, at.taskName);

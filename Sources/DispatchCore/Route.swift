@@ -110,7 +110,7 @@ public enum Route: Equatable, Sendable {
     }
 
     /// The files of the Activities view served at the top level (besides `/`).
-    public static let pageFiles: Set<String> = ["app.js", "detail.js", "symbols.js", "style.css", "favicon.svg"]
+    public static let pageFiles: Set<String> = ["app.js", "detail.js", "symbols.js", "dispatch.js", "style.css", "favicon.svg"]
 
     private static func route(_ parts: [String]) -> Route? {
         switch parts.count {

@@ -112,7 +112,7 @@ final class BrowserTests: XCTestCase {
         guard let etag = page.headers["etag"] else { return XCTFail("no ETag") }
         XCTAssertEqual(try anon.get("/", headers: ["If-None-Match": etag]).status, 304)
         XCTAssertEqual(try anon.get("/index.html").body, page.body)
-        for (path, type) in [("/app.js", "text/javascript; charset=utf-8"), ("/style.css", "text/css; charset=utf-8"),
+        for (path, type) in [("/app.js", "text/javascript; charset=utf-8"), ("/dispatch.js", "text/javascript; charset=utf-8"), ("/style.css", "text/css; charset=utf-8"),
                              ("/favicon.svg", "image/svg+xml"), ("/openapi.json", "application/json")] {
             let r = try anon.get(path)
             XCTAssertEqual(r.status, 200, path)
@@ -121,10 +121,12 @@ final class BrowserTests: XCTestCase {
             XCTAssertFalse(r.body.isEmpty, path)
         }
         // Byte for byte what is in web/: the build embeds the files as they are.
-        for name in ["index.html", "app.js", "detail.js", "symbols.js", "style.css", "favicon.svg", "openapi.json"] {
+        for name in ["index.html", "app.js", "detail.js", "symbols.js", "dispatch.js", "style.css", "favicon.svg", "openapi.json"] {
             let onDisk = Files.read(TestPaths.repositoryRoot + "/web/" + name).map { Array($0.utf8) }
             XCTAssertEqual(try anon.get("/" + name).body, onDisk, name)
         }
+        XCTAssertEqual(try anon.get("/dispatch.js").headers["access-control-allow-origin"], "*", "a page on another origin imports it")
+        XCTAssertNil(try anon.get("/app.js").headers["access-control-allow-origin"])
         XCTAssertEqual(try anon.get("/secret.txt").status, 404)
         XCTAssertEqual(try anon.request("POST", "/", json: "{}").status, 405)
     }

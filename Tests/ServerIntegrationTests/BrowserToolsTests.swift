@@ -23,7 +23,10 @@ final class BrowserToolsTests: XCTestCase {
     /// keys may do, deep links and filters across reloads, dark and mobile layouts, no key in
     /// any request URL or web storage, and a server restart. Writes the screenshots in docs/.
     func testActivitiesViewInChromium() throws {
-        let s = try TestServer.start(environment: ["DISPATCH_PUBLISH_RATE": "0"])
+        // With APNs (a fake): the page shows the phone's view only where phones get pushes.
+        let apns = try FakeAPNs.start()
+        defer { apns.stop() }
+        let s = try TestServer.start(environment: ["DISPATCH_PUBLISH_RATE": "0"].merging(apns.serverEnvironment) { $1 })
         defer { s.stop() }
         let control = "/tmp/dispatch-browser-\(getpid())-\(s.port)"
         _ = Subprocess.run(["rm", "-rf", control])
@@ -54,6 +57,71 @@ final class BrowserToolsTests: XCTestCase {
         XCTAssertEqual(Subprocess.exitCode(status), 0, output)
         XCTAssertTrue(restarted, "the script asked for a restart")
         XCTAssertTrue(output.contains("0 failed"), output)
+    }
+
+    /// web/dispatch.js imported into a signed-in page: watchActivity on an unknown id (one
+    /// request, no reconnects), a failed job's `error` event, a resume past the end (204), an
+    /// ActivityFeed through a `reset`, a filter, a job ending with no listener, and a server
+    /// restart mid-stream (every seq once, the feed resumed by position).
+    func testDispatchModuleInChromium() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_PUBLISH_RATE": "0"])
+        defer { s.stop() }
+        let control = "/tmp/dispatch-module-\(getpid())-\(s.port)"
+        _ = Subprocess.run(["rm", "-rf", control])
+        XCTAssertEqual(mkdir(control, 0o700), 0)
+        defer { _ = Subprocess.run(["rm", "-rf", control]) }
+        let (output, status, restarted) = try runWithRestarts(s, control: control,
+            "exec '\(python)' '\(tools)/dispatch_js_test.py' '\(s.baseURL)' '\(s.adminKey)' '\(control)'")
+        print(output)
+        XCTAssertEqual(status, 0, output)
+        XCTAssertTrue(restarted, "the script asked for a restart")
+        XCTAssertTrue(output.contains(" passed, 0 failed"), output)
+    }
+
+    /// The Activities view's rough edges at 390x844 and 1440x900 (Tests/tools/view_edges_test.py):
+    /// nothing overflows a row, the ETA and the stalled hint are whole, a queued job is never
+    /// stalled, unknown and invalid ids, the Dynamic Island's title and failed bar, the chart's
+    /// labels and single point, no 401 for a visitor. Screenshots: .build/browser-shots/.
+    /// Run twice: on a server pushing to a fake APNs (the phone's view checked), and on one
+    /// without APNs (the phone panels give way to a note).
+    func testActivitiesViewEdgesInChromium() throws {
+        let apns = try FakeAPNs.start()
+        defer { apns.stop() }
+        for withAPNs in [true, false] {
+            let s = try TestServer.start(environment: ["DISPATCH_PUBLISH_RATE": "0"].merging(withAPNs ? apns.serverEnvironment : [:]) { $1 })
+            defer { s.stop() }
+            let shots = TestPaths.repositoryRoot + "/.build/browser-shots/" + (withAPNs ? "apns" : "no-apns")
+            _ = Subprocess.run(["mkdir", "-p", shots])
+            let r = Subprocess.run(["/bin/sh", "-c", "exec '\(python)' '\(tools)/view_edges_test.py' '\(s.baseURL)' '\(s.adminKey)' '\(shots)' "
+                + (withAPNs ? "apns" : "none") + " 2>&1"])
+            print(r.output)
+            XCTAssertEqual(r.status, 0, r.output)
+            XCTAssertTrue(r.output.contains(" passed, 0 failed"), r.output)
+        }
+    }
+
+    /// Runs `command` (its output into CONTROL/output.txt), restarting the server once when it
+    /// writes CONTROL/restart and answering with CONTROL/restarted.
+    private func runWithRestarts(_ s: TestServer, control: String, _ command: String) throws -> (String, Int32, Bool) {
+        let out = control + "/output.txt"
+        guard let pid = Subprocess.start(["/bin/sh", "-c", command + " > '\(out)' 2>&1"]) else { throw TestError("cannot start python") }
+        var restarted = false
+        var status: Int32 = 0
+        let deadline = Clock.monotonic() + 300
+        while waitpid(pid, &status, WNOHANG) == 0 {
+            if !restarted && access(control + "/restart", F_OK) == 0 {
+                try s.restart()
+                restarted = true
+                _ = Subprocess.run(["touch", control + "/restarted"])
+            }
+            if Clock.monotonic() > deadline {
+                kill(pid, SIGKILL)
+                _ = Subprocess.wait(pid)
+                throw TestError("took over 300 s: \(Files.read(out) ?? "")")
+            }
+            usleep(50_000)
+        }
+        return (Files.read(out) ?? "", Subprocess.exitCode(status), restarted)
     }
 
     /// 50,000 activities (written straight into the real schema, copies of one the API made):

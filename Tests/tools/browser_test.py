@@ -269,11 +269,12 @@ def main():
 
     # Stalled: a threshold in the URL (default 2 minutes); `train` has not moved for seconds.
     driver.get(BASE + "/#/?stall=2")
-    wait("a stalled row is highlighted", lambda: "stalled" in row("train").get_attribute("class")
-         and "no update for" in part("train", "stall"), 10)
-    check("stalled highlight: " + part("train", "stall"), "stalled" not in row("iso").get_attribute("class") or True)
+    wait("a stalled row is highlighted", lambda: "stalled" in row("iso").get_attribute("class")
+         and part("iso", "stall").startswith("stalled "), 10)
+    check("stalled highlight: " + part("iso", "stall"), "No update for" in row("iso").find_element(By.CSS_SELECTOR, ".stall").get_attribute("title"))
+    check("a queued job waits its turn: never flagged stalled", "stalled" not in row("train").get_attribute("class"))
     Select(driver.find_element(By.ID, "f-show")).select_by_value("stalled")
-    wait("stalled only", lambda: in_section("train", "active") and not in_section("old", "finished"), 5)
+    wait("stalled only", lambda: in_section("iso", "active") and not in_section("train", "active") and not in_section("old", "finished"), 5)
     check("the stalled filter is in the URL", "show=stalled" in driver.current_url and "stall=2" in driver.current_url)
     driver.get(BASE + "/#/")
 
@@ -314,8 +315,8 @@ def main():
     driver.find_element(By.CSS_SELECTOR, "#raw-box summary").click()
     shot(os.path.join(docs, "activities-phone.png"), driver.find_element(By.ID, "phone"))
     driver.get(BASE + "/#/?stall=10")  # so that the picture shows a stalled row
-    wait("the list alone", lambda: not driver.find_element(By.ID, "detail").is_displayed()
-         and "stalled" in row("train").get_attribute("class"), 10)
+    wait("the list alone, with a stalled row", lambda: not driver.find_element(By.ID, "detail").is_displayed()
+         and driver.find_elements(By.CSS_SELECTOR, ".row.stalled:not([hidden])"), 20)
     shot(os.path.join(docs, "activities-list.png"))
     driver.get(BASE + "/#/")
 

@@ -69,12 +69,15 @@ with open(os.path.join(fake_bin, "make"), "w") as f:
 os.chmod(os.path.join(fake_bin, "make"), 0o755)
 ENV = dict(os.environ, PATH=f"{fake_bin}:{BIN}:/usr/bin:/bin", DISPATCH_URL=BASE, DISPATCH_TOKEN=KEY)
 
-# 0. docs/recipes.md shows every recipe file exactly.
-with open(os.path.join(ROOT, "docs", "recipes.md")) as f:
-    page = f.read()
-blocks = re.findall(r"^```[a-z]*\n(.*?)^```", page, re.S | re.M)
+# 0. docs/recipes.md (or, for the recipes that use a client library, docs/clients.md) shows
+#    every recipe file exactly.
+blocks = {}
+for page_name in ["recipes.md", "clients.md"]:
+    with open(os.path.join(ROOT, "docs", page_name)) as f:
+        blocks[page_name] = re.findall(r"^```[a-z]*\n(.*?)^```", f.read(), re.S | re.M)
 for name in sorted(os.listdir(RECIPES)):
-    check(f"recipes.md shows {name} verbatim", recipe(name) in blocks)
+    shown = [p for p, b in blocks.items() if recipe(name) in b]
+    check(f"{' or '.join(shown) or 'no page'} shows {name} verbatim", bool(shown))
 
 
 def run_steps(scripts, env, shell_flags="-e"):
@@ -207,41 +210,33 @@ subprocess.run([hook, "start", other, "big.iso"], env=ENV, timeout=60)
 subprocess.run([hook, "erase", other, "big.iso"], env=ENV, timeout=60)
 check("rtorrent: erased before the end: cancelled", (api(f"/v1/activities/rtorrent-{other}") or {}).get("state") == "cancelled")
 
-# 6. Python (standard library).
-sys.path.insert(0, RECIPES)
-from dispatch_client import Dispatch, DispatchError  # noqa: E402
+# 6. Python: the cron job with the Python client (clients/python, as `pip install` would give it).
+PYENV = dict(ENV, PYTHONPATH=os.path.join(ROOT, "clients", "python", "src"), PYTHONDONTWRITEBYTECODE="1")
+sys.path.insert(0, PYENV["PYTHONPATH"])
+from dispatch_client import Client  # noqa: E402
 
-d = Dispatch(BASE, KEY, retry_for=5)
-a = d.start("Python recipe", state="processing", machine="py1")
-aid = a["activityId"]
-for i in range(3):
-    d.update(aid, progress=(i + 1) / 10)
-key = uuid.uuid4().hex
-first = d._publish(f"/v1/activities/{aid}/update", {"progress": 0.5}, idempotency_key=key)
-again = d._publish(f"/v1/activities/{aid}/update", {"progress": 0.5}, idempotency_key=key)
-check("python: a retried publish (same Idempotency-Key) is applied once", first["seq"] == again["seq"] == 5, (first, again))
-seen = []
-for seq, event, snapshot in d.follow(aid):
-    seen.append(seq)
-    if len(seen) == 1:
-        break  # the connection drops here
-d.update(aid, progress=0.8)
-d.end(aid, status="Done")
-for seq, event, snapshot in d.follow(aid, last_event_id=seen[-1]):
-    seen.append(seq)
-check("python: follow resumes with Last-Event-ID: consecutive, no repeat, through the end", seen == [5, 6, 7], seen)
-try:
-    d.end(aid, state="error")
-    check("python: a 4xx raises at once", False)
-except DispatchError as e:
-    check("python: a 4xx raises at once (no retry)", e.status == 409, e)
-down = Dispatch("http://127.0.0.1:1", KEY, retry_for=1)  # nothing listens on port 1
-began = time.monotonic()
-try:
-    down.start("nobody listens")
-    check("python: an unreachable server raises after the retry budget", False)
-except OSError:
-    check("python: an unreachable server is retried, then raises", 0.5 <= time.monotonic() - began < 10, time.monotonic() - began)
+d = Client(BASE, KEY, retry_for=5)
+data, backup = os.path.join(work, "data"), os.path.join(work, "backup")
+os.makedirs(os.path.join(data, "sub"))
+for i in range(5):
+    with open(os.path.join(data, "sub" if i % 2 else "", f"file{i}"), "w") as f:
+        f.write("x" * i)
+r = subprocess.run([sys.executable, os.path.join(RECIPES, "nightly-backup.py"), data, backup], env=PYENV,
+                   capture_output=True, text=True, timeout=60)
+aid = r.stdout.strip().split(" as ")[-1]
+done = api(f"/v1/activities/{aid}") or {}
+check("python backup: copies every file and ends completed at 100%", r.returncode == 0 and done.get("state") == "completed"
+      and done.get("progress") == 1 and sorted(os.listdir(os.path.join(backup, "sub"))) == ["file1", "file3"], (r.stdout, r.stderr, done))
+check("python backup: reports files copied", "5/5 files" in statuses(aid), statuses(aid))
+not_a_dir = os.path.join(work, "not-a-directory")
+open(not_a_dir, "w").close()  # the copy raises at once (also for root)
+r = subprocess.run([sys.executable, os.path.join(RECIPES, "nightly-backup.py"), data, not_a_dir], env=PYENV,
+                   capture_output=True, text=True, timeout=60)
+jobs = (api("/v1/activities?q=Nightly%20backup&limit=10") or {}).get("activities", [])
+failed_job = next((a for a in jobs if a["activityId"] != aid), {})
+check("python backup: a failure ends the job error with the reason, and the script fails",
+      r.returncode != 0 and failed_job.get("state") == "error" and "File exists" in (failed_job.get("error") or ""),
+      (r.returncode, r.stderr[-300:], failed_job))
 
 # 7. JavaScript: Node's fetch, then the browser's EventSource in Chromium.
 node = shutil.which("node")
@@ -264,8 +259,7 @@ for arg in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disa
     options.add_argument(arg)
 driver = webdriver.Chrome(service=Service(os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")), options=options)
 try:
-    a = d.start("Browser recipe", state="processing")
-    aid = a["activityId"]
+    aid = d.start("Browser recipe", state="processing")["activityId"]
     driver.get(f"http://127.0.0.1:{PAGE_PORT}/dispatch-browser.html?server={BASE}&id={aid}&key={KEY}")
 
     def line():
@@ -284,6 +278,35 @@ try:
     check("browser: and each change as it happens", wait("#2 processing 42% Copying"), line())
     d.end(aid, status="Done")
     check("browser: through the end", wait("#3 completed"), line())
+    driver.get(f"http://127.0.0.1:{PAGE_PORT}/dispatch-browser.html?server={BASE}&id=no-such-job&key={KEY}")
+    check("browser: an unknown id says so", wait("no such activity"), line())
+
+    # The dashboard: every job, live, through ActivityFeed.
+    driver.get(f"http://127.0.0.1:{PAGE_PORT}/dispatch-dashboard.html?server={BASE}&key={KEY}")
+
+    def cells(aid):
+        rows = driver.find_elements("css selector", f'tr[data-id="{aid}"]')
+        return [c.text for c in rows[0].find_elements("css selector", "td")] if rows else None
+
+    def until(predicate, timeout=15):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                if predicate():
+                    return True
+            except Exception:
+                pass
+            time.sleep(0.05)
+        return False
+
+    check("dashboard: live, with the jobs the server has", until(lambda: driver.find_element("id", "conn").text == "live"
+                                                                   and cells(aid) and cells(aid)[2] == "completed"), cells(aid))
+    b = d.start("Dashboard job", machine="dash1", state="processing")["activityId"]
+    check("dashboard: a new job appears", until(lambda: cells(b) and cells(b)[:3] == ["Dashboard job", "dash1", "processing"]), cells(b))
+    d.update(b, progress=0.25, status="quarter")
+    check("dashboard: and follows it", until(lambda: cells(b) and cells(b)[3:] == ["25%", "quarter"]), cells(b))
+    d.end(b, state="error", error="boom")
+    check("dashboard: to its end", until(lambda: cells(b) and cells(b)[2] == "error"), cells(b))
 finally:
     driver.quit()
     pages.shutdown()

@@ -103,7 +103,9 @@ extension API {
             headers += [("Content-Security-Policy", API.contentSecurityPolicy), ("Referrer-Policy", "no-referrer"),
                         ("X-Frame-Options", "DENY")]
         }
-        if name == "openapi.json" { headers.append(("Access-Control-Allow-Origin", "*")) }
+        // Public, credential-free files other origins may load: a page elsewhere imports
+        // dispatch.js as a module (module scripts are fetched with CORS).
+        if name == "openapi.json" || name == "dispatch.js" { headers.append(("Access-Control-Allow-Origin", "*")) }
         if let inm = req.header("If-None-Match"), inm.split(separator: ",").contains(where: { $0.drop { $0 == " " } == file.etag }) {
             metrics.answered(route: req.route, status: 304, seconds: Clock.monotonic() - req.received)
             return req.respond(status: 304, headers: headers, body: [])

@@ -19,7 +19,10 @@ extension API {
                         case .failure(let e): self.fail(req, e)
                         case .success(let events):
                             let before = events.first.flatMap { API.state(ofSnapshot: $0.data) }
-                            self.reply(req, 200, self.livePush(stored.activity, previousState: before))
+                            // Whether any phone gets it: a page hides its phone preview on a
+                            // deployment without APNs.
+                            self.reply(req, 200, self.livePush(stored.activity, previousState: before),
+                                       headers: [("Dispatch-Pushes", self.devices?.pushes == true ? "on" : "off")])
                         }
                     }
                 }
