@@ -272,8 +272,12 @@ final class StreamService {
     private func queueResync(_ topic: String, generation: UInt64, after: Int64) {
         resyncBatch.append((topic, generation, after))
         guard resyncBatch.count == 1 else { return }
-        loop.soon { [weak self] in self?.flushResyncs() }
+        // A moment longer than the turn: under load the hints of a few turns share one read.
+        loop.timer(after: StreamService.resyncGather) { [weak self] in self?.flushResyncs() }
     }
+
+    /// Seconds re-reads wait to be gathered into one statement.
+    static let resyncGather = 0.002
 
     private func flushResyncs() {
         let batch = resyncBatch
