@@ -101,14 +101,14 @@ final class NATSCarrierShellTests: XCTestCase {
     func testAForgedHintIsReadFromTheDatabaseAndSendsNothingThatWasNotCommitted() {
         let s = liveStream("job", seq: 3)
         client.deliver(subjects.activity("job"), "9\tcompleted")
-        loop.runSoon()
+        loop.advance(by: StreamService.resyncGather)
         XCTAssertEqual(pendingReads, ["read_history"], "the hint only says where to look")
         scripted.answer(on: scripted.reader) { _ in self.history([]) }
         XCTAssertEqual(eventIDs(s), ["3"], "nothing committed after 3: nothing sent")
         XCTAssertNil(s.ending, "a forged final state ends nothing")
         // The real change that follows is not taken for a duplicate.
         client.deliver(subjects.activity("job"), "4\tprocessing")
-        loop.runSoon()
+        loop.advance(by: StreamService.resyncGather)
         scripted.answer(on: scripted.reader) { _ in self.history([("job", 4, "processing", #"{"seq":4,"status":"real"}"#)]) }
         XCTAssertEqual(eventIDs(s), ["3", "4"])
         XCTAssertTrue(s.written.last?.contains(#""status":"real""#) == true)
@@ -128,7 +128,7 @@ final class NATSCarrierShellTests: XCTestCase {
     func testAllTheHintsOfATurnAreReadInOneStatement() {
         let streamsHeld = (0..<5).map { liveStream("job-\($0)", seq: 1) }
         for i in 0..<5 { client.deliver(subjects.activity("job-\(i)"), "2\tprocessing") }
-        loop.runSoon()
+        loop.advance(by: StreamService.resyncGather)
         XCTAssertEqual(pendingReads, ["read_histories"], "one statement for the turn, not one per activity")
         scripted.answer(on: scripted.reader) { _ in self.history((0..<5).map { ("job-\($0)", 2, "processing", "{\"seq\":2}") }) }
         for s in streamsHeld { XCTAssertEqual(eventIDs(s), ["1", "2"]) }
