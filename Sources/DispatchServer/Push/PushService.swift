@@ -77,7 +77,7 @@ final class PushService {
         // could claim it while the first still waits.
         requestTimeout = min(10, Double(leaseSeconds) / 3)
         db = PGConnection(loop: loop, driver: driver, conninfo: conninfo, name: "push", log: log)
-        client = makeClient(.apns(caFile: settings.caFile))
+        client = makeClient(.apns(caFile: settings.caFile, idleSeconds: settings.idleSeconds))
         machine = Machine()
         tokenStore = ProviderTokenStore(db: db, settings: settings, signer: signer, vault: vault,
                                         policy: machine.settings.providerToken, log: log, clock: clock)
