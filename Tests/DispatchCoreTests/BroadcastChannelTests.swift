@@ -89,10 +89,14 @@ final class BroadcastChannelTests: XCTestCase {
     func testAChannelIsDeletedAfterTheDismissalDateWhateverItsPushes() {
         let ended = activity(.error, seq: 3)  // ended at t0; dismissal 600 s later
         let deleteAt: Int64 = 1_796_070_600
-        XCTAssertEqual(BroadcastRequest.make(job(.live), snapshot: ended, staleDeadlineMs: nil, dismissalDelaySeconds: 600, nowSeconds: deleteAt),
-                       .delete(channelID: "Y2g="))
-        XCTAssertEqual(BroadcastRequest.make(job(.live), snapshot: ended, staleDeadlineMs: nil, dismissalDelaySeconds: 600,
+        XCTAssertEqual(BroadcastRequest.make(job(.live, attempts: 2), snapshot: ended, staleDeadlineMs: nil, dismissalDelaySeconds: 600,
+                                             nowSeconds: deleteAt), .delete(channelID: "Y2g="), "the end failed before: the channel goes")
+        XCTAssertEqual(BroadcastRequest.make(job(.live, attempts: 5), snapshot: ended, staleDeadlineMs: nil, dismissalDelaySeconds: 600,
                                              nowSeconds: deleteAt + 7200), .delete(channelID: "Y2g="))
+        guard case .push(_, _, _, _, _, true, _) = BroadcastRequest.make(job(.live, attempts: 1), snapshot: ended, staleDeadlineMs: nil,
+                                                                      dismissalDelaySeconds: 0, nowSeconds: deleteAt) else {
+            return XCTFail("the end's first try always goes (a dismissal of 0 s is already past)")
+        }
         guard case .push(_, _, let expiration, _, _, true, deleteAt) = BroadcastRequest.make(
             job(.live), snapshot: ended, staleDeadlineMs: nil, dismissalDelaySeconds: 600, nowSeconds: deleteAt - 1) else {
             return XCTFail("before the dismissal date the end is pushed")

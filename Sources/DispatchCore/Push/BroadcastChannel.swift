@@ -68,7 +68,8 @@ public enum BroadcastRequest: Equatable, Sendable {
 
     /// `nowSeconds` (Unix seconds, nil: unknown) is when the request goes: `apns-expiration`
     /// counts from it, and an ended activity whose dismissal date has passed has its channel
-    /// deleted whatever happened to its pushes (an end still retrying is not sent any more).
+    /// deleted whatever happened to its pushes (an end that failed and is still retrying is not
+    /// sent any more; the first try of an end always goes).
     public static func make(_ job: BroadcastJob, snapshot: Activity?, staleDeadlineMs: Int64?, dismissalDelaySeconds: Int64,
                             nowSeconds: Int64? = nil) -> BroadcastRequest {
         guard let snapshot else {
@@ -85,7 +86,9 @@ public enum BroadcastRequest: Equatable, Sendable {
             guard let channel = job.channelID else { return .forget }
             let ends = snapshot.state.isTerminal
             let deleteAt = LiveActivityPayload.seconds(snapshot.endedAt ?? snapshot.updatedAt) + max(0, dismissalDelaySeconds)
-            if ends, let now = nowSeconds, now >= deleteAt { return .delete(channelID: channel) }
+            // The end is always tried once; after a failed try, past the dismissal date, the
+            // phones are no longer showing the activity: the channel goes without it.
+            if ends, job.attempts > 1, let now = nowSeconds, now >= deleteAt { return .delete(channelID: channel) }
             // A channel never starts an activity: a start is pushed as an update.
             guard case .send(let body, let timestamp, let priority, let expiration) = PushPlan.make(
                 kind: .update, snapshot: snapshot, hasToken: true, lastTimestamp: job.lastTimestamp, priority: job.priority,
