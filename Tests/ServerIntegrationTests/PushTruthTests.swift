@@ -111,6 +111,25 @@ final class PushTruthTests: XCTestCase {
         XCTAssertEqual(try decode(cancel).contentState.state, "processing", "the state does not change")
     }
 
+    /// `GET /v1/activities/{id}/live-activity` shows the push as a phone gets it: the start's
+    /// stale-date, and a cancel request at 5 with `cancelRequested`.
+    func testTheLiveActivityViewShowsTheStaleDateAndTheCancelRequest() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        let before = Int(Clock.nowMilliseconds() / 1000)
+        try s.startActivity("viewed", extra: #","liveActivity":true,"staleAfter":600"#)
+        var p = try s.client.get("/v1/activities/viewed/live-activity").json
+        XCTAssertEqual(p?["event"], .string("start"))
+        guard case .number(let stale)? = p?["payload"]?["aps"]?["stale-date"] else { return XCTFail("no stale-date: \(String(describing: p))") }
+        XCTAssertTrue((before + 600...before + 602).contains(Int(stale)))
+        XCTAssertEqual(p?["payload"]?["aps"]?["content-state"]?["cancelRequested"], .bool(false))
+        XCTAssertEqual(try s.client.post("/v1/activities/viewed/cancel", "").status, 202)
+        p = try s.client.get("/v1/activities/viewed/live-activity").json
+        XCTAssertEqual(p?["event"], .string("update"))
+        XCTAssertEqual(p?["priority"], .number(5))
+        XCTAssertEqual(p?["payload"]?["aps"]?["content-state"]?["cancelRequested"], .bool(true))
+    }
+
     // MARK: - 3. channels per environment
 
     /// A broadcast start names the channel only to devices registered in the channel's

@@ -19,7 +19,10 @@ extension API {
                         case .failure(let e): self.fail(req, e)
                         case .success(let events):
                             let before = events.first.flatMap { API.state(ofSnapshot: $0.data) }
-                            self.reply(req, 200, self.livePush(stored.activity, previousState: before))
+                            let stale = LiveActivityPayload.staleDeadline(stored.activity, staleAfterSeconds: stored.staleAfter,
+                                                                          touchedMs: stored.touchedMs)
+                            self.reply(req, 200, self.livePush(stored.activity, previousState: before,
+                                                               staleDate: stale.map(LiveActivityPayload.seconds)))
                         }
                     }
                 }
@@ -28,7 +31,7 @@ extension API {
     }
 
     /// `{"event", "priority", "payload"}` for `a`'s latest change.
-    func livePush(_ a: Activity, previousState: ActivityState?) -> [UInt8] {
+    func livePush(_ a: Activity, previousState: ActivityState?, staleDate: Int64? = nil) -> [UInt8] {
         let event: LiveActivityPayload.Event
         let priority: Int
         if previousState == nil && a.liveActivity && !a.state.isTerminal {
@@ -39,7 +42,8 @@ extension API {
             priority = event == .end || previousState != a.state ? 10 : 5
         }
         let payload = LiveActivityPayload.build(a, event: event, timestamp: LiveActivityPayload.seconds(a.updatedAt),
-                                                dismissalDelaySeconds: Int64(config.pushDismissalSeconds))
+                                                dismissalDelaySeconds: Int64(config.pushDismissalSeconds),
+                                                extras: LiveActivityPayload.Extras(staleDate: staleDate))
         var w = JSONWriter(capacity: payload.count + 64)
         w.beginObject()
         w.field("event", event.rawValue)
