@@ -32,8 +32,9 @@ enum PushOutboxRepository {
     }
 
     /// What the claimed rows push: each activity as it is now and the sealed token it goes to;
-    /// for a push-to-start, how many starts its device was sent in the last hour (the budget,
-    /// `DISPATCH_PUSH_TO_START_LIMIT`; Migrations/0020's index).
+    /// for a push-to-start, how many starts its device was sent in the last hour or has on
+    /// their way under another claim's lease (the budget, `DISPATCH_PUSH_TO_START_LIMIT`;
+    /// Migrations/0020's index). The rows of one claim share its lease.
     /// Read after the claim committed, so a change committed before the claim took its row is
     /// seen here even when it left the row untouched (a row waiting to be claimed is not
     /// rewritten per change; see ActivityRepository.finalizeStatement). Each look-up is a
@@ -47,7 +48,8 @@ enum PushOutboxRepository {
                    (SELECT b.phase FROM broadcast_outbox b WHERE b.activity_id = k.activity_id) AS channel_phase,
                    (SELECT e.last_timestamp FROM push_activity_outbox e WHERE k.kind = 'update' AND e.activity_id = k.activity_id) AS entry_timestamp,
                    (SELECT count(*) FROM push_outbox s WHERE k.kind = 'start' AND s.kind = 'start' AND s.device_id = k.device_id
-                      AND s.sent_at > now() - interval '1 hour') AS starts_last_hour
+                      AND (s.sent_at > now() - interval '1 hour'
+                           OR (s.lease_id <> $4::bigint AND s.lease_until > now() AND s.wanted_seq > s.sent_seq))) AS starts_last_hour
             FROM unnest($1::text[], $2::bigint[], $3::text[]) AS k(activity_id, device_id, kind)
             LEFT JOIN LATERAL (SELECT * FROM activities x WHERE x.activity_id = k.activity_id LIMIT 1) a ON true
             LEFT JOIN LATERAL (SELECT environment FROM devices d WHERE d.id = k.device_id LIMIT 1) dev ON true
@@ -58,7 +60,7 @@ enum PushOutboxRepository {
               SELECT d.push_to_start_mac, d.push_to_start_sealed, d.push_to_start_hint FROM devices d
               WHERE k.kind = 'start' AND d.id = k.device_id AND d.push_to_start_sealed IS NOT NULL
               LIMIT 1) tok ON true
-            """, keys(rows.map(\.job)), name: "push_read")
+            """, keys(rows.map(\.job)) + [String(rows.first?.job.leaseID ?? 0)], name: "push_read")
     }
 
     /// One claimed row, decoded from the claim, then completed by `read`.
