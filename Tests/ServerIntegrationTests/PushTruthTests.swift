@@ -206,6 +206,29 @@ final class PushTruthTests: XCTestCase {
         XCTAssertTrue(try waitUntil(5) { try self.sql(s, "SELECT count(*) FROM broadcast_outbox").first?.first == "0" })
     }
 
+    /// A touch moves a broadcast channel's stale-date too: one broadcast, the same content.
+    func testATouchMovesTheStaleDateOnABroadcastChannel() throws {
+        let f = try fake()
+        let s = try server(f)
+        defer { s.stop() }
+        try s.startActivity("team-job", extra: #","broadcast":true,"staleAfter":10"#)
+        XCTAssertTrue(try waitUntil(10) { try s.client.get("/v1/activities/team-job").json?["channelId"] != .null })
+        try s.update("team-job", #"{"state":"idle","status":"waiting"}"#)
+        let first = try XCTUnwrap(try f.wait { $0.contains { $0.channel == "push" && $0.status == 200 } }.first { $0.channel == "push" })
+        XCTAssertEqual(first.priority, 10, "a state change")
+        let shown = try XCTUnwrap(try decode(first).staleDate)
+        let due = Double(shown - 10 + 5 + 1) - Double(Clock.nowMilliseconds()) / 1000
+        if due > 0 { usleep(UInt32(due * 1_000_000)) }
+        XCTAssertEqual(try s.client.post("/v1/activities/team-job/touch", "").status, 204)
+        let got = try f.wait { $0.filter { $0.channel == "push" && $0.status == 200 }.count >= 2 }
+        let casts = got.filter { $0.channel == "push" && $0.status == 200 }
+        XCTAssertEqual(casts.count, 2, "one broadcast for the touch")
+        guard casts.count == 2 else { return }
+        XCTAssertEqual(try decode(casts[1]).contentState, try decode(first).contentState)
+        XCTAssertEqual(casts[1].priority, 5, "the refresh alone goes at 5, whatever the last change")
+        XCTAssertGreaterThanOrEqual(try XCTUnwrap(try decode(casts[1]).staleDate), shown + 5)
+    }
+
     /// While the deployment's sending is paused (429 TooManyProviderTokenUpdates, stored for
     /// every process), no channel is made or pushed; after the pause it is.
     func testBroadcastsAndChannelManagementWaitForTheDeploymentsPause() throws {

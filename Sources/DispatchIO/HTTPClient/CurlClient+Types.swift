@@ -56,7 +56,7 @@ extension CurlClient {
 
         /// One multiplexed HTTP/2 connection per host, private addresses allowed (APNs, or a
         /// local stand-in for it in tests); connections idle `idleSeconds` are replaced.
-        public static func apns(caFile: String? = nil, idleSeconds: Int = 30) -> Options {
+        public static func apns(caFile: String? = nil, idleSeconds: Int = 15) -> Options {
             var o = Options()
             o.maxIdleSeconds = idleSeconds
             o.replaceAfterTimeout = true

@@ -24,7 +24,8 @@ enum BroadcastRepository {
               ORDER BY due_at LIMIT $1::int
               FOR UPDATE SKIP LOCKED))
             RETURNING b.activity_id, b.phase, b.channel_id, b.environment, b.lease_id, b.priority, b.pending_since_ms,
-                      b.last_timestamp, b.attempts, (extract(epoch FROM now()) * 1000)::bigint AS claimed_ms
+                      b.last_timestamp, b.attempts, (extract(epoch FROM now()) * 1000)::bigint AS claimed_ms,
+                      b.wanted_seq > b.sent_seq AS has_change
             """, [String(limit), String(leaseMs), teamID, keyID], name: "broadcast_claim")
     }
 
@@ -33,7 +34,10 @@ enum BroadcastRepository {
               let claimed = r.int64("claimed_ms") else { return nil }
         return BroadcastJob(activityID: id, leaseID: lease, phase: phase, channelID: r["channel_id"],
                             environment: r["environment"].flatMap(APNsEnvironment.init(rawValue:)) ?? defaultEnvironment,
-                            attempts: r.int("attempts") ?? 1, priority: r.int("priority") ?? 5, lastTimestamp: r.int64("last_timestamp") ?? 0,
+                            // A stale-date refresh alone (a touch, no change waiting) goes at 5.
+                            attempts: r.int("attempts") ?? 1,
+                            priority: r.has("has_change") && r["has_change"] == "f" ? 5 : r.int("priority") ?? 5,
+                            lastTimestamp: r.int64("last_timestamp") ?? 0,
                             pendingSinceMs: r.int64("pending_since_ms"), claimedAtMs: claimed)
     }
 
