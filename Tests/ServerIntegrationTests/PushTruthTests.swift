@@ -249,6 +249,26 @@ final class PushTruthTests: XCTestCase {
         XCTAssertTrue(got.contains { $0.channel == "create" && $0.status == 201 }, "made once the pause is over")
     }
 
+    /// A channel request answered `429 TooManyProviderTokenUpdates` pauses the deployment:
+    /// stored for every process, and this process's token pushes stop too.
+    func testTooManyProviderTokenUpdatesOnAChannelRequestPausesEverything() throws {
+        let f = try fake()
+        let s = try server(f)
+        defer { s.stop() }
+        try f.script(token: "create", respond: [#"{"status":429,"reason":"TooManyProviderTokenUpdates"}"#])
+        try s.startActivity("throttled-release", extra: #","broadcast":true"#)
+        XCTAssertTrue(try waitUntil(10) {
+            let v = try self.sql(s, "SELECT coalesce(paused_until, 0) > extract(epoch FROM now()) + 60 FROM apns_provider_tokens").first?.first
+            return v == "t"
+        }, "the pause is stored for the deployment")
+        let t = token(bytes: 80)
+        try s.startActivity("waits")
+        try register(s, #"{"deviceToken":"\#(token())","activityTokens":{"waits":"\#(t)"}}"#)
+        usleep(1_500_000)
+        XCTAssertEqual(try f.requests(token: t).count, 0, "token pushes wait for the pause too")
+        XCTAssertEqual(try f.requests().filter { $0.channel == "create" }.count, 1, "the channel is not asked for again during the pause")
+    }
+
     // MARK: - 6. connections whose peer went silent, and apns-expiration
 
     /// An idle connection whose peer stopped answering (no FIN, no answers) is not the one the

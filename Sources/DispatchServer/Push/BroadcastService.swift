@@ -34,6 +34,9 @@ final class BroadcastService {
     private var wakeArmed = false
     private let loop: LoopScheduling
     static let minClaimInterval = 0.01
+    /// The deployment was paused by a broadcast's `TooManyProviderTokenUpdates` (until, Unix
+    /// seconds): the token sender of this process stops claiming too.
+    var onPaused: (Int64) -> Void = { _ in }
 
     init(loop: LoopScheduling, db: PGConnection, curl: HTTPRequestSending, settings: APNsSettings, tokenStore: ProviderTokenStore, metrics: PushMetrics,
          dismissalSeconds: Int64, leaseMs: Int, requestTimeout: Double, log: Logger) {
@@ -167,6 +170,7 @@ final class BroadcastService {
                     let now = Clock.nowMilliseconds() / 1000
                     let until = max(now + 1, (self.token?.issuedAt ?? now) + Int64(ProviderTokenPolicy().minRenewAge))
                     self.tokenStore.pause(until: until)
+                    self.onPaused(until)
                     outcome = .retry(afterSeconds: Double(until - now), status: status)
                 }
                 done(job, outcome)

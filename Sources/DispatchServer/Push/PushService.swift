@@ -84,6 +84,9 @@ final class PushService {
         metrics = PushMetrics()
         broadcasts = BroadcastService(loop: loop, db: db, curl: client, settings: settings, tokenStore: tokenStore, metrics: metrics,
                                       dismissalSeconds: Int64(dismissalSeconds), leaseMs: leaseMs, requestTimeout: requestTimeout, log: log)
+        broadcasts.onPaused = { [unowned self] until in
+            self.perform(self.machine.pausedByBroadcasts(until: Double(until), now: self.now()))
+        }
         // Open HTTP/2 connections are the curl client's to count (a scripted one has none).
         metrics.connections = { [client] in (client as? CurlClient)?.openConnections ?? 0 }
     }
