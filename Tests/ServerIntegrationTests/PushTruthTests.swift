@@ -154,6 +154,26 @@ final class PushTruthTests: XCTestCase {
         XCTAssertEqual(try decode(sandbox).inputPushToken, 1)
     }
 
+    /// A device registered in the channel's environment whose token turns out to be of the
+    /// other one: the retry there asks for an update token, not the channel (§5.1 and §5.2).
+    func testABroadcastStartRetriedInTheOtherEnvironmentDropsTheChannel() throws {
+        let f = try fake(), sb = try sandboxFake()
+        let s = try server(f, ["DISPATCH_APNS_SANDBOX_URL": "https://127.0.0.1:\(sb.port)"])
+        defer { s.stop() }
+        let pts = token(bytes: 80)
+        try f.declare(token: pts, environment: "sandbox")
+        try sb.declare(token: pts, environment: "sandbox")
+        try register(s, #"{"deviceToken":"\#(token())","pushToStartToken":"\#(pts)"}"#)
+        try s.startActivity("mixed-release", extra: #","liveActivity":true,"broadcast":true"#)
+        let first = try XCTUnwrap(try f.wait(token: pts) { !$0.isEmpty }.first)
+        XCTAssertEqual(first.reason, "BadDeviceToken")
+        XCTAssertNotNil(try decode(first).inputPushChannel, "registered as production: the channel")
+        let retried = try XCTUnwrap(try sb.wait(token: pts) { !$0.isEmpty }.first)
+        XCTAssertEqual(retried.status, 200, retried.detail ?? "")
+        XCTAssertNil(try decode(retried).inputPushChannel)
+        XCTAssertEqual(try decode(retried).inputPushToken, 1)
+    }
+
     // MARK: - 4. the push-to-start budget
 
     func testStartsPastTheDevicesBudgetAreNotSentAndAreCounted() throws {

@@ -17,6 +17,9 @@ final class PushService {
         let body: [UInt8]
         let priority: Int
         let expiration: Int64
+        /// A broadcast start naming its channel: the body for the other environment (tried after
+        /// `BadDeviceToken`), which asks for an update token instead (a channel lives in one).
+        var otherEnvironmentBody: [UInt8]? = nil
     }
 
     typealias Machine = PushSenderMachine<Prepared>
@@ -310,7 +313,13 @@ final class PushService {
                                                     ("hint", "DISPATCH_TOKEN_KEY changed? the token is retired; the phone registers it again")])
                 return .settle(.retire(job, invalidSinceMs: job.claimedAtMs, status: .unreadableToken))
             }
-            return .send(job, Prepared(token: token, body: body, priority: priority, expiration: expiration))
+            var prepared = Prepared(token: token, body: body, priority: priority, expiration: expiration)
+            if channel != nil, case .send(let other, _, _, _) = PushPlan.make(
+                kind: job.kind, snapshot: row.snapshot, hasToken: true, lastTimestamp: row.lastTimestamp, priority: row.priority,
+                dismissalDelaySeconds: dismissalSeconds, staleDeadlineMs: row.staleDeadlineMs, channelID: nil, sentAtSeconds: Int64(now())) {
+                prepared.otherEnvironmentBody = other
+            }
+            return .send(job, prepared)
         }
     }
 
@@ -354,7 +363,8 @@ final class PushService {
             return waitingForToken.append((job, p, generation))
         }
         let jwt = token.jwt
-        let request = APNsRequest.make(settings, environment: job.environment, token: p.token, providerToken: jwt, body: p.body, priority: p.priority,
+        let body = job.environment != settings.broadcastEnvironment ? p.otherEnvironmentBody ?? p.body : p.body
+        let request = APNsRequest.make(settings, environment: job.environment, token: p.token, providerToken: jwt, body: body, priority: p.priority,
                                        expiration: p.expiration, timeout: requestTimeout)
         client.send(request) { [weak self] result in
             guard let self else { return }
