@@ -157,10 +157,11 @@ public struct ActivityEvent: Equatable, Sendable {
     }
 
     /// APNs priority of the push that mirrors this change: 10 spends the phone's small budget
-    /// and is for what a person must see (a new state, the end, a cancel request); 5 for
-    /// progress and status.
+    /// and is for what a person must see at once (a new state, the end); 5 for progress,
+    /// status and a cancel request (the state does not change: the publisher's end, at 10,
+    /// follows; contract §5.2).
     public func pushPriority(previous: ActivityState?) -> Int {
-        if name == ActivityEvent.cancelRequested || snapshot.state.isTerminal || previous != snapshot.state { return 10 }
+        if snapshot.state.isTerminal || previous != snapshot.state { return 10 }
         return 5
     }
 }

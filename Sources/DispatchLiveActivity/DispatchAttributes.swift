@@ -37,14 +37,37 @@ public struct DispatchAttributes: Codable, Hashable, Sendable {
         public var seq: Int
         /// When the change was made, in Unix seconds.
         public var updatedAt: Double
+        /// Someone asked to cancel the job (contract §5.3); it runs until its publisher ends it,
+        /// so show "Cancelling…" rather than an end. `false` when a push (from a server before
+        /// this key existed) does not carry it.
+        public var cancelRequested: Bool
 
-        public init(state: String, progress: Double? = nil, status: String? = nil, attempt: Int = 1, seq: Int, updatedAt: Double) {
+        public init(state: String, progress: Double? = nil, status: String? = nil, attempt: Int = 1, seq: Int, updatedAt: Double,
+                    cancelRequested: Bool = false) {
             self.state = state
             self.progress = progress
             self.status = status
             self.attempt = attempt
             self.seq = seq
             self.updatedAt = updatedAt
+            self.cancelRequested = cancelRequested
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case state, progress, status, attempt, seq, updatedAt, cancelRequested
+        }
+
+        /// Decodes pushes with or without `cancelRequested` (a Live Activity started before the
+        /// server knew the key keeps decoding its updates).
+        public init(from decoder: any Decoder) throws {
+            let c = try decoder.container(keyedBy: CodingKeys.self)
+            state = try c.decode(String.self, forKey: .state)
+            progress = try c.decodeIfPresent(Double.self, forKey: .progress)
+            status = try c.decodeIfPresent(String.self, forKey: .status)
+            attempt = try c.decode(Int.self, forKey: .attempt)
+            seq = try c.decode(Int.self, forKey: .seq)
+            updatedAt = try c.decode(Double.self, forKey: .updatedAt)
+            cancelRequested = try c.decodeIfPresent(Bool.self, forKey: .cancelRequested) ?? false
         }
 
         /// The job is over (its Live Activity ends with this content).
@@ -78,7 +101,9 @@ public struct LiveActivityPush: Decodable, Hashable, Sendable {
     public var inputPushToken: Int?
     /// On the `start` of a broadcast activity (iOS 18): the channel the Live Activity subscribes to.
     public var inputPushChannel: String?
-    /// On updates of an activity with a stale deadline: Unix seconds from which it shows as stale.
+    /// On every push of an activity with a stale deadline (the start included): Unix seconds
+    /// from which it shows as stale, the time the server would end it. A `touch` that moves
+    /// the deadline far enough sends an update with a later one.
     public var staleDate: Int?
     /// With `end` only: Unix seconds until which the ended Live Activity stays on the Lock Screen.
     public var dismissalDate: Int?

@@ -168,7 +168,7 @@ public final class FakeAPNs: @unchecked Sendable {
         }
     }
 
-    /// `{"total", "byStatus", "unanswered", "connectionsOpened", "connectionsOpen", "distinctJwts"}`.
+    /// `{"total", "byStatus", "unanswered", "connectionsOpened", "connectionsOpen", "distinctJwts", "refusedStreams", "pings"}`.
     public func stats() throws -> JSONValue {
         guard let v = try control.get("/stats").json else { throw TestError("bad /stats answer") }
         return v
@@ -213,6 +213,10 @@ public final class FakeAPNs: @unchecked Sendable {
     }
 
     public func goawayAll() throws { _ = try control.post("/goaway-all", "{}") }
+
+    /// The peer stops answering on every open connection (no answers, no PING ACKs, no FIN);
+    /// connections opened afterwards are served.
+    public func silenceAll() throws { _ = try control.post("/silence-all", "{}") }
 
     /// Waits until `condition` holds over the recorded requests; returns the last read.
     @discardableResult

@@ -55,7 +55,9 @@ final class BroadcastChannelTests: XCTestCase {
         XCTAssertEqual(BroadcastOutcome.decide(push, ok, channelHeader: nil, attempts: 1, policy: policy, random: 0),
                        .pushed(seq: 4, timestamp: 9, deleteAt: 99))
         XCTAssertEqual(BroadcastOutcome.decide(push, .status(400, reason: "ChannelNotRegistered", timestampMs: nil), channelHeader: nil,
-                                               attempts: 1, policy: policy, random: 0), .failed(status: "400 ChannelNotRegistered"))
+                                               attempts: 1, policy: policy, random: 0),
+                       .dropped(seq: 4, timestamp: 9, deleteAt: 99, status: "400 ChannelNotRegistered"),
+                       "refused: dropped, and an end still deletes the channel at its dismissal date")
         XCTAssertEqual(BroadcastOutcome.decide(push, .status(429, reason: "TooManyRequests", timestampMs: nil), channelHeader: nil,
                                                attempts: 2, policy: policy, random: 0), .retry(afterSeconds: 1, status: "429 TooManyRequests"))
         XCTAssertEqual(BroadcastOutcome.decide(push, .transport(.connectionLost), channelHeader: nil, attempts: 1, policy: policy, random: 0),
@@ -63,5 +65,48 @@ final class BroadcastChannelTests: XCTestCase {
         XCTAssertEqual(BroadcastOutcome.decide(.delete(channelID: "Y2g="), ok, channelHeader: nil, attempts: 1, policy: policy, random: 0), .deleted)
         XCTAssertEqual(BroadcastOutcome.decide(.delete(channelID: "Y2g="), .status(400, reason: "ChannelNotRegistered", timestampMs: nil),
                                                channelHeader: nil, attempts: 1, policy: policy, random: 0), .deleted, "already gone")
+    }
+
+    /// A push APNs refuses for its content is dropped, never flags the channel: the next change
+    /// is pushed (issue 37: one refusal froze every phone on the channel).
+    func testARefusedPushIsDroppedAndTheChannelGoesOn() {
+        let update = BroadcastRequest.push(body: [], priority: 5, expiration: 0, timestamp: 9, seq: 4, ends: false, deleteAt: 99)
+        for (status, reason) in [(400, "BadPriority"), (413, "PayloadTooLarge"), (400, "ChannelNotRegistered")] {
+            XCTAssertEqual(BroadcastOutcome.decide(update, .status(status, reason: reason, timestampMs: nil), channelHeader: nil,
+                                                   attempts: 1, policy: policy, random: 0),
+                           .dropped(seq: 4, timestamp: 9, deleteAt: nil, status: "\(status) \(reason)"))
+        }
+        // Any request that meets the deployment's pause waits for it (the service pauses everyone).
+        for request in [BroadcastRequest.create, update, .delete(channelID: "Y2g=")] {
+            XCTAssertEqual(BroadcastOutcome.decide(request, .status(429, reason: "TooManyProviderTokenUpdates", timestampMs: nil),
+                                                   channelHeader: nil, attempts: 1, policy: policy, random: 0),
+                           .paused(status: "429 TooManyProviderTokenUpdates"))
+        }
+    }
+
+    /// Once the activity ended and its dismissal date passed, the channel is deleted whatever
+    /// its pushes did (an end still retrying is not sent any more); before it, the end is pushed.
+    func testAChannelIsDeletedAfterTheDismissalDateWhateverItsPushes() {
+        let ended = activity(.error, seq: 3)  // ended at t0; dismissal 600 s later
+        let deleteAt: Int64 = 1_796_070_600
+        XCTAssertEqual(BroadcastRequest.make(job(.live, attempts: 2), snapshot: ended, staleDeadlineMs: nil, dismissalDelaySeconds: 600,
+                                             nowSeconds: deleteAt), .delete(channelID: "Y2g="), "the end failed before: the channel goes")
+        XCTAssertEqual(BroadcastRequest.make(job(.live, attempts: 5), snapshot: ended, staleDeadlineMs: nil, dismissalDelaySeconds: 600,
+                                             nowSeconds: deleteAt + 7200), .delete(channelID: "Y2g="))
+        guard case .push(_, _, _, _, _, true, _) = BroadcastRequest.make(job(.live, attempts: 1), snapshot: ended, staleDeadlineMs: nil,
+                                                                      dismissalDelaySeconds: 0, nowSeconds: deleteAt) else {
+            return XCTFail("the end's first try always goes (a dismissal of 0 s is already past)")
+        }
+        guard case .push(_, _, let expiration, _, _, true, deleteAt) = BroadcastRequest.make(
+            job(.live), snapshot: ended, staleDeadlineMs: nil, dismissalDelaySeconds: 600, nowSeconds: deleteAt - 1) else {
+            return XCTFail("before the dismissal date the end is pushed")
+        }
+        XCTAssertEqual(expiration, deleteAt - 1 + 60, "an end is kept until its dismissal date, and at least a minute from the send")
+        // A live activity's channel is never deleted by time.
+        guard case .push(_, _, let liveExpiration, _, _, false, _) = BroadcastRequest.make(
+            job(.live), snapshot: activity(), staleDeadlineMs: nil, dismissalDelaySeconds: 600, nowSeconds: deleteAt + 7200) else {
+            return XCTFail("a live activity is pushed")
+        }
+        XCTAssertEqual(liveExpiration, deleteAt + 7200 + 3600, "apns-expiration counts from the send")
     }
 }

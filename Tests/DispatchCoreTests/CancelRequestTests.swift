@@ -24,7 +24,7 @@ final class CancelRequestTests: XCTestCase {
             XCTAssertEqual(e.snapshot.status, "busy")
             XCTAssertEqual(e.snapshot.attempt, 2)
             XCTAssertEqual(e.snapshot.updatedAt, Self.t0 + 20)
-            XCTAssertEqual(e.pushPriority(previous: state), 10, "a person must see it")
+            XCTAssertEqual(e.pushPriority(previous: state), 5, "news, not an alarm: the publisher's end follows at 10 (contract §5.2)")
         }
     }
 

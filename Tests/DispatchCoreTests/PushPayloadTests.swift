@@ -32,7 +32,7 @@ final class PushPayloadTests: XCTestCase {
         XCTAssertEqual(keys(a), ["timestamp", "event", "content-state"])
         XCTAssertEqual(a["timestamp"], .number(1_796_070_001))
         XCTAssertEqual(a["event"], .string("update"))
-        XCTAssertEqual(keys(a["content-state"]), ["state", "progress", "status", "attempt", "seq", "updatedAt"])
+        XCTAssertEqual(keys(a["content-state"]), ["state", "progress", "status", "attempt", "seq", "updatedAt", "cancelRequested"])
         XCTAssertEqual(a["content-state"]?["updatedAt"], .number(1_796_070_000), "Unix seconds, whole")
         XCTAssertEqual(a["content-state"]?["progress"], .number(0.68))
         XCTAssertEqual(a["content-state"]?["seq"], .number(5))
@@ -90,7 +90,7 @@ final class PushPayloadTests: XCTestCase {
         let start = aps(LiveActivityPayload.build(activity(), event: .start, timestamp: 7, extras: extras))
         XCTAssertEqual(start["input-push-channel"], .string("Y2hhbm5lbA=="))
         XCTAssertNil(start["input-push-token"])
-        XCTAssertNil(start["stale-date"])
+        XCTAssertEqual(start["stale-date"], .number(1_796_070_900), "a start carries the stale-date too (issue 37)")
         let update = aps(LiveActivityPayload.build(activity(), event: .update, timestamp: 8, extras: extras))
         XCTAssertEqual(keys(update), ["timestamp", "event", "content-state", "stale-date"])
         XCTAssertEqual(update["stale-date"], .number(1_796_070_900))
@@ -192,5 +192,68 @@ final class PushPayloadTests: XCTestCase {
         XCTAssertEqual(endTs, 1_796_070_001, "after the last timestamp")
         XCTAssertEqual(endPriority, 10, "an end is always 10")
         XCTAssertEqual(endExpiration, 1_796_070_000 + 100 + 0, "kept until its dismissal date")
+    }
+
+    /// `apns-expiration` counts from the send, not from the change: a push made an hour after
+    /// its change (its token arrived late) still gets its hour at APNs.
+    func testExpirationCountsFromTheSend() {
+        let sentAt: Int64 = 1_796_070_000 + 5400
+        guard case .send(_, let ts, _, let expiration) = PushPlan.make(kind: .update, snapshot: activity(), hasToken: true, lastTimestamp: 0,
+                                                                       priority: 5, dismissalDelaySeconds: 100, sentAtSeconds: sentAt)
+        else { return XCTFail() }
+        XCTAssertEqual(ts, 1_796_070_000, "the timestamp stays the change's")
+        XCTAssertEqual(expiration, sentAt + 3600)
+        guard case .send(_, _, _, let startExpiration) = PushPlan.make(kind: .start, snapshot: activity(), hasToken: true, lastTimestamp: 0,
+                                                                       priority: 10, dismissalDelaySeconds: 100, sentAtSeconds: sentAt)
+        else { return XCTFail() }
+        XCTAssertEqual(startExpiration, sentAt + 3600)
+        guard case .send(_, _, _, let endExpiration) = PushPlan.make(kind: .update, snapshot: activity(.completed), hasToken: true,
+                                                                     lastTimestamp: 0, priority: 10, dismissalDelaySeconds: 100,
+                                                                     sentAtSeconds: sentAt)
+        else { return XCTFail() }
+        XCTAssertEqual(endExpiration, sentAt + 60, "past its dismissal date an end still gets a minute")
+    }
+
+    /// `content-state.cancelRequested` mirrors the snapshot on every event.
+    func testCancelRequestedIsInEveryContentState() {
+        var x = activity()
+        for event in [LiveActivityPayload.Event.start, .update] {
+            XCTAssertEqual(aps(LiveActivityPayload.build(x, event: event, timestamp: 1))["content-state"]?["cancelRequested"], .bool(false))
+        }
+        x.cancelRequested = true
+        for event in [LiveActivityPayload.Event.start, .update, .end] {
+            XCTAssertEqual(aps(LiveActivityPayload.build(x, event: event, timestamp: 1))["content-state"]?["cancelRequested"], .bool(true))
+        }
+        XCTAssertEqual(keys(aps(LiveActivityPayload.build(x, event: .update, timestamp: 1))["content-state"] ?? .null),
+                       ["state", "progress", "status", "attempt", "seq", "updatedAt", "cancelRequested"])
+    }
+
+    /// A cancel request is pushed at 5 (the state does not change; the publisher's end, at 10,
+    /// follows); a new state and the end at 10.
+    func testPriorityTable() {
+        let running = activity()
+        var cancelling = running
+        cancelling.cancelRequested = true
+        let rows: [(String, Activity, ActivityState?, Int)] = [
+            ("processing", running, .processing, 5),
+            ("processing", running, .queued, 10),
+            (ActivityEvent.cancelRequested, cancelling, .processing, 5),
+            ("completed", activity(.completed), .processing, 10),
+        ]
+        for (name, snapshot, previous, priority) in rows {
+            XCTAssertEqual(ActivityEvent(name: name, snapshot: snapshot).pushPriority(previous: previous), priority, name)
+        }
+    }
+
+    /// The push-to-start budget counts the starts sent in the last hour and those of the batch.
+    func testStartBudgetTable() {
+        var b = StartBudget(limit: 8)
+        XCTAssertTrue(b.take(device: 1, sentLastHour: 6))
+        XCTAssertTrue(b.take(device: 1, sentLastHour: 6))
+        XCTAssertFalse(b.take(device: 1, sentLastHour: 6), "6 sent + 2 planned: the 9th is refused")
+        XCTAssertTrue(b.take(device: 2, sentLastHour: 0), "per device")
+        XCTAssertFalse(b.take(device: 3, sentLastHour: 8))
+        var none = StartBudget(limit: 0)
+        XCTAssertFalse(none.take(device: 1, sentLastHour: 0), "0: no starts at all")
     }
 }

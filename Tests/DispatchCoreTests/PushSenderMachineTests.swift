@@ -195,6 +195,20 @@ final class PushSenderMachineTests: XCTestCase {
         XCTAssertEqual(names(m.providerTokenReady(generation: 1, issuedAt: 1, pausedUntil: nil, now: 1901)), [], "a stale answer")
     }
 
+    /// The broadcast sender's 429 TooManyProviderTokenUpdates pauses this process's token
+    /// pushes too (issue 37: broadcasts and token pushes obey one pause).
+    func testAPauseFromTheBroadcastSenderStopsClaims() {
+        var m = machine()
+        _ = m.tick(now: 1000)
+        _ = m.claimed([], requested: 4, now: 1000)
+        XCTAssertEqual(names(m.pausedByBroadcasts(until: 1600, now: 1001)), [])
+        XCTAssertEqual(names(m.pausedByBroadcasts(until: 1200, now: 1001)), [], "a shorter pause changes nothing")
+        _ = m.kick(now: 1002)
+        XCTAssertEqual(names(m.tick(now: 1300)), [], "paused: no claims")
+        XCTAssertEqual(names(m.tick(now: 1600)), ["report sendingResumed", "claim 4"])
+        XCTAssertEqual(names(m.pausedByBroadcasts(until: 1500, now: 1601)), [], "a pause already over")
+    }
+
     func testAProviderTokenThatCannotBeHadIsAskedForAgainAfterAPause() {
         var m = machine()
         _ = m.tick(now: 0)

@@ -53,7 +53,7 @@ final class PayloadDecodingTests: XCTestCase {
         let start = try LiveActivityPush.decode(Data(LiveActivityPayload.build(a, event: .start, timestamp: 1, extras: extras)))
         XCTAssertEqual(start.inputPushChannel, "dHdpbGlnaHQ=")
         XCTAssertNil(start.inputPushToken)
-        XCTAssertNil(start.staleDate)
+        XCTAssertEqual(start.staleDate, 1_796_070_600, "a start carries the stale-date too")
         XCTAssertEqual(start.alert?.title, "Build")
         let update = try LiveActivityPush.decode(Data(LiveActivityPayload.build(a, event: .update, timestamp: 2, extras: extras)))
         XCTAssertEqual(update.staleDate, 1_796_070_600)
@@ -86,6 +86,27 @@ final class PayloadDecodingTests: XCTestCase {
         let decoded = try LiveActivityPush.decode(Data(example.utf8))
         XCTAssertEqual(decoded.contentState.progress, 0.68)
         XCTAssertEqual(decoded.attributes?.machine, "shodan")
+    }
+
+    /// `cancelRequested` decodes when present, and a push without it (an older server's)
+    /// still decodes, as not requested; encoding keeps the key.
+    func testCancelRequestedDecodesAndOldPayloadsStillDo() throws {
+        let t: Int64 = 1_796_070_000_000
+        var a = Activity(activityId: "j", taskName: "Build", state: .processing, progress: 0.5, seq: 3, createdAt: t, updatedAt: t)
+        a.cancelRequested = true
+        let pushed = try LiveActivityPush.decode(Data(LiveActivityPayload.build(a, event: .update, timestamp: 2)))
+        XCTAssertTrue(pushed.contentState.cancelRequested)
+        a.cancelRequested = false
+        XCTAssertFalse(try LiveActivityPush.decode(Data(LiveActivityPayload.build(a, event: .update, timestamp: 3))).contentState.cancelRequested)
+        let old = #"{"state":"processing","progress":0.5,"status":null,"attempt":1,"seq":2,"updatedAt":1796070000}"#
+        let cs = try JSONDecoder().decode(DispatchAttributes.ContentState.self, from: Data(old.utf8))
+        XCTAssertFalse(cs.cancelRequested)
+        let again = try JSONDecoder().decode(DispatchAttributes.ContentState.self, from: JSONEncoder().encode(
+            DispatchAttributes.ContentState(state: "processing", seq: 4, updatedAt: 1, cancelRequested: true)))
+        XCTAssertTrue(again.cancelRequested)
+        XCTAssertThrowsError(try JSONDecoder().decode(DispatchAttributes.ContentState.self,
+                                                      from: Data(#"{"state":"processing","attempt":1,"seq":2,"updatedAt":1,"cancelRequested":"yes"}"#.utf8)),
+                             "a wrong type is still an error")
     }
 
     func testNullsDecodeAsNil() throws {

@@ -199,10 +199,12 @@ final class PushServiceShellTests: XCTestCase {
         // The body is the plan for the activity as read, its timestamp its change's second.
         let read = try XCTUnwrap(StoredActivity(row: try XCTUnwrap(readRows([11]).first)))
         guard case .send(let body, let timestamp, _, let expiration) = PushPlan.make(
-            kind: .update, snapshot: read.activity, hasToken: true, lastTimestamp: 0, priority: 5, dismissalDelaySeconds: 900)
+            kind: .update, snapshot: read.activity, hasToken: true, lastTimestamp: 0, priority: 5, dismissalDelaySeconds: 900,
+            sentAtSeconds: nowMs / 1000)
         else { return XCTFail("the plan sends") }
         XCTAssertEqual(timestamp, (nowMs - 500) / 1000)
         XCTAssertEqual(h["apns-expiration"], String(expiration))
+        XCTAssertEqual(expiration, nowMs / 1000 + 3600, "apns-expiration counts from the send, not from the change")
         XCTAssertEqual(String(decoding: request.body, as: UTF8.self), String(decoding: body, as: UTF8.self))
         XCTAssertEqual(session.pending, [], "nothing is marked before the answer")
 

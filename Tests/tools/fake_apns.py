@@ -51,7 +51,7 @@ GOAWAY_GRACE = 1.0  # seconds from our GOAWAY until we close the connection
 HEX = re.compile(r"[0-9a-fA-F]*")
 LOWER_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 EVENTS = ("start", "update", "end")
-CONTENT_STATE_KEYS = frozenset({"state", "progress", "status", "attempt", "seq", "updatedAt"})
+CONTENT_STATE_KEYS = frozenset({"state", "progress", "status", "attempt", "seq", "updatedAt", "cancelRequested"})
 ATTRIBUTE_KEYS = frozenset({"activityId", "taskName", "machine", "systemImage"})
 ALERT_END_STATES = ("error", "rejected")
 
@@ -171,7 +171,7 @@ def check_payload(payload):
     for key in ("stale-date", "dismissal-date"):
         require(key not in aps or is_int(aps[key]), f"{key} is not an int")
     require((event == "end") == ("dismissal-date" in aps), "dismissal-date goes with end only")
-    require(event == "update" or "stale-date" not in aps, "stale-date goes with update only")
+    require(event != "end" or "stale-date" not in aps, "stale-date goes with start and update only")
     is_start = event == "start"
     # iOS 18: a start asks for an update token, or subscribes to a broadcast channel.
     if is_start:
@@ -205,6 +205,7 @@ def check_content_state(state):
     for key in ("attempt", "seq"):
         require(is_int(state[key]), f"content-state.{key} is not an int")
     require(is_number(state["updatedAt"]), "content-state.updatedAt is not a number")
+    require(isinstance(state["cancelRequested"], bool), "content-state.cancelRequested is not a boolean")
 
 
 def check_attributes(attributes):
@@ -299,6 +300,8 @@ class Fake:
         self.connections = {}  # connection id -> APNsConnection
         self.connections_opened = 0
         self.refused_streams = 0
+        # HTTP/2 PING frames received (answered by h2 unless the connection is silent).
+        self.pings = 0
 
     def handle(self, conn, stream_id, raw_headers, body):
         """Check and record one complete request, then answer it."""
@@ -342,6 +345,11 @@ class Fake:
         declared = self.token_environments.get(token.lower())
         if declared is not None and declared != self.environment:
             raise Rejected(400, "BadDeviceToken", f"a {declared} token sent to {self.environment}")
+        # A channel lives in one environment: a phone of this environment cannot subscribe to
+        # a channel of the other (APNs takes the push; the phone fails to start the activity).
+        channel = payload["aps"].get("input-push-channel")
+        if channel is not None and channel not in self.channels:
+            raise Rejected(400, "BadChannelId", f"input-push-channel {channel} is not a channel of {self.environment}")
         return self.next_answer(token)
 
     def authenticate(self, record, headers, header_count, now):
@@ -527,7 +535,15 @@ class Fake:
         return {}
 
     def snapshot(self):
-        return list(self.requests), self.connections_opened, len(self.connections), self.refused_streams
+        return list(self.requests), self.connections_opened, len(self.connections), self.refused_streams, self.pings
+
+    def silence_all(self, _spec=None):
+        """The peer stops answering on every open connection: no answers, no PING ACKs, no
+        FIN (a host gone, a middlebox that forgot the flow). New connections are served."""
+        conns = [conn for conn in self.connections.values() if conn.serving]
+        for conn in conns:
+            conn.silent = True
+        return {"connections": len(conns)}
 
     def goaway_all(self, _spec=None):
         conns = [conn for conn in self.connections.values() if conn.serving]
@@ -583,6 +599,7 @@ class APNsConnection(asyncio.Protocol):
         self.authenticated = False
         self.unanswered = set()  # stream ids received and not answered yet
         self.refused = set()
+        self.silent = False  # silence_all: everything received is ignored
 
     def connection_made(self, transport):
         self.transport = transport
@@ -613,7 +630,7 @@ class APNsConnection(asyncio.Protocol):
             log.info("connection %d closed", self.id)
 
     def data_received(self, data):
-        if not self.serving:
+        if not self.serving or self.silent:
             return
         try:
             events = self.h2.receive_data(data)
@@ -653,6 +670,8 @@ class APNsConnection(asyncio.Protocol):
             timer = self.delayed.pop(event.stream_id, None)
             if timer:
                 timer.cancel()
+        elif kind is h2.events.PingReceived:
+            self.fake.pings += 1  # h2 queues the ACK itself
         elif kind is h2.events.ConnectionTerminated:
             self.close()
 
@@ -786,7 +805,7 @@ def check_config(spec):
                          '"broadcastEnabled": B} (any of them)')
 
 
-def stats(requests, opened, open_now, refused=0):
+def stats(requests, opened, open_now, refused=0, pings=0):
     by_status = collections.Counter(str(r["status"]) for r in requests if r["status"] is not None)
     return {
         "total": len(requests),
@@ -796,6 +815,7 @@ def stats(requests, opened, open_now, refused=0):
         "connectionsOpen": open_now,
         "distinctJwts": len({r["jwtHash"] for r in requests if r["jwtHash"]}),
         "refusedStreams": refused,
+        "pings": pings,
     }
 
 
@@ -806,7 +826,7 @@ class ControlHandler(BaseHTTPRequestHandler):
     def do_GET(self):
         url = urlsplit(self.path)
         if url.path == "/requests":
-            requests, _, _, _ = self.call(Fake.snapshot)
+            requests, _, _, _, _ = self.call(Fake.snapshot)
             token = parse_qs(url.query).get("token", [None])[0]
             if token is not None:
                 requests = [r for r in requests if r["token"] == token]
@@ -820,7 +840,8 @@ class ControlHandler(BaseHTTPRequestHandler):
         self.route({"/behavior": (Fake.script, check_script),
                     "/config": (Fake.configure, check_config),
                     "/tokens": (Fake.declare_token, check_declaration),
-                    "/goaway-all": (Fake.goaway_all, None)})
+                    "/goaway-all": (Fake.goaway_all, None),
+                    "/silence-all": (Fake.silence_all, None)})
 
     def do_DELETE(self):
         self.route({"/requests": (Fake.clear_requests, None),

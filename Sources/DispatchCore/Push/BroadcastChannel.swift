@@ -5,9 +5,11 @@ public enum BroadcastPhase: String, Sendable, CaseIterable {
     case create
     /// The channel exists: every change is one broadcast push.
     case live
-    /// The activity ended and its end was pushed: the channel goes at its dismissal date.
+    /// The activity ended and its end was pushed (or refused): the channel goes at its dismissal date.
     case delete
-    /// APNs would not make the channel (or forgot it): the activity runs without one.
+    /// APNs would not make the channel: the activity runs without one. (Rows of an older
+    /// server flagged here after a refused push with a channel are moved back to `live` by
+    /// Migrations/0020.)
     case failed
 }
 
@@ -26,6 +28,9 @@ public struct BroadcastJob: Equatable, Sendable {
     public var claimedAtMs: Int64
     /// When the change pushed was made (ms; 0 until known): the pace counts from it.
     public var changedAtMs: Int64 = 0
+    /// The `stale-date` the push carries (Unix seconds; 0: none), kept with the row so that a
+    /// touch knows what the phones show (contract §5.4).
+    public var staleDate: Int64 = 0
 
     public init(activityID: String, leaseID: Int64, phase: BroadcastPhase, channelID: String?, environment: APNsEnvironment,
                 attempts: Int, priority: Int, lastTimestamp: Int64, pendingSinceMs: Int64?, claimedAtMs: Int64) {
@@ -61,7 +66,12 @@ public enum BroadcastRequest: Equatable, Sendable {
     /// APNs' limit for a broadcast body (the payload builder keeps to 4,096 anyway).
     public static let maxBytes = 5120
 
-    public static func make(_ job: BroadcastJob, snapshot: Activity?, staleDeadlineMs: Int64?, dismissalDelaySeconds: Int64) -> BroadcastRequest {
+    /// `nowSeconds` (Unix seconds, nil: unknown) is when the request goes: `apns-expiration`
+    /// counts from it, and an ended activity whose dismissal date has passed has its channel
+    /// deleted whatever happened to its pushes (an end that failed and is still retrying is not
+    /// sent any more; the first try of an end always goes).
+    public static func make(_ job: BroadcastJob, snapshot: Activity?, staleDeadlineMs: Int64?, dismissalDelaySeconds: Int64,
+                            nowSeconds: Int64? = nil) -> BroadcastRequest {
         guard let snapshot else {
             if let channel = job.channelID { return .delete(channelID: channel) }
             return .forget
@@ -73,13 +83,16 @@ public enum BroadcastRequest: Equatable, Sendable {
             if let channel = job.channelID { return .delete(channelID: channel) }
             return .forget
         case .live:
-            guard job.channelID != nil else { return .forget }
+            guard let channel = job.channelID else { return .forget }
+            let ends = snapshot.state.isTerminal
+            let deleteAt = LiveActivityPayload.seconds(snapshot.endedAt ?? snapshot.updatedAt) + max(0, dismissalDelaySeconds)
+            // The end is always tried once; after a failed try, past the dismissal date, the
+            // phones are no longer showing the activity: the channel goes without it.
+            if ends, job.attempts > 1, let now = nowSeconds, now >= deleteAt { return .delete(channelID: channel) }
             // A channel never starts an activity: a start is pushed as an update.
             guard case .send(let body, let timestamp, let priority, let expiration) = PushPlan.make(
                 kind: .update, snapshot: snapshot, hasToken: true, lastTimestamp: job.lastTimestamp, priority: job.priority,
-                dismissalDelaySeconds: dismissalDelaySeconds, staleDeadlineMs: staleDeadlineMs) else { return .forget }
-            let ends = snapshot.state.isTerminal
-            let deleteAt = LiveActivityPayload.seconds(snapshot.endedAt ?? snapshot.updatedAt) + max(0, dismissalDelaySeconds)
+                dismissalDelaySeconds: dismissalDelaySeconds, staleDeadlineMs: staleDeadlineMs, sentAtSeconds: nowSeconds) else { return .forget }
             return .push(body: body, priority: priority, expiration: expiration, timestamp: timestamp, seq: snapshot.seq,
                          ends: ends, deleteAt: deleteAt)
         }
@@ -95,8 +108,13 @@ public enum BroadcastOutcome: Equatable, Sendable {
     case pushed(seq: Int64, timestamp: Int64, deleteAt: Int64?)
     /// The channel is gone at APNs, or the row has nothing left to do: the row goes.
     case deleted
-    /// APNs refused the push itself (our bug, or the channel is unknown): flagged, not retried.
-    case failed(status: String)
+    /// APNs refused the push for its content (`400`, `413`): it is dropped, not retried, and
+    /// the channel goes on with the next change as if it had been pushed (with `deleteAt`: it
+    /// was the end, and the channel still goes at the dismissal date).
+    case dropped(seq: Int64, timestamp: Int64, deleteAt: Int64?, status: String)
+    /// `429 TooManyProviderTokenUpdates`: every sender of the deployment pauses (the caller
+    /// knows until when), this row is tried again after the pause.
+    case paused(status: String)
     case retry(afterSeconds: Double, status: String)
 
     public static func decide(_ request: BroadcastRequest, _ answer: APNsAnswer, channelHeader: String?, attempts: Int,
@@ -113,8 +131,11 @@ public enum BroadcastOutcome: Equatable, Sendable {
             return .refused(status: label)
         case (.push(_, _, _, let timestamp, let seq, let ends, let deleteAt), .status(200, _, _)):
             return .pushed(seq: seq, timestamp: timestamp, deleteAt: ends ? deleteAt : nil)
-        case (.push, .status(400, _, _)), (.push, .status(413, _, _)):
-            return .failed(status: label)
+        case (.push(_, _, _, let timestamp, let seq, let ends, let deleteAt), .status(400, _, _)),
+             (.push(_, _, _, let timestamp, let seq, let ends, let deleteAt), .status(413, _, _)):
+            return .dropped(seq: seq, timestamp: timestamp, deleteAt: ends ? deleteAt : nil, status: label)
+        case (_, .status(429, "TooManyProviderTokenUpdates"?, _)):
+            return .paused(status: label)
         case (.delete, .status(let s, _, _)) where s == 200 || s == 204:
             return .deleted
         case (.delete, .status(400, "ChannelNotRegistered"?, _)), (.delete, .status(400, "BadChannelId"?, _)):

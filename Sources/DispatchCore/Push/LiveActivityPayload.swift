@@ -6,8 +6,8 @@ public enum PushKind: String, Sendable, CaseIterable {
 
 /// The `aps` payload of a Live Activity push (contract §5.2), exactly the contract's keys:
 /// `content-state` always; `attributes-type`, `attributes`, `alert` and `input-push-token: 1`
-/// (or `input-push-channel` for a broadcast activity) with `start`; `stale-date` with `update`
-/// when the activity has a stale deadline; `dismissal-date` with `end`, and `alert` with an
+/// (or `input-push-channel` for a broadcast activity) with `start`; `stale-date` with `start`
+/// and `update` when the activity has a stale deadline; `dismissal-date` with `end`, and `alert` with an
 /// `end` in `error` or `rejected`. Times
 /// are Unix seconds (numbers). At most 4096 bytes: a long status (then the error text, then
 /// the task name) is shortened to fit, never refused.
@@ -26,7 +26,7 @@ public enum LiveActivityPayload {
 
     /// What a payload carries beyond the snapshot.
     public struct Extras: Equatable, Sendable {
-        /// When the server would end the activity as stale (Unix seconds): `stale-date` on updates.
+        /// When the server would end the activity as stale (Unix seconds): `stale-date` on starts and updates.
         public var staleDate: Int64?
         /// The activity's broadcast channel: a start then asks the phone to subscribe to it
         /// (`input-push-channel`) instead of asking for an update token (`input-push-token`).
@@ -120,6 +120,7 @@ public enum LiveActivityPayload {
         w.field("attempt", a.attempt)
         w.field("seq", a.seq)
         w.field("updatedAt", seconds(a.updatedAt))
+        w.field("cancelRequested", a.cancelRequested)
         w.endObject()
         switch event {
         case .start:
@@ -137,6 +138,7 @@ public enum LiveActivityPayload {
             } else {
                 w.field("input-push-token", Int64(1))
             }
+            if let stale = extras.staleDate { w.field("stale-date", stale) }
         case .update:
             if let stale = extras.staleDate { w.field("stale-date", stale) }
         case .end:
@@ -201,8 +203,12 @@ public enum PushPlan: Equatable, Sendable {
     /// `snapshot` is the activity at claim time (nil: gone), `lastTimestamp` the row's last
     /// pushed timestamp, `priority` the row's (changes' highest since the last push).
     /// `staleDeadlineMs` is when the server would end the activity as stale (nil: never).
+    /// `sentAtSeconds` is when the push goes (Unix seconds): `apns-expiration` counts from it,
+    /// not from the change, so a push made long after its change (a token that arrived late)
+    /// still gets its full hour at APNs. Nil: from the timestamp (tests of the payload only).
     public static func make(kind: PushKind, snapshot: Activity?, hasToken: Bool, lastTimestamp: Int64, priority: Int,
-                            dismissalDelaySeconds: Int64, staleDeadlineMs: Int64? = nil, channelID: String? = nil) -> PushPlan {
+                            dismissalDelaySeconds: Int64, staleDeadlineMs: Int64? = nil, channelID: String? = nil,
+                            sentAtSeconds: Int64? = nil) -> PushPlan {
         guard let snapshot, hasToken else { return .drop }
         if kind == .start && snapshot.state.isTerminal { return .skip }
         let event = LiveActivityPayload.event(kind: kind, state: snapshot.state)
@@ -210,14 +216,15 @@ public enum PushPlan: Equatable, Sendable {
         let extras = LiveActivityPayload.Extras(staleDate: staleDeadlineMs.map(LiveActivityPayload.seconds), channelID: channelID)
         let body = LiveActivityPayload.build(snapshot, event: event, timestamp: timestamp, dismissalDelaySeconds: dismissalDelaySeconds,
                                              extras: extras)
+        let sent = sentAtSeconds ?? timestamp
         switch event {
         case .start:
-            return .send(body: body, timestamp: timestamp, priority: 10, expiration: timestamp + expirationSeconds)
+            return .send(body: body, timestamp: timestamp, priority: 10, expiration: sent + expirationSeconds)
         case .update:
-            return .send(body: body, timestamp: timestamp, priority: priority == 10 ? 10 : 5, expiration: timestamp + expirationSeconds)
+            return .send(body: body, timestamp: timestamp, priority: priority == 10 ? 10 : 5, expiration: sent + expirationSeconds)
         case .end:
             let dismissal = LiveActivityPayload.seconds(snapshot.endedAt ?? snapshot.updatedAt) + max(0, dismissalDelaySeconds)
-            return .send(body: body, timestamp: timestamp, priority: 10, expiration: max(dismissal, timestamp + 60))
+            return .send(body: body, timestamp: timestamp, priority: 10, expiration: max(dismissal, sent + 60))
         }
     }
 }

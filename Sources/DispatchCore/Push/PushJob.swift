@@ -37,6 +37,9 @@ public struct PushJob: Equatable, Sendable {
     public var priority = 5
     /// The device's own row is flagged failed (our bug once): a delivery clears the flag.
     public var clearsFailedRow = false
+    /// The `stale-date` this push carries (Unix seconds; 0: none): what the phone shows, which
+    /// a touch compares its new deadline with (contract §5.4).
+    public var staleDate: Int64 = 0
 
     public init(outboxID: Int64, leaseID: Int64, kind: PushKind, activityID: String, deviceID: Int64, seq: Int64,
                 timestamp: Int64, attempts: Int, pendingSinceMs: Int64?, claimedAtMs: Int64, tokenMac: [UInt8] = [], tokenHint: String = "") {
@@ -74,6 +77,8 @@ public struct PushEntry: Equatable, Sendable {
     /// goes) or pushed this seq already. Their rows' `wanted_seq` is raised to `seq` with the
     /// entry's mark, so a row being sent meanwhile with an older state pushes again.
     public var passedOver: [Int64]
+    /// The `stale-date` the fan-out carries (Unix seconds; 0: none).
+    public var staleDate: Int64 = 0
 
     public init(entryID: Int64, leaseID: Int64, activityID: String, seq: Int64, timestamp: Int64, attempts: Int,
                 pendingSinceMs: Int64?, claimedAtMs: Int64, changedAtMs: Int64 = 0, passedOver: [Int64] = []) {

@@ -179,3 +179,22 @@ public struct ProviderTokenPolicy: Equatable, Sendable {
         return now - mintedAt >= renewAfter || now < mintedAt - 60
     }
 }
+
+/// The push-to-start budget of the devices in one claimed batch (contract §5.2): at most
+/// `limit` starts per device in any hour, counting those sent already (read with the batch)
+/// and those of the batch planned before.
+public struct StartBudget: Equatable, Sendable {
+    public let limit: Int
+    private var planned: [Int64: Int] = [:]
+
+    public init(limit: Int) { self.limit = limit }
+
+    /// Whether one more start may go to `device`, which was sent `sentLastHour` starts in the
+    /// last hour; if so, it counts from now on.
+    public mutating func take(device: Int64, sentLastHour: Int) -> Bool {
+        let mine = planned[device, default: 0]
+        guard sentLastHour + mine < limit else { return false }
+        planned[device] = mine + 1
+        return true
+    }
+}

@@ -274,6 +274,14 @@ public struct PushSenderMachine<Payload> {
         return [.report(.sendingPaused(until: pausedUntil))]
     }
 
+    /// The broadcast sender of this process met `429 TooManyProviderTokenUpdates` and paused
+    /// the deployment until `until` (stored, and logged, by it): no claim before then.
+    public mutating func pausedByBroadcasts(until: Double, now: Double) -> [Action] {
+        guard until > now, (stoppedUntil ?? 0) < until else { return [] }
+        stoppedUntil = until
+        return []
+    }
+
     /// The provider token of `generation` could not be had (the database): the sends waiting
     /// for it come back answered `.transport(.cancelled)`; the next claim tries again.
     public mutating func providerTokenFailed(generation: Int, now: Double) -> [Action] {

@@ -41,13 +41,25 @@ extension CurlClient {
         public var maxResponseBytes = 4096
         /// Of the client's socket and timer events on the loop.
         public var priority = EventPriority.normal
+        /// Seconds a connection may sit idle and still be reused (CURLOPT_MAXAGE_CONN); older
+        /// ones are closed and replaced when the next request needs one. 0: curl's default
+        /// (118 s). A peer that went away without a FIN (a NAT that forgot the flow, a host
+        /// gone) is never the connection a request waits on after a quiet spell.
+        public var maxIdleSeconds = 0
+        /// A request that timed out makes every connection suspect (curl times out the
+        /// stream, never the multiplexed connection under it, so the next request would wait
+        /// on the same dead peer): the next request that starts with nothing in flight gets
+        /// new connections (`connectionsReplaced`).
+        public var replaceAfterTimeout = false
 
         public init() {}
 
         /// One multiplexed HTTP/2 connection per host, private addresses allowed (APNs, or a
-        /// local stand-in for it in tests).
-        public static func apns(caFile: String? = nil) -> Options {
+        /// local stand-in for it in tests); connections idle `idleSeconds` are replaced.
+        public static func apns(caFile: String? = nil, idleSeconds: Int = 15) -> Options {
             var o = Options()
+            o.maxIdleSeconds = idleSeconds
+            o.replaceAfterTimeout = true
             o.maxHostConnections = 1
             o.maxInFlight = 1000
             // A push's answer is a few bytes: handle it before the turn's other ready work.

@@ -38,6 +38,10 @@ public final class CurlClient: HTTPRequestSending {
     public private(set) var openConnections = 0
     /// Sockets opened since the client started.
     public private(set) var connectionsOpened = 0
+    /// Times every connection was replaced after a request timed out (`Options.replaceAfterTimeout`).
+    public private(set) var connectionsReplaced = 0
+    /// A request timed out since the connections were last replaced.
+    private var suspect = false
     /// Connections the SSRF check refused since the client started.
     public private(set) var refusedConnections = 0
     public private(set) var closed = false
@@ -57,8 +61,17 @@ public final class CurlClient: HTTPRequestSending {
         self.loop = loop
         self.options = options
         urgency = UrgencyGovernor(preferred: options.priority)
+        multi = makeMulti()
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        timerEvent = event_new(loop.base, -1, 0, { _, _, arg in
+            Unmanaged<CurlClient>.fromOpaque(arg!).takeUnretainedValue().drive(CURL_SOCKET_TIMEOUT, 0)
+        }, me)
+        if let timerEvent { event_priority_set(timerEvent, urgency.priority.rawValue) }
+    }
+
+    /// A multi handle with the client's callbacks and limits.
+    private func makeMulti() -> UnsafeMutableRawPointer {
         guard let m = curl_multi_init() else { fatalError("curl_multi_init failed") }
-        multi = m
         let me = Unmanaged.passUnretained(self).toOpaque()
         _ = dispatch_curl_multi_setopt_socket(m) { _, fd, what, arg, _ in
             Unmanaged<CurlClient>.fromOpaque(arg!).takeUnretainedValue().watch(fd, what)
@@ -74,10 +87,20 @@ public final class CurlClient: HTTPRequestSending {
         _ = dispatch_curl_multi_setopt_long(m, CURLMOPT_MAX_HOST_CONNECTIONS, options.maxHostConnections)
         _ = dispatch_curl_multi_setopt_long(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, options.maxTotalConnections)
         _ = dispatch_curl_multi_setopt_long(m, CURLMOPT_MAX_CONCURRENT_STREAMS, options.maxConcurrentStreams)
-        timerEvent = event_new(loop.base, -1, 0, { _, _, arg in
-            Unmanaged<CurlClient>.fromOpaque(arg!).takeUnretainedValue().drive(CURL_SOCKET_TIMEOUT, 0)
-        }, me)
-        if let timerEvent { event_priority_set(timerEvent, urgency.priority.rawValue) }
+        return m
+    }
+
+    /// Closes every connection (nothing is in flight) and starts over with a new multi handle:
+    /// the next request connects afresh (`Options.replaceAfterTimeout`).
+    private func replaceConnections() {
+        guard let old = multi, transfers.isEmpty else { return }
+        // Closes the cached connections: curl reports their sockets removed and closed.
+        curl_multi_cleanup(old)
+        for (_, watched) in socketEvents { event_free(watched.event) }
+        socketEvents.removeAll()
+        if let timerEvent { event_del(timerEvent) }
+        multi = makeMulti()
+        connectionsReplaced += 1
     }
 
     deinit {
@@ -101,6 +124,10 @@ public final class CurlClient: HTTPRequestSending {
 
     /// Hands `request` to curl.
     private func start(_ request: Request, completion: @escaping Completion) {
+        if suspect && transfers.isEmpty {
+            suspect = false
+            replaceConnections()
+        }
         guard let multi else {
             return fail(completion, HTTPClientFailure(.cancelled, message: "client closed"))
         }
@@ -232,6 +259,7 @@ public final class CurlClient: HTTPRequestSending {
             let code = message.pointee.data.result
             guard let transfer = transfers.removeValue(forKey: easy) else { continue }
             let result = transfer.outcome(code)
+            if options.replaceAfterTimeout, case .failure(let f) = result, f.kind == .timeout { suspect = true }
             curl_multi_remove_handle(multi, easy)
             transfer.release()
             finished.append((transfer.completion, result))

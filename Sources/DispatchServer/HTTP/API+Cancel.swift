@@ -40,7 +40,8 @@ extension API {
     }
 
     /// `POST /v1/activities/{id}/touch`: the owning publisher (or an admin) says "still alive".
-    /// Renews the stale deadline only: no event, no push, no history row. `204`; `404` unknown,
+    /// Renews the stale deadline only: no event, no history row; a push only when the phones'
+    /// stale-date falls behind (§5.4). `204`; `404` unknown,
     /// `403` not the owner, `409` finished.
     func touch(_ req: HTTPRequest, _ id: String) {
         authenticated(req, .publish) { [unowned self] key in
@@ -54,7 +55,13 @@ extension API {
                         return self.fail(req, DispatchError(.notFound, "no activity \(id)"))
                     }
                     if row.int("touched") == 1 {
-                        return self.reply(req, 204, [])
+                        // A deadline moved far enough past the phones' stale-date gets them a
+                        // new one (contract §5.4; PushFanOutRepository.staleRefresh).
+                        guard let devices = self.devices, devices.pushes, stored.staleAfter > 0 else { return self.reply(req, 204, []) }
+                        return self.db.reader.execute([PushFanOutRepository.staleRefresh(id)]) { [unowned self] result in
+                            if case .success(let rs) = result, (rs.first?.first?.int("refreshed") ?? 0) > 0 { devices.kick() }
+                            self.reply(req, 204, [])
+                        }
                     }
                     if stored.activity.state.isTerminal {
                         return self.fail(req, DispatchError(.alreadyFinished, "activity \(id) has already finished", snapshot: stored.activity))

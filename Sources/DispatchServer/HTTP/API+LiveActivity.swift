@@ -19,9 +19,12 @@ extension API {
                         case .failure(let e): self.fail(req, e)
                         case .success(let events):
                             let before = events.first.flatMap { API.state(ofSnapshot: $0.data) }
+                            let stale = LiveActivityPayload.staleDeadline(stored.activity, staleAfterSeconds: stored.staleAfter,
+                                                                          touchedMs: stored.touchedMs)
                             // Whether any phone gets it: a page hides its phone preview on a
                             // deployment without APNs.
-                            self.reply(req, 200, self.livePush(stored.activity, previousState: before),
+                            self.reply(req, 200, self.livePush(stored.activity, previousState: before,
+                                                               staleDate: stale.map(LiveActivityPayload.seconds)),
                                        headers: [("Dispatch-Pushes", self.devices?.pushes == true ? "on" : "off")])
                         }
                     }
@@ -31,7 +34,7 @@ extension API {
     }
 
     /// `{"event", "priority", "payload"}` for `a`'s latest change.
-    func livePush(_ a: Activity, previousState: ActivityState?) -> [UInt8] {
+    func livePush(_ a: Activity, previousState: ActivityState?, staleDate: Int64? = nil) -> [UInt8] {
         let event: LiveActivityPayload.Event
         let priority: Int
         if previousState == nil && a.liveActivity && !a.state.isTerminal {
@@ -42,7 +45,8 @@ extension API {
             priority = event == .end || previousState != a.state ? 10 : 5
         }
         let payload = LiveActivityPayload.build(a, event: event, timestamp: LiveActivityPayload.seconds(a.updatedAt),
-                                                dismissalDelaySeconds: Int64(config.pushDismissalSeconds))
+                                                dismissalDelaySeconds: Int64(config.pushDismissalSeconds),
+                                                extras: LiveActivityPayload.Extras(staleDate: staleDate))
         var w = JSONWriter(capacity: payload.count + 64)
         w.beginObject()
         w.field("event", event.rawValue)

@@ -34,6 +34,9 @@ final class BroadcastService {
     private var wakeArmed = false
     private let loop: LoopScheduling
     static let minClaimInterval = 0.01
+    /// The deployment was paused by a broadcast's `TooManyProviderTokenUpdates` (until, Unix
+    /// seconds): the token sender of this process stops claiming too.
+    var onPaused: (Int64) -> Void = { _ in }
 
     init(loop: LoopScheduling, db: PGConnection, curl: HTTPRequestSending, settings: APNsSettings, tokenStore: ProviderTokenStore, metrics: PushMetrics,
          dismissalSeconds: Int64, leaseMs: Int, requestTimeout: Double, log: Logger) {
@@ -76,7 +79,8 @@ final class BroadcastService {
         lastClaim = now
         busy = true
         wanted = false
-        db.execute([BroadcastRepository.claim(limit: Self.claimLimit, leaseMs: leaseMs), BroadcastRepository.inUse]) { [weak self] result in
+        db.execute([BroadcastRepository.claim(limit: Self.claimLimit, leaseMs: leaseMs, teamID: settings.teamID, keyID: settings.keyID),
+                    BroadcastRepository.inUse]) { [weak self] result in
             guard let self, !self.closed else { return }
             guard case .success(let rs) = result, rs.count == 2, rs[0].ok else { return self.idle() }
             self.active = rs[1].first?.bool("in_use") ?? true
@@ -128,12 +132,15 @@ final class BroadcastService {
             remaining -= 1
             if remaining == 0 { mark(outcomes) }
         }
+        let nowSeconds = Clock.nowMilliseconds() / 1000
         for var job in jobs {
             let stored = activities[job.activityID]
             let stale = stored.flatMap { LiveActivityPayload.staleDeadline($0.activity, staleAfterSeconds: $0.staleAfter, touchedMs: $0.touchedMs) }
             if job.phase == .create { job.environment = settings.broadcastEnvironment }
             job.changedAtMs = stored?.activity.updatedAt ?? job.claimedAtMs
-            let request = BroadcastRequest.make(job, snapshot: stored?.activity, staleDeadlineMs: stale, dismissalDelaySeconds: dismissalSeconds)
+            job.staleDate = stale.map(LiveActivityPayload.seconds) ?? 0
+            let request = BroadcastRequest.make(job, snapshot: stored?.activity, staleDeadlineMs: stale, dismissalDelaySeconds: dismissalSeconds,
+                                                nowSeconds: nowSeconds)
             guard let jwt, let http = httpRequest(request, job, jwt: jwt) else {
                 let outcome: BroadcastOutcome = request == .forget ? .deleted : .retry(afterSeconds: 1, status: "no provider token")
                 done(job, outcome)
@@ -154,9 +161,18 @@ final class BroadcastService {
                     self.refusedJWT = t.jwt
                     self.token = nil
                 }
-                let outcome = BroadcastOutcome.decide(request, answer, channelHeader: channel, attempts: job.attempts, policy: self.retry,
+                var outcome = BroadcastOutcome.decide(request, answer, channelHeader: channel, attempts: job.attempts, policy: self.retry,
                                                       random: Double.random(in: 0..<1))
                 self.report(job, request, outcome, answer)
+                if case .paused(let status) = outcome {
+                    // The whole deployment waits until a token may be made again (as the
+                    // token sender does): stored, so every process's claims see it.
+                    let now = Clock.nowMilliseconds() / 1000
+                    let until = max(now + 1, (self.token?.issuedAt ?? now) + Int64(ProviderTokenPolicy().minRenewAge))
+                    self.tokenStore.pause(until: until)
+                    self.onPaused(until)
+                    outcome = .retry(afterSeconds: Double(until - now), status: status)
+                }
                 done(job, outcome)
             }
         }
@@ -203,7 +219,8 @@ final class BroadcastService {
         case .refused: result = "refused"
         case .pushed: result = "pushed"
         case .deleted: result = "deleted"
-        case .failed: result = "failed"
+        case .dropped: result = "dropped"
+        case .paused: result = "paused"
         case .retry: result = "retry"
         }
         metrics.broadcasts[result, default: 0] += 1
@@ -217,8 +234,11 @@ final class BroadcastService {
             log.info("push.channel_created", fields + [("channel", channel)])
         case .refused:
             log.error("push.channel_refused", fields + [("hint", "the activity runs without a channel (channelId null); is the broadcast capability enabled for the App ID, or are 10,000 channels in use?")])
-        case .failed:
-            log.error("push.broadcast_rejected", fields)
+        case .dropped(let seq, _, let deleteAt, _):
+            log.error("push.broadcast_dropped", fields + [("seq", seq), ("end", deleteAt != nil),
+                                                          ("hint", "APNs refused this push for its content; dropped, the channel goes on with the next change")])
+        case .paused:
+            log.error("apns.sending_paused", fields + [("why", "429 TooManyProviderTokenUpdates on a broadcast request: every sender waits until a token may be made again")])
         case .deleted:
             log.info("push.channel_deleted", fields)
         case .pushed, .retry:

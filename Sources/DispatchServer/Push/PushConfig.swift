@@ -24,6 +24,13 @@ public struct APNsSettings: Equatable, Sendable {
     public var pace: Double = 1
     /// Extra trusted CAs (a local stand-in for APNs in tests).
     public var caFile: String?
+    /// Push-to-start pushes per device in any hour (contract §5.2): APNs keeps an undocumented,
+    /// small budget per device and answers 200 to starts past it that the phone never shows.
+    public var pushToStartLimit = 8
+    /// Seconds an APNs connection may sit idle and still carry the next push; an older one is
+    /// replaced first (libcurl 7.88 cannot send HTTP/2 PING on the connections of a multi
+    /// handle: `curl_easy_upkeep` only reaches an easy handle's own connections).
+    public var idleSeconds = 15
 
     public var apnsTopic: String { topic + ".push-type.liveactivity" }
 
@@ -61,6 +68,8 @@ public struct APNsSettings: Equatable, Sendable {
         .init(env: "DISPATCH_TOKEN_KEY", flag: "--token-key", help: "32 bytes (64 hex digits or base64) sealing device tokens at rest; embedded default: generated under the data dir"),
         .init(env: "DISPATCH_PUSH_DISMISSAL", flag: "--push-dismissal", help: "seconds an ended Live Activity stays on the Lock Screen, 0-14400 (default 14400)"),
         .init(env: "DISPATCH_PUSH_PACE", flag: "--push-pace", help: "seconds between progress-only pushes of one activity to a phone, 0-60 (default 1; state changes and ends go at once)"),
+        .init(env: "DISPATCH_PUSH_TO_START_LIMIT", flag: "--push-to-start-limit", help: "push-to-start pushes per device in any hour, 0-1000 (default 8); starts past it are not sent to that device"),
+        .init(env: "DISPATCH_APNS_IDLE", flag: "--apns-idle", help: "seconds an idle APNs connection is kept for the next push before it is replaced, 1-3600 (default 15)"),
         .init(env: "DISPATCH_PUSH_LEASE", flag: "--push-lease", help: "seconds a claimed push stays reserved for its sender before another may send it, 4-600 (default 60)"),
     ]
 
@@ -153,6 +162,18 @@ extension APNsSettings {
                 throw ConfigError("DISPATCH_PUSH_PACE must be seconds from 0 to 60, not \(v)")
             }
             c.apns?.pace = n
+        }
+        if let v = values["DISPATCH_PUSH_TO_START_LIMIT"], !v.isEmpty {
+            guard let n = Int(v), (0...1000).contains(n) else {
+                throw ConfigError("DISPATCH_PUSH_TO_START_LIMIT must be a number of starts per device and hour from 0 to 1000, not \(v)")
+            }
+            c.apns?.pushToStartLimit = n
+        }
+        if let v = values["DISPATCH_APNS_IDLE"], !v.isEmpty {
+            guard let n = Int(v), (1...3600).contains(n) else {
+                throw ConfigError("DISPATCH_APNS_IDLE must be seconds from 1 to 3600, not \(v)")
+            }
+            c.apns?.idleSeconds = n
         }
         if let v = values["DISPATCH_PUSH_LEASE"] {
             guard let n = Int(v), (4...600).contains(n) else { throw ConfigError("DISPATCH_PUSH_LEASE must be seconds from 4 to 600, not \(v)") }

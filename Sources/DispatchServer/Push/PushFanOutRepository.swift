@@ -17,11 +17,11 @@ enum PushFanOutRepository {
                      due_at = now() + $2::int * interval '1 millisecond', attempts = o.attempts + 1
               WHERE o.ctid = ANY (ARRAY(
                 SELECT ctid FROM push_activity_outbox
-                WHERE wanted_seq > sent_seq AND due_at <= now()
+                WHERE (wanted_seq > sent_seq OR stale_refresh_ms > 0) AND due_at <= now()
                 ORDER BY due_at LIMIT $1::int
                 FOR UPDATE SKIP LOCKED))
               RETURNING o.activity_id, o.lease_id, o.priority, o.pending_since_ms, GREATEST(o.last_timestamp, o.row_timestamp) AS last_timestamp,
-                        o.attempts, (extract(epoch FROM now()) * 1000)::bigint AS claimed_ms)
+                        o.attempts, (extract(epoch FROM now()) * 1000)::bigint AS claimed_ms, o.sent_seq, o.stale_refresh_ms > 0 AS stale_refresh)
             SELECT c.* FROM claimed c
             WHERE (SELECT set_config('\(claimedSetting)', array_agg(activity_id)::text, true) FROM claimed) IS NOT NULL
             """, [String(limit), String(leaseMs)], name: "push_fanout_claim")
@@ -40,6 +40,10 @@ enum PushFanOutRepository {
         var entry: PushEntry
         var priority: Int
         var lastTimestamp: Int64
+        /// The seq the entry pushed last, and whether a touch asks for a new stale-date
+        /// (then devices that got that seq get the push again, with the new date).
+        var sentSeq: Int64 = 0
+        var staleRefresh = false
         var snapshot: Activity?
         var staleDeadlineMs: Int64?
         var targets: [Target] = []
@@ -63,7 +67,36 @@ enum PushFanOutRepository {
         let last = row.int64("last_timestamp") ?? 0
         let entry = PushEntry(entryID: localID, leaseID: lease, activityID: activityID, seq: 0, timestamp: 0,
                               attempts: row.int("attempts") ?? 1, pendingSinceMs: row.int64("pending_since_ms"), claimedAtMs: claimed)
-        return ClaimedEntry(entry: entry, priority: row.int("priority") ?? 5, lastTimestamp: last)
+        return ClaimedEntry(entry: entry, priority: row.int("priority") ?? 5, lastTimestamp: last,
+                            sentSeq: row.has("sent_seq") ? row.int64("sent_seq") ?? 0 : 0,
+                            staleRefresh: row.has("stale_refresh") && row["stale_refresh"] == "t")
+    }
+
+    /// A touch (contract §5.4): when the activity's new stale deadline is at least half of
+    /// `staleAfter` past the stale-date its phones were last pushed (its entry's, its channel's),
+    /// the entry or channel is due for an update with the same content-state and the new
+    /// stale-date, paced like progress (`due_at` is kept when the pace holds it back).
+    static func staleRefresh(_ activityID: String) -> PGQuery {
+        PGQuery("""
+            WITH a AS (
+              SELECT x.activity_id, x.stale_after_s,
+                     (GREATEST(x.updated_ms, coalesce(x.touched_ms, 0)) + x.stale_after_s::bigint * 1000) / 1000 AS deadline_s
+              FROM activities x WHERE x.activity_id = $1 AND x.ended_ms IS NULL AND x.stale_after_s > 0
+            ), e AS (
+              UPDATE push_activity_outbox o SET stale_refresh_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+                     due_at = CASE WHEN o.lease_id IS NULL THEN GREATEST(o.due_at, now()) ELSE o.due_at END
+              FROM a WHERE o.activity_id = a.activity_id AND o.stale_date > 0 AND o.stale_refresh_ms = 0
+                AND a.deadline_s >= o.stale_date + a.stale_after_s / 2
+              RETURNING 1
+            ), b AS (
+              UPDATE broadcast_outbox o SET stale_refresh_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+                     due_at = CASE WHEN o.lease_id IS NULL THEN GREATEST(o.due_at, now()) ELSE o.due_at END
+              FROM a WHERE o.activity_id = a.activity_id AND o.phase = 'live' AND o.stale_date > 0 AND o.stale_refresh_ms = 0
+                AND a.deadline_s >= o.stale_date + a.stale_after_s / 2
+              RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM e) + (SELECT count(*) FROM b) AS refreshed
+            """, [activityID], name: "push_stale_refresh")
     }
 
     /// The claimed entries' activities as they are now (`claimedSetting`).
@@ -148,13 +181,16 @@ enum PushFanOutRepository {
               UPDATE push_activity_outbox o SET sent_seq = GREATEST(o.sent_seq, m.seq), last_timestamp = GREATEST(o.last_timestamp, m.ts),
                      last_status = CASE WHEN m.delivered > 0 THEN '200' WHEN m.devices = 0 THEN 'no tokens' ELSE 'retrying per device' END,
                      sent_at = CASE WHEN m.delivered > 0 THEN now() ELSE o.sent_at END, last_devices = m.devices,
+                     stale_date = CASE WHEN m.delivered > 0 AND m.stale > 0 THEN m.stale ELSE o.stale_date END,
+                     stale_refresh_ms = CASE WHEN o.stale_refresh_ms <= m.claimed_ms THEN 0 ELSE o.stale_refresh_ms END,
                      attempts = 0, lease_id = NULL, lease_until = NULL,
                      due_at = CASE WHEN m.delivered > 0 AND NOT (o.priority = 10 AND o.wanted_seq > m.seq)
                                    THEN GREATEST(now(), to_timestamp(m.changed_ms / 1000.0) + $11::float8 * interval '1 second', to_timestamp(m.not_before))
                                    ELSE GREATEST(now(), to_timestamp(m.not_before)) END,
                      pending_since_ms = CASE WHEN o.wanted_seq > GREATEST(o.sent_seq, m.seq) THEN m.claimed_ms END
               FROM locked l JOIN unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[],
-                                        $9::int[], $10::int[]) AS m(activity_id, lease, seq, ts, not_before, claimed_ms, changed_ms, devices, delivered)
+                                        $9::int[], $10::int[], $22::bigint[])
+                                 AS m(activity_id, lease, seq, ts, not_before, claimed_ms, changed_ms, devices, delivered, stale)
                 ON l.activity_id = m.activity_id
               WHERE o.activity_id = m.activity_id AND o.lease_id = m.lease
               RETURNING o.activity_id
@@ -189,7 +225,8 @@ enum PushFanOutRepository {
                   PGArray.text(released.map(\.0.activityID)), PGArray.numbers(released.map(\.0.leaseID)),
                   PGArray.numbers(released.map(\.delayMs)), PGArray.text(released.map(\.status)),
                   PGArray.text(dropped.map(\.activityID)), PGArray.numbers(dropped.map(\.leaseID)),
-                  PGArray.text(bumps.map(\.0)), PGArray.numbers(bumps.map(\.1)), PGArray.numbers(bumps.map(\.2)), PGArray.numbers(bumps.map(\.3))],
+                  PGArray.text(bumps.map(\.0)), PGArray.numbers(bumps.map(\.1)), PGArray.numbers(bumps.map(\.2)), PGArray.numbers(bumps.map(\.3)),
+                  PGArray.numbers(done.map(\.0.staleDate))],
             name: "push_fanout_mark")
     }
 
@@ -200,16 +237,19 @@ enum PushFanOutRepository {
     /// pushes of the activity). An activity without an entry gets one, up to date.
     static func rowsDelivered(_ jobs: [PushJob], paceSeconds: Double) -> PGQuery {
         PGQuery("""
-            INSERT INTO push_activity_outbox AS e (activity_id, wanted_seq, sent_seq, row_timestamp, due_at, sent_at, last_status)
+            INSERT INTO push_activity_outbox AS e (activity_id, wanted_seq, sent_seq, row_timestamp, due_at, sent_at, last_status, stale_date)
             SELECT m.activity_id, max(m.seq), max(m.seq), max(m.ts),
                    GREATEST(now(), to_timestamp(max(m.changed_ms) / 1000.0) + $5::float8 * interval '1 second', to_timestamp(max(m.ts))),
-                   now(), '200'
-            FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS m(activity_id, seq, ts, changed_ms)
+                   now(), '200', max(m.stale)
+            FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $6::bigint[]) AS m(activity_id, seq, ts, changed_ms, stale)
             GROUP BY m.activity_id ORDER BY m.activity_id
             ON CONFLICT (activity_id) DO UPDATE SET row_timestamp = GREATEST(e.row_timestamp, EXCLUDED.row_timestamp),
+              stale_date = CASE WHEN EXCLUDED.stale_date > 0 AND e.stale_date > 0 THEN LEAST(e.stale_date, EXCLUDED.stale_date)
+                                ELSE GREATEST(e.stale_date, EXCLUDED.stale_date) END,
               due_at = CASE WHEN e.wanted_seq <= e.sent_seq AND e.lease_id IS NULL THEN GREATEST(e.due_at, EXCLUDED.due_at) ELSE e.due_at END
             """, [PGArray.text(jobs.map(\.activityID)), PGArray.numbers(jobs.map(\.seq)), PGArray.numbers(jobs.map(\.timestamp)),
-                  PGArray.numbers(jobs.map { $0.changedAtMs > 0 ? $0.changedAtMs : $0.claimedAtMs }), String(max(0, paceSeconds))],
+                  PGArray.numbers(jobs.map { $0.changedAtMs > 0 ? $0.changedAtMs : $0.claimedAtMs }), String(max(0, paceSeconds)),
+                  PGArray.numbers(jobs.map(\.staleDate))],
             name: "push_fanout_row_delivered")
     }
 

@@ -9,7 +9,9 @@ final class PushMetrics {
     var inFlight = 0
     /// Broadcast channel requests by outcome (contract §5.5).
     var broadcasts: [String: Int] = [:]
-    static let broadcastOutcomes = ["created", "refused", "pushed", "deleted", "failed", "retry"]
+    static let broadcastOutcomes = ["created", "refused", "pushed", "dropped", "paused", "deleted", "retry"]
+    /// Push-to-start pushes not sent because the device's hourly budget was spent (contract §5.2).
+    var startsOverBudget = 0
     private var broadcastLatencySum = 0.0
     private var broadcastLatencyCount = 0
     /// Open connections to APNs, read when rendered.
@@ -49,6 +51,8 @@ final class PushMetrics {
         s += "# HELP dispatch_push_broadcasts_total Broadcast channel requests (create, push, delete) by outcome.\n"
         s += "# TYPE dispatch_push_broadcasts_total counter\n"
         for r in Self.broadcastOutcomes { s += "dispatch_push_broadcasts_total{\(w),result=\"\(r)\"} \(broadcasts[r] ?? 0)\n" }
+        s += "# HELP dispatch_push_starts_over_budget_total Push-to-start pushes not sent: the device had DISPATCH_PUSH_TO_START_LIMIT starts in the last hour.\n"
+        s += "# TYPE dispatch_push_starts_over_budget_total counter\ndispatch_push_starts_over_budget_total{\(w)} \(startsOverBudget)\n"
         s += "# HELP dispatch_push_broadcast_latency_seconds Change committed to APNs answered, per broadcast push.\n"
         s += "# TYPE dispatch_push_broadcast_latency_seconds summary\n"
         s += "dispatch_push_broadcast_latency_seconds_sum{\(w)} \(broadcastLatencySum)\n"

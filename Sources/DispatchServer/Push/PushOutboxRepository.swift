@@ -31,7 +31,10 @@ enum PushOutboxRepository {
             """, [String(limit), String(leaseMs)], name: "push_claim")
     }
 
-    /// What the claimed rows push: each activity as it is now and the sealed token it goes to.
+    /// What the claimed rows push: each activity as it is now and the sealed token it goes to;
+    /// for a push-to-start, how many starts its device was sent in the last hour or has on
+    /// their way under another claim's lease (the budget, `DISPATCH_PUSH_TO_START_LIMIT`;
+    /// Migrations/0020's index). The rows of one claim share its lease.
     /// Read after the claim committed, so a change committed before the claim took its row is
     /// seen here even when it left the row untouched (a row waiting to be claimed is not
     /// rewritten per change; see ActivityRepository.finalizeStatement). Each look-up is a
@@ -43,7 +46,10 @@ enum PushOutboxRepository {
                    \(ActivityRepository.columns),
                    tok.mac AS token_mac, tok.sealed AS token_sealed, tok.hint AS token_hint, dev.environment AS device_environment,
                    (SELECT b.phase FROM broadcast_outbox b WHERE b.activity_id = k.activity_id) AS channel_phase,
-                   (SELECT e.last_timestamp FROM push_activity_outbox e WHERE k.kind = 'update' AND e.activity_id = k.activity_id) AS entry_timestamp
+                   (SELECT e.last_timestamp FROM push_activity_outbox e WHERE k.kind = 'update' AND e.activity_id = k.activity_id) AS entry_timestamp,
+                   (SELECT count(*) FROM push_outbox s WHERE k.kind = 'start' AND s.kind = 'start' AND s.device_id = k.device_id
+                      AND (s.sent_at > now() - interval '1 hour'
+                           OR (s.lease_id <> $4::bigint AND s.lease_until > now() AND s.wanted_seq > s.sent_seq))) AS starts_last_hour
             FROM unnest($1::text[], $2::bigint[], $3::text[]) AS k(activity_id, device_id, kind)
             LEFT JOIN LATERAL (SELECT * FROM activities x WHERE x.activity_id = k.activity_id LIMIT 1) a ON true
             LEFT JOIN LATERAL (SELECT environment FROM devices d WHERE d.id = k.device_id LIMIT 1) dev ON true
@@ -54,7 +60,7 @@ enum PushOutboxRepository {
               SELECT d.push_to_start_mac, d.push_to_start_sealed, d.push_to_start_hint FROM devices d
               WHERE k.kind = 'start' AND d.id = k.device_id AND d.push_to_start_sealed IS NOT NULL
               LIMIT 1) tok ON true
-            """, keys(rows.map(\.job)), name: "push_read")
+            """, keys(rows.map(\.job)) + [String(rows.first?.job.leaseID ?? 0)], name: "push_read")
     }
 
     /// One claimed row, decoded from the claim, then completed by `read`.
@@ -68,6 +74,8 @@ enum PushOutboxRepository {
         /// The broadcast channel's phase, for a broadcast activity.
         var channelPhase: BroadcastPhase?
         var tokenSealed: [UInt8]?
+        /// Of a push-to-start: the starts its device was sent in the last hour.
+        var startsLastHour = 0
 
         var key: String { Self.key(job.activityID, job.deviceID, job.kind.rawValue) }
         static func key(_ activity: String, _ device: Int64, _ kind: String) -> String { "\(kind) \(device) \(activity)" }
@@ -96,6 +104,7 @@ enum PushOutboxRepository {
         row.job.tokenMac = Bytea.decode(r["token_mac"]) ?? []
         row.job.tokenHint = r["token_hint"] ?? "…"
         row.tokenSealed = Bytea.decode(r["token_sealed"])
+        row.startsLastHour = r.has("starts_last_hour") ? r.int("starts_last_hour") ?? 0 : 0
         row.channelPhase = r["channel_phase"].flatMap(BroadcastPhase.init(rawValue:))
         row.job.environment = r["device_environment"].flatMap(APNsEnvironment.init(rawValue:)) ?? .production
         // The activity's fan-outs may have pushed newer timestamps to this phone than the row did

@@ -17,6 +17,9 @@ final class PushService {
         let body: [UInt8]
         let priority: Int
         let expiration: Int64
+        /// A broadcast start naming its channel: the body for the other environment (tried after
+        /// `BadDeviceToken`), which asks for an update token instead (a channel lives in one).
+        var otherEnvironmentBody: [UInt8]? = nil
     }
 
     typealias Machine = PushSenderMachine<Prepared>
@@ -39,6 +42,8 @@ final class PushService {
     private let dismissalSeconds: Int64
     private let leaseMs: Int
     private let requestTimeout: Double
+    /// `APNsSettings.pushToStartLimit`.
+    private var startLimit: Int { settings.pushToStartLimit }
     private var machine: Machine
     private var providerToken: (generation: Int, jwt: String)?
     private let tokenStore: ProviderTokenStore
@@ -75,13 +80,16 @@ final class PushService {
         // could claim it while the first still waits.
         requestTimeout = min(10, Double(leaseSeconds) / 3)
         db = PGConnection(loop: loop, driver: driver, conninfo: conninfo, name: "push", log: log)
-        client = makeClient(.apns(caFile: settings.caFile))
+        client = makeClient(.apns(caFile: settings.caFile, idleSeconds: settings.idleSeconds))
         machine = Machine()
         tokenStore = ProviderTokenStore(db: db, settings: settings, signer: signer, vault: vault,
                                         policy: machine.settings.providerToken, log: log, clock: clock)
         metrics = PushMetrics()
         broadcasts = BroadcastService(loop: loop, db: db, curl: client, settings: settings, tokenStore: tokenStore, metrics: metrics,
                                       dismissalSeconds: Int64(dismissalSeconds), leaseMs: leaseMs, requestTimeout: requestTimeout, log: log)
+        broadcasts.onPaused = { [unowned self] until in
+            self.perform(self.machine.pausedByBroadcasts(until: Double(until), now: self.now()))
+        }
         // Open HTTP/2 connections are the curl client's to count (a scripted one has none).
         metrics.connections = { [client] in (client as? CurlClient)?.openConnections ?? 0 }
     }
@@ -211,10 +219,12 @@ final class PushService {
             }
             var byKey: [String: PGRow] = [:]
             for r in rs[0].rows { if let k = PushOutboxRepository.readKey(r) { byKey[k] = r } }
+            // Starts of this batch count against their device's budget as they are planned.
+            var starts = StartBudget(limit: self.startLimit)
             let items = claimed.map { row -> Machine.Claimed in
                 var row = row
                 if let r = byKey[row.key] { PushOutboxRepository.complete(&row, with: r) }
-                return self.prepare(row)
+                return self.prepare(row, starts: &starts)
             }
             self.perform(self.machine.claimed(items + fannedOut, requested: requested, full: full, now: now()))
         }
@@ -225,17 +235,23 @@ final class PushService {
     /// A token that will not open is retired on its own.
     private func fanOut(_ claimed: PushFanOutRepository.ClaimedEntry) -> [Machine.Claimed] {
         var entry = claimed.entry
+        // A touch asked for a new stale-date and nothing newer is waiting: the same
+        // content-state goes again, to the devices that have it too (contract §5.4).
+        let refreshOnly = claimed.staleRefresh && entry.seq <= claimed.sentSeq
         switch PushPlan.make(kind: .update, snapshot: claimed.snapshot, hasToken: true, lastTimestamp: claimed.lastTimestamp,
-                             priority: claimed.priority, dismissalDelaySeconds: dismissalSeconds, staleDeadlineMs: claimed.staleDeadlineMs) {
+                             priority: refreshOnly ? 5 : claimed.priority, dismissalDelaySeconds: dismissalSeconds,
+                             staleDeadlineMs: claimed.staleDeadlineMs, sentAtSeconds: Int64(now())) {
         case .drop, .skip:
             return [.settle(.dropEntry(entry))]
         case .send(let body, let timestamp, let priority, let expiration):
             entry.timestamp = timestamp
-            entry.changedAtMs = claimed.snapshot?.updatedAt ?? entry.claimedAtMs
+            // A refresh is paced like progress from when it goes, not from the old change.
+            entry.changedAtMs = refreshOnly ? entry.claimedAtMs : (claimed.snapshot?.updatedAt ?? entry.claimedAtMs)
+            entry.staleDate = claimed.staleDeadlineMs.map(LiveActivityPayload.seconds) ?? 0
             var jobs: [(PushJob, Prepared)] = []
             var unreadable: [Machine.Claimed] = []
             for t in claimed.targets {
-                if t.rowPending || (t.rowSentSeq ?? 0) >= entry.seq {
+                if t.rowPending || (!refreshOnly && (t.rowSentSeq ?? 0) >= entry.seq) {
                     entry.passedOver.append(t.deviceID)
                     continue
                 }
@@ -248,6 +264,7 @@ final class PushService {
                 job.entryID = entry.entryID
                 job.priority = priority
                 job.clearsFailedRow = t.rowFailed
+                job.staleDate = entry.staleDate
                 guard let token = vault.open(t.sealed, mac: t.mac) else {
                     log.error("push.token_unreadable", [("activity", job.activityID), ("device", job.deviceID), ("kind", job.kind.rawValue),
                                                         ("hint", "DISPATCH_TOKEN_KEY changed? the token is retired; the phone registers it again")])
@@ -261,7 +278,7 @@ final class PushService {
     }
 
     /// A claimed row becomes a request, or is settled without one.
-    private func prepare(_ row: PushOutboxRepository.ClaimedRow) -> Machine.Claimed {
+    private func prepare(_ row: PushOutboxRepository.ClaimedRow, starts: inout StartBudget) -> Machine.Claimed {
         var job = row.job
         // A broadcast activity's push-to-start names its channel: it waits while the channel is
         // made, at most `channelWait` (APNs unreachable: the start goes without one).
@@ -269,23 +286,40 @@ final class PushService {
            job.claimedAtMs - a.createdAt < Self.channelWaitMs {
             return .settle(.retry(job, afterSeconds: 0.2, status: .waitingForChannel, countsAsAttempt: false))
         }
+        // A channel lives in one environment: only a device registered there can subscribe to
+        // it; the others are asked for an update token instead (contract §5.2).
+        let channel = row.snapshot?.channelId.flatMap { job.environment == settings.broadcastEnvironment ? $0 : nil }
         switch PushPlan.make(kind: job.kind, snapshot: row.snapshot, hasToken: row.tokenSealed != nil, lastTimestamp: row.lastTimestamp,
                              priority: row.priority, dismissalDelaySeconds: dismissalSeconds, staleDeadlineMs: row.staleDeadlineMs,
-                             channelID: row.snapshot?.channelId) {
+                             channelID: channel, sentAtSeconds: Int64(now())) {
         case .drop:
             return .settle(.drop(job))
         case .skip:
             return .settle(.skipped(job))
         case .send(let body, let timestamp, let priority, let expiration):
+            if job.kind == .start && !starts.take(device: job.deviceID, sentLastHour: row.startsLastHour) {
+                // Past the device's budget: APNs would answer 200 and the phone show nothing.
+                metrics.startsOverBudget += 1
+                log.warning("push.start_over_budget", [("activity", job.activityID), ("device", job.deviceID), ("token", job.tokenHint),
+                                                       ("limit", startLimit), ("hint", "DISPATCH_PUSH_TO_START_LIMIT starts in the last hour; not sent")])
+                return .settle(.skipped(job))
+            }
             job.timestamp = timestamp
             job.priority = priority
+            job.staleDate = row.staleDeadlineMs.map(LiveActivityPayload.seconds) ?? 0
             job.changedAtMs = row.snapshot?.updatedAt ?? job.claimedAtMs
             guard let sealed = row.tokenSealed, let token = vault.open(sealed, mac: job.tokenMac) else {
                 log.error("push.token_unreadable", [("activity", job.activityID), ("device", job.deviceID), ("kind", job.kind.rawValue),
                                                     ("hint", "DISPATCH_TOKEN_KEY changed? the token is retired; the phone registers it again")])
                 return .settle(.retire(job, invalidSinceMs: job.claimedAtMs, status: .unreadableToken))
             }
-            return .send(job, Prepared(token: token, body: body, priority: priority, expiration: expiration))
+            var prepared = Prepared(token: token, body: body, priority: priority, expiration: expiration)
+            if channel != nil, case .send(let other, _, _, _) = PushPlan.make(
+                kind: job.kind, snapshot: row.snapshot, hasToken: true, lastTimestamp: row.lastTimestamp, priority: row.priority,
+                dismissalDelaySeconds: dismissalSeconds, staleDeadlineMs: row.staleDeadlineMs, channelID: nil, sentAtSeconds: Int64(now())) {
+                prepared.otherEnvironmentBody = other
+            }
+            return .send(job, prepared)
         }
     }
 
@@ -329,7 +363,8 @@ final class PushService {
             return waitingForToken.append((job, p, generation))
         }
         let jwt = token.jwt
-        let request = APNsRequest.make(settings, environment: job.environment, token: p.token, providerToken: jwt, body: p.body, priority: p.priority,
+        let body = job.environment != settings.broadcastEnvironment ? p.otherEnvironmentBody ?? p.body : p.body
+        let request = APNsRequest.make(settings, environment: job.environment, token: p.token, providerToken: jwt, body: body, priority: p.priority,
                                        expiration: p.expiration, timeout: requestTimeout)
         client.send(request) { [weak self] result in
             guard let self else { return }
