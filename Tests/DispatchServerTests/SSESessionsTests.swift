@@ -12,6 +12,7 @@ final class SSESessionsTests: XCTestCase {
         let keyID: Int64
         let connection: SSEConnection
         let stream: ScriptedStream
+        var sessionHash: String?
         init(id: Int, keyID: Int64, connection: SSEConnection, stream: ScriptedStream) {
             self.id = id
             self.keyID = keyID

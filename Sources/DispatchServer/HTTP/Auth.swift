@@ -17,6 +17,11 @@ final class Auth {
     private var used: Set<Int64> = []
     private var touchTimer: Timer?
     let publishRate: Double
+    /// Sign-in attempts per client address and per key (`DISPATCH_SIGNIN_RATE`, per worker).
+    private var signInsByClient: PerClientRate?
+    private var signInsByKey: PerClientRate?
+    /// When the sessions holding streams are next written down as in use.
+    var streamSessionsTouchDue: Double = 0
 
     init(db: Database, loop: EventLoop, log: Logger, ttl: Double = 10, publishRate: Double) {
         self.db = db
@@ -112,6 +117,21 @@ final class Auth {
                 log.warning("keys.last_used_failed", [("error", e.trimmingNewlines)])
             }
         }
+    }
+
+    /// One sign-in attempt from `client`; the seconds to wait when refused. Checked before
+    /// anything else, so a flood of attempts costs no database work.
+    func takeSignIn(client: String, perMinute: Double) -> Double? {
+        guard perMinute > 0 else { return nil }
+        if signInsByClient == nil { signInsByClient = PerClientRate(rate: perMinute / 60, burst: perMinute) }
+        return signInsByClient!.take(client, now: Clock.monotonic())
+    }
+
+    /// One sign-in with the key `keyID`, once the key is known good.
+    func takeSignIn(keyID: Int64, perMinute: Double) -> Double? {
+        guard perMinute > 0 else { return nil }
+        if signInsByKey == nil { signInsByKey = PerClientRate(rate: perMinute / 60, burst: perMinute) }
+        return signInsByKey!.take(String(keyID), now: Clock.monotonic())
     }
 
     /// Per-key publish rate; admin keys are not limited. Returns a refusal with Retry-After.
