@@ -3,6 +3,8 @@
 /// the database work.
 public enum BrowserSession {
     public static let cookieName = "dispatch_session"
+    /// Every session secret starts so; a cookie that does not is refused without a lookup.
+    public static let secretPrefix = "dss_"
     /// A session unused this long is over.
     public static let idleSeconds: Int64 = 12 * 3600
     /// `last_used_at` is written at most this often per session (reads stay reads).

@@ -220,4 +220,67 @@ final class AbuseBoundsTests: XCTestCase {
         XCTAssertLessThan(try secondsUntilClosed(feed), 2, "a feed")
         XCTAssertLessThan(try secondsUntilClosed(cookieFeed), 2, "a session's feed")
     }
+
+    // MARK: - Floods (issue 36, point 2)
+
+    /// `n` requests on `conns` keep-alive connections at once, as fast as they go.
+    func flood(_ s: TestServer, _ n: Int, conns: Int = 8, request: String) throws {
+        let socks = try (0..<conns).map { _ in try TestSocket.connect(port: s.port) }
+        defer { for c in socks { c.close() } }
+        let per = n / conns
+        for c in socks { try c.send(String(repeating: request, count: per)) }
+        for c in socks {
+            var got = 0
+            let deadline = Clock.monotonic() + 20
+            while got < per, Clock.monotonic() < deadline {
+                guard let chunk = try c.read(timeout: 1), !chunk.isEmpty else { continue }
+                got += String(decoding: chunk, as: UTF8.self).components(separatedBy: "HTTP/1.1 ").count - 1
+            }
+            XCTAssertEqual(got, per, "every request answered")
+        }
+    }
+
+    func testAFloodOfRefusedRequestsWritesBoundedAccessLines() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_ACCESS_LOG": "20"])
+        defer { s.stop() }
+        let before = s.log().components(separatedBy: "msg=http.request").count
+        let t0 = Clock.monotonic()
+        try flood(s, 2_000, request: "GET /v1/activities HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer made-up-key-0123456789\r\n\r\n")
+        let seconds = Clock.monotonic() - t0
+        // One more, a second later, tells what was left out.
+        usleep(1_100_000)
+        XCTAssertEqual(try HTTPClient(port: s.port).get("/nope").status, 404)
+        XCTAssertTrue(try waitUntil(5) { s.log().contains("msg=log.suppressed message=http.request") }, "the count of lines left out is written")
+        let lines = s.log().components(separatedBy: "msg=http.request").count - before
+        XCTAssertLessThanOrEqual(Double(lines), 20 * (seconds.rounded(.up) + 2), "at most 20 access lines a second, not one per request")
+        XCTAssertGreaterThan(lines, 0)
+
+        let off = try TestServer.start(environment: ["DISPATCH_ACCESS_LOG": "off"])
+        defer { off.stop() }
+        XCTAssertEqual(try HTTPClient(port: off.port).get("/nope").status, 404)
+        XCTAssertEqual(try off.client.get("/v1/activities").status, 200)
+        XCTAssertFalse(off.log().contains("msg=http.request"))
+    }
+
+    /// Reader round trips so far (the metric's count).
+    func readerRoundTrips(_ s: TestServer) throws -> Int {
+        let text = try HTTPClient(port: s.port).get("/metrics").text
+        let line = text.split(separator: "\n").first { $0.hasPrefix("dispatch_db_query_seconds_count{") && $0.contains("session=\"reader\"") }
+        return Int(line?.split(separator: " ").last ?? "") ?? -1
+    }
+
+    func testRefusedCredentialsCostNoLookupOnceKnown() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        let browser = HTTPClient(port: s.port)
+        let before = try readerRoundTrips(s)
+        for i in 0..<150 {
+            let junk = ["junk-\(i)", "dss_made-up", "dss_made-up"][i % 3]
+            let r = try browser.get("/v1/activities", headers: ["Cookie": "dispatch_session=\(junk)"])
+            XCTAssertEqual(r.status, 401, junk)
+            XCTAssertEqual(try HTTPClient(port: s.port, token: "made-up-key-0123456789").get("/v1/activities").status, 401)
+        }
+        let spent = try readerRoundTrips(s) - before
+        XCTAssertLessThan(spent, 20, "300 refusals: a lookup for each made-up secret once, not one per request (\(spent))")
+    }
 }

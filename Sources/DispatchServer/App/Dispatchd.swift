@@ -43,6 +43,7 @@ public enum Dispatchd {
             return 2
         }
         let log = Logger(level: Logger.Level(name: config.logLevel) ?? .info, format: config.logFormat)
+        log.accessRule = config.accessLog.rule
         if command == .serve, let refusal = LibeventInternals.refusal() {
             log.error("libevent.unsupported", [("error", refusal)])
             return 1

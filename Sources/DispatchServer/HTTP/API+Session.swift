@@ -60,7 +60,7 @@ extension API {
             if let wait = self.auth.takeSignIn(keyID: key.id, perMinute: limits.signInsPerMinute) {
                 return self.fail(req, KeyRules.tooManySignIns(perMinute: limits.signInsPerMinute, by: "with this key", wait: wait))
             }
-            let secret = "dss_" + RandomID.secret(using: &self.rng).dropFirst(4)
+            let secret = BrowserSession.secretPrefix + RandomID.secret(using: &self.rng).dropFirst(4)
             self.db.read(SessionSQL.create(secretHash: SHA256.hex(Array(secret.utf8)), keyID: key.id, max: limits.maxSessionsPerKey)) { r in
                 switch r {
                 case .failure(let e): self.fail(req, e)
@@ -106,6 +106,7 @@ extension API {
             switch r {
             case .failure(let e): self.fail(req, e)
             case .success:
+                self.auth.sessionEnded(hash)
                 // Its streams here end now; other workers and servers see it at their next
                 // re-check (`recheckStreamAuthority`, every second).
                 self.streams.closeStreams(ofSession: hash)
@@ -153,12 +154,18 @@ extension API {
     /// The key behind a session cookie, for `authenticated`: nil when the session is unknown,
     /// signed out, idle for 12 hours, or its key revoked.
     func sessionKey(_ secret: String, _ completion: @escaping (Result<APIKey?, DispatchError>) -> Void) {
+        // What we never hand out, or found ended before, costs no round trip.
+        guard secret.hasPrefix(BrowserSession.secretPrefix) else { return completion(.success(nil)) }
         let hash = SHA256.hex(Array(secret.utf8))
+        if auth.isEndedSession(hash) { return completion(.success(nil)) }
         db.read(SessionSQL.find(secretHash: hash)) { [weak self] r in
             switch r {
             case .failure(let e): completion(.failure(e))
             case .success(let rows):
-                guard let row = rows.first, var key = APIKey(row: row) else { return completion(.success(nil)) }
+                guard let row = rows.first, var key = APIKey(row: row) else {
+                    self?.auth.sessionEnded(hash)
+                    return completion(.success(nil))
+                }
                 key.sessionHash = hash
                 // Idle time is kept to the minute: a write at most once a minute per session,
                 // best effort, never on the request's path.

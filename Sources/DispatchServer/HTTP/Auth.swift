@@ -12,6 +12,12 @@ final class Auth {
     let ttl: Double
     let log: Logger
     private var cache: [String: (key: APIKey?, fetched: Double)] = [:]
+    /// Secrets the database did not know, apart from `cache`: a flood of made-up keys fills
+    /// this one (and empties it when full), never pushing good keys out (issue 36).
+    private var refused: [String: Double] = [:]
+    /// Session hashes found ended (a session never comes back): refused without a round trip.
+    private var endedSessions = Set<String>()
+    static let maxCached = 10_000
     private var waiters: [String: [(Result<APIKey?, DispatchError>) -> Void]] = [:]
     private var publishes: PerKeyRate
     private var used: Set<Int64> = []
@@ -38,7 +44,15 @@ final class Auth {
 
     func invalidateAll() {
         cache.removeAll()
+        refused.removeAll()
         generation += 1
+    }
+
+    func isEndedSession(_ hash: String) -> Bool { endedSessions.contains(hash) }
+
+    func sessionEnded(_ hash: String) {
+        if endedSessions.count >= Auth.maxCached { endedSessions.removeAll() }
+        endedSessions.insert(hash)
     }
 
     static func secret(from req: HTTPRequest, allowQuery: Bool) -> String? {
@@ -75,8 +89,12 @@ final class Auth {
         }
         // Cached by secret (process memory only), so the hot path hashes nothing; the
         // database only ever sees and stores the SHA-256.
-        if let hit = cache[secret], Clock.monotonic() - hit.fetched < ttl {
+        let now = Clock.monotonic()
+        if let hit = cache[secret], now - hit.fetched < ttl {
             return finish(hit.key)
+        }
+        if let at = refused[secret], now - at < ttl {
+            return finish(nil)
         }
         if waiters[secret] != nil {
             waiters[secret]!.append { r in
@@ -99,8 +117,15 @@ final class Auth {
                 for w in waiting { w(.failure(Database.unavailable)) }
             case .success(let r):
                 let key = r.first.flatMap(APIKey.init(row:))
-                if self.cache.count > 10_000 { self.cache.removeAll() }
-                if startedIn == self.generation { self.cache[secret] = (key, Clock.monotonic()) }
+                if startedIn == self.generation {
+                    if key == nil {
+                        if self.refused.count >= Auth.maxCached { self.refused.removeAll() }
+                        self.refused[secret] = Clock.monotonic()
+                    } else {
+                        if self.cache.count >= Auth.maxCached { self.cache.removeAll() }
+                        self.cache[secret] = (key, Clock.monotonic())
+                    }
+                }
                 finish(key)
                 for w in waiting { w(.success(key)) }
             }
