@@ -104,6 +104,11 @@ public enum Dispatchd {
                 try pg.start(exclusive: command == .serve)
                 embedded = pg
                 conninfo = pg.conninfo
+            } catch let error as DataDirError {
+                // Nothing was started: say what to do, as for a bad setting.
+                log.error("embedded_postgres.data_dir_unusable", [("error", error.description)])
+                printError("dispatchd: \(error.description)")
+                return 2
             } catch {
                 log.error("embedded_postgres.failed", [("error", "\(error)")])
                 return 1
