@@ -143,7 +143,9 @@ extension API {
         }
         if !keys.isEmpty {
             db.read(KeySQL.revoked(among: keys)) { [weak self] r in
-                guard let self, case .success(let rows) = r else { return }
+                guard let self, case .success(let rows) = r, !rows.rows.isEmpty else { return }
+                // A revocation NOTIFY did not bring: the key cache must not honour it either.
+                self.auth.invalidateAll()
                 for row in rows.rows { if let id = row.int64("id") { self.onKeyRevoked(id) } }
             }
         }
