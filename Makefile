@@ -58,7 +58,7 @@ bench-full: deps
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/systemd/system
 	install -m 0755 .build/release/dispatchd .build/release/dispatch $(DESTDIR)$(PREFIX)/bin/
-	sed 's|@PREFIX@|$(PREFIX)|g' contrib/dispatchd.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/dispatchd.service
+	sed 's|/usr/local/|$(PREFIX)/|g' contrib/dispatchd.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/dispatchd.service
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/dispatchd $(DESTDIR)$(PREFIX)/bin/dispatch $(DESTDIR)$(PREFIX)/lib/systemd/system/dispatchd.service

@@ -168,6 +168,11 @@ public enum CLITransportPolicy {
 }
 
 public enum CLIHTTP {
+    /// Seconds a connection may take to be made (TCP, and TLS for https): a server that is
+    /// down or unreachable is said so within this, then retried as `--retry-for` says,
+    /// however long the attempt's answer may take (issue 36: `list` waited 30 s in silence).
+    public static let connectTimeout = 3.0
+
     /// Percent-encodes a path segment (an activity id): everything but RFC 3986 unreserved characters.
     public static func encodeSegment(_ s: String) -> String {
         var out = ""

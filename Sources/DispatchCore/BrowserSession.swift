@@ -3,25 +3,63 @@
 /// the database work.
 public enum BrowserSession {
     public static let cookieName = "dispatch_session"
+    /// Every session secret starts so; a cookie that does not is refused without a lookup.
+    public static let secretPrefix = "dss_"
     /// A session unused this long is over.
     public static let idleSeconds: Int64 = 12 * 3600
     /// `last_used_at` is written at most this often per session (reads stay reads).
     public static let touchEverySeconds: Int64 = 60
 
-    /// The session secret in a `Cookie` header (`a=b; dispatch_session=...`), or nil.
-    public static func secret(cookieHeader: String?) -> String? {
-        guard let cookieHeader else { return nil }
-        for part in cookieHeader.split(separator: ";") {
-            let pair = part.drop { $0 == " " || $0 == "\t" }
-            guard let eq = pair.firstIndex(of: "=") else { continue }
-            guard pair[..<eq] == cookieName[...] else { continue }
-            let value = pair[pair.index(after: eq)...].reversed().drop { $0 == " " || $0 == "\t" }.reversed()
-            let text = String(value)
-            guard (1...128).contains(text.utf8.count), text.utf8.allSatisfy({ (0x21...0x7E).contains($0) && $0 != 0x3B && $0 != 0x2C })
-            else { return nil }
-            return text
+    /// What a request's `Cookie` headers say about the session cookie.
+    public enum CookieRead: Equatable, Sendable {
+        /// No session cookie (or one whose value is not a session secret).
+        case none
+        case one(String)
+        /// The cookie named twice (in one header or across several): refused with `400`, as
+        /// a first-wins or last-wins reading would let a cookie tossed from a sibling
+        /// subdomain or over plain HTTP shadow the real one.
+        case duplicate
+    }
+
+    /// Reads every `Cookie` header of a request (`a=b; dispatch_session=...`).
+    public static func read(cookieHeaders: [String]) -> CookieRead {
+        var found: String?
+        var malformed = false
+        var count = 0
+        for header in cookieHeaders {
+            for part in header.split(separator: ";") {
+                let pair = part.drop { $0 == " " || $0 == "\t" }
+                guard let eq = pair.firstIndex(of: "=") else { continue }
+                guard pair[..<eq] == cookieName[...] else { continue }
+                count += 1
+                let value = pair[pair.index(after: eq)...].reversed().drop { $0 == " " || $0 == "\t" }.reversed()
+                let text = String(value)
+                if (1...128).contains(text.utf8.count), text.utf8.allSatisfy({ (0x21...0x7E).contains($0) && $0 != 0x3B && $0 != 0x2C }) {
+                    found = found ?? text
+                } else {
+                    malformed = true
+                }
+            }
         }
-        return nil
+        if count > 1 { return .duplicate }
+        guard !malformed, let found else { return .none }
+        return .one(found)
+    }
+
+    /// The session secret in a `Cookie` header, or nil (none, malformed, or named twice).
+    public static func secret(cookieHeader: String?) -> String? {
+        guard let cookieHeader, case .one(let s) = read(cookieHeaders: [cookieHeader]) else { return nil }
+        return s
+    }
+
+    public static let duplicateCookie = DispatchError(.invalidField, "the request carries the \(cookieName) cookie more than once: clear this site's cookies and sign in again")
+
+    /// Whether `X-Forwarded-Proto` (already known to come from a trusted proxy) says HTTPS:
+    /// its first value, trimmed of spaces and tabs, compared without case.
+    public static func forwardedHTTPS(_ header: String?) -> Bool {
+        guard let header, let first = header.split(separator: ",", omittingEmptySubsequences: false).first else { return false }
+        let trimmed = first.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed()
+        return String(trimmed).lowercased() == "https"
     }
 
     /// The `Set-Cookie` value that hands `secret` to the browser.

@@ -23,6 +23,8 @@ public struct DispatchError: Error, Equatable, Sendable {
         case tooManyLiveActivities = "too_many_live_activities"
         /// The key registered `DISPATCH_MAX_DEVICES_PER_KEY` devices (contract §6).
         case tooManyDevices = "too_many_devices"
+        /// The key holds `DISPATCH_MAX_SESSIONS_PER_KEY` browser sessions (contract §7).
+        case tooManySessions = "too_many_sessions"
         case databaseUnavailable = "database_unavailable"
         case internalError = "internal"
     }
@@ -50,7 +52,7 @@ public struct DispatchError: Error, Equatable, Sendable {
         case .alreadyFinished, .conflict, .invalidTransition, .concurrentChanges: return 409
         case .bodyTooLarge: return 413
         case .unsupportedMediaType: return 415
-        case .rateLimited, .tooManyStreams, .tooManyLiveActivities, .tooManyDevices: return 429
+        case .rateLimited, .tooManyStreams, .tooManyLiveActivities, .tooManyDevices, .tooManySessions: return 429
         case .internalError: return 500
         case .databaseUnavailable: return 503
         }

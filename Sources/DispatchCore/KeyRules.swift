@@ -38,6 +38,28 @@ public enum KeyRules {
 
     public static let defaultMaxLive = 10_000
     public static let defaultMaxDevices = 1_000
+    /// Live Activity tokens one device keeps (contract §5.1); one more forgets the token of
+    /// the activity that changed least recently.
+    public static let defaultMaxActivityTokensPerDevice = 64
+    /// Browser sessions one key may hold (contract §7).
+    public static let defaultMaxSessionsPerKey = 100
+    /// Sign-in attempts (`POST /v1/session`) per minute per client address and per key.
+    public static let defaultSignInsPerMinute: Double = 20
+    /// What a refused sign-in is told to wait when the key holds too many sessions: they end
+    /// by sign-out or after 12 idle hours, so a minute is as good a guess as any.
+    public static let sessionsFullRetryAfter = 60
+
+    public static func tooManySessions(max: Int) -> DispatchError {
+        var e = DispatchError(.tooManySessions, "this key already holds \(max) browser sessions (DISPATCH_MAX_SESSIONS_PER_KEY): sign out elsewhere, or wait for idle ones to end")
+        e.retryAfterSeconds = sessionsFullRetryAfter
+        return e
+    }
+
+    public static func tooManySignIns(perMinute: Double, by who: String, wait: Double) -> DispatchError {
+        var e = DispatchError(.rateLimited, "too many sign-in attempts \(who) (DISPATCH_SIGNIN_RATE, \(perMinute.rounded() == perMinute ? String(Int(perMinute)) : String(perMinute)) a minute): try again later")
+        e.retryAfterSeconds = max(1, Int(wait.rounded(.up)))
+        return e
+    }
 
     public static func tooManyLive(max: Int) -> DispatchError {
         DispatchError(.tooManyLiveActivities, "this key already has \(max) live activities (DISPATCH_MAX_LIVE_PER_KEY): end some first")

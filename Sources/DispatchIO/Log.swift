@@ -35,11 +35,28 @@ public final class Logger: @unchecked Sendable {
     public var level: Level
     public var format: Format
     public var staticFields: [(String, String)]
+    /// The message of the access line (`http.request`), limited by `accessRule`.
+    public static let accessMessage = "http.request"
+    /// Access lines per window (`DISPATCH_ACCESS_LOG`); nil: every one.
+    public var accessRule: LogThrottle.Rule?
+    /// Warnings and errors of one message per window: a flood repeats one warning, and its
+    /// lines must not cost more than the flood (the count of those left out is written).
+    public var warningRule: LogThrottle.Rule? = Logger.defaultWarningRule
+    public static let defaultWarningRule = LogThrottle.Rule(lines: 20, window: 10)
+    private var throttle = LogThrottle()
+    private let lock: UnsafeMutablePointer<pthread_mutex_t>
 
     public init(level: Level = .info, format: Format = .logfmt, fields: [(String, String)] = []) {
         self.level = level
         self.format = format
         self.staticFields = fields
+        lock = .allocate(capacity: 1)
+        pthread_mutex_init(lock, nil)
+    }
+
+    deinit {
+        pthread_mutex_destroy(lock)
+        lock.deallocate()
     }
 
     public func debug(_ msg: String, _ fields: [(String, Any)] = []) { log(.debug, msg, fields) }
@@ -51,6 +68,21 @@ public final class Logger: @unchecked Sendable {
 
     public func log(_ level: Level, _ msg: String, _ fields: [(String, Any)]) {
         guard level >= self.level else { return }
+        if let rule = msg == Logger.accessMessage ? accessRule : (level >= .warning ? warningRule : nil) {
+            pthread_mutex_lock(lock)
+            let decision = throttle.admit(msg, rule: rule, now: Clock.monotonic())
+            pthread_mutex_unlock(lock)
+            switch decision {
+            case .suppress: return
+            case .write(let before) where before > 0:
+                emit(level, "log.suppressed", [("message", msg), ("count", before), ("window_s", rule.window)])
+            case .write: break
+            }
+        }
+        emit(level, msg, fields)
+    }
+
+    private func emit(_ level: Level, _ msg: String, _ fields: [(String, Any)]) {
         let ts = Timestamp.format(milliseconds: Clock.nowMilliseconds())
         var line: String
         switch format {

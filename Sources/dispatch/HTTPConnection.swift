@@ -27,10 +27,11 @@ extension HTTP1Connection {
         }
     }
 
-    /// One complete request and its buffered answer, within `timeout` seconds.
+    /// One complete request and its buffered answer, within `timeout` seconds; the connection
+    /// within `CLIHTTP.connectTimeout` of them.
     static func exchange(endpoint: CLIEndpoint, caFile: String?, request: [UInt8], timeout: Double) throws(TransportError) -> HTTPResponse {
         let deadline = Clock.monotonic() + timeout
-        let conn = try connect(to: endpoint, caFile: caFile, timeout: timeout)
+        let conn = try connect(to: endpoint, caFile: caFile, timeout: min(timeout, CLIHTTP.connectTimeout))
         try conn.send(request, deadline: deadline)
         return try conn.response(by: deadline)
     }

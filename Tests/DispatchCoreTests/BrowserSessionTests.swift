@@ -15,6 +15,43 @@ final class BrowserSessionTests: XCTestCase {
         XCTAssertNil(BrowserSession.secret(cookieHeader: "dispatch_session=a\u{7F}b"))
     }
 
+    func testTheCookieNamedTwiceIsRefused() {
+        let cases: [([String], BrowserSession.CookieRead)] = [
+            ([], .none),
+            (["theme=dark"], .none),
+            (["dispatch_session=a"], .one("a")),
+            (["x=1", "dispatch_session=a"], .one("a")),
+            (["dispatch_session=a; dispatch_session=b"], .duplicate),
+            (["dispatch_session=a; dispatch_session=a"], .duplicate),
+            (["dispatch_session=a", "dispatch_session=b"], .duplicate),
+            (["dispatch_session=; dispatch_session=b"], .duplicate),
+            (["dispatch_session=a\u{7F}"], .none),
+            (["xdispatch_session=1; dispatch_session=2"], .one("2")),
+        ]
+        for (headers, want) in cases { XCTAssertEqual(BrowserSession.read(cookieHeaders: headers), want, "\(headers)") }
+        XCTAssertNil(BrowserSession.secret(cookieHeader: "dispatch_session=a; dispatch_session=b"))
+    }
+
+    func testForwardedProtoIsTrimmed() {
+        for (header, https) in [("https", true), (" https ", true), ("HTTPS\t", true), ("https, http", true), ("\thttps,http", true),
+                                ("http", false), ("http, https", false), ("httpsx", false), ("", false), (",https", false)] as [(String, Bool)] {
+            XCTAssertEqual(BrowserSession.forwardedHTTPS(header), https, "'\(header)'")
+        }
+        XCTAssertFalse(BrowserSession.forwardedHTTPS(nil))
+    }
+
+    func testPerClientRateIsBoundedInClientsAndTime() {
+        var r = PerClientRate(rate: 1.0 / 15, burst: 4, maxClients: 3)
+        for _ in 0..<4 { XCTAssertNil(r.take("a", now: 0)) }
+        XCTAssertEqual(r.take("a", now: 0)!, 15, accuracy: 0.001, "a minute's 4 are spent: one more in 15 s")
+        XCTAssertNil(r.take("b", now: 0), "another client has its own")
+        XCTAssertNil(r.take("a", now: 15))
+        for c in ["c", "d", "e", "f"] { _ = r.take(c, now: 16) }
+        XCTAssertLessThanOrEqual(r.clients, 3, "memory is bounded whatever the number of addresses")
+        var unlimited = PerClientRate(rate: 0, burst: 1)
+        for _ in 0..<10 { XCTAssertNil(unlimited.take("x", now: 0), "0: no limit") }
+    }
+
     func testSetCookie() {
         XCTAssertEqual(BrowserSession.setCookie("s", secure: false), "dispatch_session=s; HttpOnly; SameSite=Strict; Path=/")
         XCTAssertEqual(BrowserSession.setCookie("s", secure: true), "dispatch_session=s; HttpOnly; SameSite=Strict; Path=/; Secure")

@@ -55,6 +55,7 @@ final class ConfigTests: XCTestCase {
             ("DISPATCH_BOOTSTRAP_KEY", "--bootstrap-key", key, { $0.bootstrapKey == key }),
             ("DISPATCH_LOG_LEVEL", "--log-level", "DEBUG", { $0.logLevel == "debug" }),
             ("DISPATCH_LOG_FORMAT", "--log-format", "JSON", { $0.logFormat == .json }),
+            ("DISPATCH_ACCESS_LOG", "--access-log", "off", { $0.accessLog == .off }),
             ("DISPATCH_WORKERS", "--workers", "3", { $0.workers == 3 }),
             ("DISPATCH_STREAM_BACKLOG", "--stream-backlog", "4096", { $0.streamBacklogBytes == 4096 }),
             ("DISPATCH_RETENTION_DAYS", "--retention-days", "0.5", { $0.retentionDays == 0.5 }),

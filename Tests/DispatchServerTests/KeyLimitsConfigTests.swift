@@ -15,6 +15,9 @@ final class KeyLimitsConfigTests: XCTestCase {
         XCTAssertEqual(l.maxDevicesPerKey, 1_000)
         XCTAssertEqual(l.deviceRatePerSecond, 10)
         XCTAssertEqual(l.deviceRetentionDays, 90)
+        XCTAssertEqual(l.maxActivityTokensPerDevice, 64)
+        XCTAssertEqual(l.maxSessionsPerKey, 100)
+        XCTAssertEqual(l.signInsPerMinute, 20)
     }
 
     func testSettingsAndFlags() throws {
@@ -33,6 +36,9 @@ final class KeyLimitsConfigTests: XCTestCase {
             ("DISPATCH_MAX_DEVICES_PER_KEY", "--max-devices-per-key", "34", { $0.maxDevicesPerKey == 34 }),
             ("DISPATCH_DEVICE_RATE", "--device-rate", "2.5", { $0.deviceRatePerSecond == 2.5 }),
             ("DISPATCH_DEVICE_RETENTION_DAYS", "--device-retention-days", "30", { $0.deviceRetentionDays == 30 }),
+            ("DISPATCH_MAX_ACTIVITY_TOKENS_PER_DEVICE", "--max-activity-tokens-per-device", "8", { $0.maxActivityTokensPerDevice == 8 }),
+            ("DISPATCH_MAX_SESSIONS_PER_KEY", "--max-sessions-per-key", "9", { $0.maxSessionsPerKey == 9 }),
+            ("DISPATCH_SIGNIN_RATE", "--signin-rate", "0", { $0.signInsPerMinute == 0 }),
         ]
         XCTAssertEqual(table.count, KeyLimits.settings.count)
         for (env, flag, value, check) in table {
@@ -46,7 +52,9 @@ final class KeyLimitsConfigTests: XCTestCase {
     func testBadValuesAreRefused() {
         for (name, value) in [("DISPATCH_MAX_LIVE_PER_KEY", "0"), ("DISPATCH_MAX_LIVE_PER_KEY", "many"),
                               ("DISPATCH_MAX_DEVICES_PER_KEY", "-1"), ("DISPATCH_DEVICE_RATE", "-1"),
-                              ("DISPATCH_DEVICE_RATE", "inf"), ("DISPATCH_DEVICE_RETENTION_DAYS", "0")] {
+                              ("DISPATCH_DEVICE_RATE", "inf"), ("DISPATCH_DEVICE_RETENTION_DAYS", "0"),
+                              ("DISPATCH_MAX_ACTIVITY_TOKENS_PER_DEVICE", "0"), ("DISPATCH_MAX_SESSIONS_PER_KEY", "none"),
+                              ("DISPATCH_SIGNIN_RATE", "-3")] {
             XCTAssertThrowsError(try parse([name: value]), "\(name)=\(value)") { e in
                 XCTAssertTrue((e as? ConfigError)?.message.contains(name) == true, "\(e)")
             }

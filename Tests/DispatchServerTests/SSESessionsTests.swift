@@ -12,6 +12,7 @@ final class SSESessionsTests: XCTestCase {
         let keyID: Int64
         let connection: SSEConnection
         let stream: ScriptedStream
+        var sessionHash: String?
         init(id: Int, keyID: Int64, connection: SSEConnection, stream: ScriptedStream) {
             self.id = id
             self.keyID = keyID
@@ -50,13 +51,15 @@ final class SSESessionsTests: XCTestCase {
     }
 
     @discardableResult
-    func open(key: Int64 = 1, begin: Bool = true) -> Session {
+    func open(key: Int64 = 1, session hash: String? = nil, begin: Bool = true) -> Session {
         let session = shell.add { id in
             let stream = ScriptedStream()
-            return Session(id: id, keyID: key,
-                           connection: SSEConnection(stream, loop: loop, tag: id, delegate: shell, extraHeaders: [],
-                                                     maxBacklog: maxBacklog, writeTimeout: 60, pageCap: 16 * 1024),
-                           stream: stream)
+            let s = Session(id: id, keyID: key,
+                            connection: SSEConnection(stream, loop: loop, tag: id, delegate: shell, extraHeaders: [],
+                                                      maxBacklog: maxBacklog, writeTimeout: 60, pageCap: 16 * 1024),
+                            stream: stream)
+            s.sessionHash = hash
+            return s
         }
         streams[session.id] = session.stream
         if begin { session.connection.begin() }
@@ -187,6 +190,22 @@ final class SSESessionsTests: XCTestCase {
         XCTAssertEqual(shell.keys, [8])
         XCTAssertEqual(streams[1]?.ending, .aborted)
         XCTAssertEqual(streams[2]?.isOpen, true)
+    }
+
+    /// Signing out ends the streams that session opened, not the key's others (issue 36).
+    func testEndingASessionClosesOnlyItsStreams() {
+        open(key: 7, session: "a")
+        open(key: 7)
+        open(key: 7, session: "b")
+        open(key: 7, session: "a")
+        XCTAssertEqual(shell.sessionHashes.sorted(), ["a", "b"])
+        shell.closeStreams(ofSession: "a")
+        XCTAssertEqual(teardowns.filter { $0.hasPrefix("closed") }.sorted(), ["closed 1 revoked", "closed 4 revoked"])
+        XCTAssertEqual(shell.sessionHashes, ["b"], "the table forgets a session with its last stream")
+        XCTAssertEqual(shell.streams(forKey: 7), 2)
+        XCTAssertEqual(streams[2]?.isOpen, true)
+        shell.closeStreams(ofSession: "gone")
+        XCTAssertEqual(shell.count, 2)
     }
 
     /// Shutdown tells each started stream when to come back, spread over the window, then

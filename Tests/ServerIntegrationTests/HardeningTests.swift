@@ -71,10 +71,12 @@ final class EmbeddedDatabaseTests: XCTestCase {
     }
 
     /// As root with the data dir under a private directory (0700, as a home directory often
-    /// is), the cluster moves to /var/lib/dispatch/<hash> where the postgres user can reach it.
-    /// The first such start once failed: /var/lib/dispatch itself was made 0700 for root.
-    func testAPrivateParentDirectoryMovesTheClusterWhereThePostgresUserCanReachIt() throws {
-        guard getuid() == 0 else { throw XCTSkip("relocation happens only when dispatchd runs as root") }
+    /// is), the postgres user cannot reach the cluster: older releases moved it to
+    /// /var/lib/dispatch/<hash> in silence; now dispatchd says so and exits 2 (issue 36; the
+    /// full case is EmbeddedStartupTests.testAnotherUsersDataDirAndAnUnreachableOneAreRefused).
+    /// A cluster an older release put there is still used.
+    func testAPrivateParentDirectoryIsSaidAndAnOlderRelocatedClusterStillServes() throws {
+        guard getuid() == 0 else { throw XCTSkip("relocation happened only when dispatchd ran as root") }
         let parent = dataDir + "-home"
         try Files.makeDirectory(parent, mode: 0o700)
         chmod(parent, 0o700)
@@ -88,19 +90,31 @@ final class EmbeddedDatabaseTests: XCTestCase {
             _ = Subprocess.run(["rm", "-rf", relocated, parent, ownDir + ".log"])
             dataDir = ownDir
         }
-        // As a first start on this machine would find it (an earlier run may have made it).
-        _ = Subprocess.run(["rmdir", "/var/lib/dispatch"])
+        let refused = Subprocess.run([TestPaths.binary("dispatchd"), "--data-dir", dataDir, "--listen", "127.0.0.1:\(try TestServer.freePort())",
+                                      "--workers", "1"], environment: ["PATH": "/usr/sbin:/usr/bin:/sbin:/bin"])
+        XCTAssertEqual(refused.status, 2, refused.output)
+        XCTAssertTrue(refused.output.contains("cannot reach"), refused.output)
+        XCTAssertFalse(Files.exists(relocated), "nothing made elsewhere")
+
+        // An older release's relocated cluster: made here by initdb as that release did.
+        try Files.makeDirectory("/var/lib/dispatch", mode: 0o711)
+        try Files.makeDirectory(relocated, mode: 0o700)
+        XCTAssertEqual(Subprocess.run(["chown", "postgres:postgres", relocated]).status, 0)
+        try Files.makeDirectory(dataDir, mode: 0o700)
+        try Files.write(dataDir + "/pg-password", "older-release-password\n", mode: 0o600)
+        try Files.write(relocated + "/pw", "older-release-password\n", mode: 0o600)
+        XCTAssertEqual(Subprocess.run(["chown", "postgres:postgres", relocated + "/pw"]).status, 0)
+        let initdb = Subprocess.run(["runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/initdb", "-D", relocated + "/pg", "-U", "dispatch",
+                                     "--auth=scram-sha-256", "--pwfile=\(relocated)/pw", "-E", "UTF8", "--locale=C.UTF-8", "--no-instructions"])
+        XCTAssertEqual(initdb.status, 0, initdb.output)
         let port = try TestServer.freePort()
         _ = try startServer(port: port)
-        XCTAssertTrue(Files.exists(relocated + "/pg/PG_VERSION"))
-        var st = stat()
-        XCTAssertEqual(stat(relocated, &st), 0)
-        XCTAssertEqual(st.st_mode & 0o777, 0o700, "the cluster's own directory stays private")
+        XCTAssertTrue((Files.read(dataDir + ".log") ?? "").contains("embedded_postgres.legacy_location"))
         XCTAssertEqual(try HTTPClient(port: port).get("/readyz").status, 200)
     }
 
-    /// A dispatchd killed with -9 leaves its cluster running: the next start adopts it (and
-    /// stops it on exit); a second server on the same data dir is refused.
+    /// A dispatchd killed with -9 leaves no cluster running; one found running anyway is
+    /// adopted (and stopped on exit); a second server on the same data dir is refused.
     func testAClusterLeftRunningIsAdoptedAndASecondServerIsRefused() throws {
         let port = try TestServer.freePort()
         let first = try startServer(port: port)
@@ -112,6 +126,12 @@ final class EmbeddedDatabaseTests: XCTestCase {
         kill(first, SIGKILL)
         _ = Subprocess.wait(first)
         pids.removeAll()
+        // Its watchdog stops the cluster (issue 36: no orphan postgres); a cluster still
+        // running when the next server starts (the watchdog killed too) is adopted.
+        XCTAssertTrue(waitUntil(20) { !Files.exists(self.dataDir + "/pg/postmaster.pid") }, "the killed server's cluster was stopped")
+        let ctl = (getuid() == 0 ? ["runuser", "-u", "postgres", "--"] : []) + ["/usr/lib/postgresql/15/bin/pg_ctl", "-D", dataDir + "/pg"]
+        let options = "-k \(dataDir)/run -c listen_addresses='' -c unix_socket_permissions=0700"
+        XCTAssertEqual(Subprocess.run(ctl + ["-o", options, "-l", dataDir + "/pg/server.log", "-w", "start"]).status, 0)
         let again = try startServer(port: port)
         XCTAssertTrue((Files.read(dataDir + ".log") ?? "").contains("embedded_postgres.adopted"))
         kill(again, SIGTERM)

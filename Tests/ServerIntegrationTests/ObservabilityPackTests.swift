@@ -230,3 +230,43 @@ final class ObservabilityPackTests: XCTestCase {
 private extension String {
     func leftPadded(_ n: Int) -> String { count >= n ? self : String(repeating: "0", count: n - count) + self }
 }
+
+/// docs/metrics.md against a live server's /metrics (issue 36: four families were missing).
+final class MetricsDocTests: XCTestCase {
+    /// The families a /metrics page declares (`# TYPE name kind`).
+    static func families(_ page: String) -> Set<String> {
+        Set(page.split(separator: "\n").compactMap { line -> String? in
+            let parts = line.split(separator: " ")
+            guard parts.count >= 3, parts[0] == "#", parts[1] == "TYPE" else { return nil }
+            return String(parts[2])
+        })
+    }
+
+    /// The series names docs/metrics.md's tables list (first column, in backquotes), with
+    /// histograms' `_bucket`/`_sum`/`_count` folded into their family.
+    static func documented() throws -> Set<String> {
+        let doc = try XCTUnwrap(Files.read(TestPaths.repositoryRoot + "/docs/metrics.md"))
+        var out = Set<String>()
+        for line in doc.split(separator: "\n") where line.hasPrefix("| `dispatch_") || line.hasPrefix("| `process_") {
+            let cell = line.dropFirst(2).prefix { $0 != "|" }
+            for part in cell.split(separator: "`") where part.hasPrefix("dispatch_") || part.hasPrefix("process_") {
+                out.insert(String(part.prefix { $0 == "_" || $0.isLetter || $0.isNumber }))
+            }
+        }
+        return out
+    }
+
+    func testEveryFamilyOnMetricsIsDocumented() throws {
+        let apns = try FakeAPNs.start()
+        defer { apns.stop() }
+        let s = try TestServer.start(environment: apns.serverEnvironment.merging(["DISPATCH_WEBHOOK_SECRET": "metrics-doc-secret-0123"]) { $1 })
+        defer { s.stop() }
+        try s.startActivity("doc-1")
+        let page = try HTTPClient(port: s.port).get("/metrics").text
+        let served = Self.families(page)
+        XCTAssertGreaterThan(served.count, 20, page)
+        let documented = try Self.documented()
+        let missing = served.subtracting(documented).sorted()
+        XCTAssertEqual(missing, [], "families on /metrics that docs/metrics.md does not describe")
+    }
+}

@@ -43,6 +43,7 @@ public enum Dispatchd {
             return 2
         }
         let log = Logger(level: Logger.Level(name: config.logLevel) ?? .info, format: config.logFormat)
+        log.accessRule = config.accessLog.rule
         if command == .serve, let refusal = LibeventInternals.refusal() {
             log.error("libevent.unsupported", [("error", refusal)])
             return 1
@@ -103,6 +104,11 @@ public enum Dispatchd {
                 try pg.start(exclusive: command == .serve)
                 embedded = pg
                 conninfo = pg.conninfo
+            } catch let error as DataDirError {
+                // Nothing was started: say what to do, as for a bad setting.
+                log.error("embedded_postgres.data_dir_unusable", [("error", error.description)])
+                printError("dispatchd: \(error.description)")
+                return 2
             } catch {
                 log.error("embedded_postgres.failed", [("error", "\(error)")])
                 return 1

@@ -4,10 +4,19 @@ import DispatchIO
 import DispatchSystem
 import Glibc
 
-/// A private PostgreSQL cluster under the data directory, for when no DATABASE_URL is given.
-/// Uses the server binaries on the machine; as root, runs them as the `postgres` user (initdb
-/// refuses root). Private to its owner: no TCP, a socket directory only its owner can enter,
-/// and scram-sha-256 with a generated password kept in the data dir (mode 0600).
+/// A data directory the embedded cluster cannot use as it is (missing pieces, another user's,
+/// out of the postgres user's reach): dispatchd says what to do and exits 2, starting nothing.
+public struct DataDirError: Error, CustomStringConvertible {
+    public let description: String
+    init(_ message: String) { description = message }
+}
+
+/// A private PostgreSQL cluster under the data directory (`<data dir>/pg`, root or not), for
+/// when no DATABASE_URL is given. Uses the server binaries on the machine; as root, runs them
+/// as the `postgres` user (initdb refuses root). Private to its owner: no TCP, a socket
+/// directory only its owner can enter, and scram-sha-256 with a generated password kept in
+/// the data dir (mode 0600). A cluster this process starts never outlives it: a watchdog
+/// process stops it once this process is gone, however it ended (docs/operations.md).
 public final class EmbeddedPostgres {
     public let dataDir: String
     public let clusterDir: String
@@ -34,11 +43,21 @@ public final class EmbeddedPostgres {
             let candidates: [String] = ["/usr/sbin/runuser", "/sbin/runuser", "/usr/bin/runuser"]
             let runuser = candidates.first { access($0, X_OK) == 0 } ?? "runuser"
             runAs = [runuser, "-u", "postgres", "--"]
-            // The postgres user must be able to reach the cluster; fall back when an ancestor is private.
+            // The postgres user must be able to reach the cluster. Older releases moved it to
+            // /var/lib/dispatch/<hash> when it could not; such a cluster is still used (and
+            // logged), but none is made there any more: the data lives where it is said to.
             if !EmbeddedPostgres.traversable(byOthers: absolute) {
-                root = "/var/lib/dispatch/" + String(SHA256.hex(Array(absolute.utf8)).prefix(16))
-                log.warning("embedded_postgres.relocated", [("data_dir", absolute), ("cluster", root),
-                                                           ("why", "the postgres user cannot reach the data dir")])
+                let legacy = "/var/lib/dispatch/" + String(SHA256.hex(Array(absolute.utf8)).prefix(16))
+                guard Files.exists(legacy + "/pg/PG_VERSION") else {
+                    throw DataDirError("""
+                        as root the embedded PostgreSQL runs as the postgres user, which cannot reach \(absolute) (a parent \
+                        directory is private): choose a data dir it can reach (--data-dir /var/lib/dispatch), run dispatchd as an \
+                        ordinary user, or set DATABASE_URL
+                        """)
+                }
+                root = legacy
+                log.warning("embedded_postgres.legacy_location", [("data_dir", absolute), ("cluster", root),
+                                                                 ("why", "made by an older release; move it to <data dir>/pg to keep it with the data dir")])
             }
         } else {
             runAs = []
@@ -69,7 +88,15 @@ public final class EmbeddedPostgres {
     /// leave a running cluster alone.
     public func start(exclusive: Bool = true) throws {
         try Files.makeDirectory(dataDir, mode: 0o700)
+        try checkOwnership()
         if exclusive { try lock() }
+        if Files.exists(clusterDir + "/PG_VERSION") && !Files.exists(passwordFile) {
+            throw DataDirError("""
+                the embedded cluster \(clusterDir) has no password file \(passwordFile) beside it: the data dir was moved or \
+                copied in part. Put the whole data dir back (every file in it belongs together), or move \(clusterDir) away \
+                to start with an empty database
+                """)
+        }
         let password = try Files.readOrCreateSecret(passwordFile) { Hex.encode(SecureRandom.bytes(24)) }
         try Files.write(passFile, "*:*:*:dispatch:\(password)\n", mode: 0o600)
         try prepareDirectories()
@@ -81,6 +108,9 @@ public final class EmbeddedPostgres {
             if exclusive { log.warning("embedded_postgres.adopted", [("cluster", clusterDir), ("why", "left running by a dispatchd that exited")]) }
         } else {
             ownsServer = true
+            // Before the cluster can exist: whatever happens to this process from here on,
+            // the watchdog stops what it started.
+            startWatchdog()
             // Autovacuum looks at each database every 5 s rather than every minute: the push
             // outbox is a queue whose dead row versions pile up quickly (Migrations/0004).
             let options = "-k \(socketDir) -c listen_addresses='' -c unix_socket_permissions=0700 -c max_connections=200 -c shared_buffers=128MB"
@@ -92,9 +122,78 @@ public final class EmbeddedPostgres {
             }
         }
         started = true
-        try requirePassword(password)
-        log.info("embedded_postgres.started", [("cluster", clusterDir), ("socket", socketDir)])
-        try createDatabase("dispatch")
+        do {
+            try requirePassword(password)
+            log.info("embedded_postgres.started", [("cluster", clusterDir), ("socket", socketDir)])
+            try createDatabase("dispatch")
+        } catch {
+            // Never leave a cluster running that nobody will use or stop.
+            stop()
+            throw error
+        }
+    }
+
+    /// The data dir, and the cluster directory in it, must be this user's (as root: the
+    /// cluster's is the postgres user's): another user's files cannot be ours to serve.
+    private func checkOwnership() throws {
+        var st = stat()
+        guard stat(dataDir, &st) == 0 else { return }
+        // As root the data dir is handed to the postgres user (the cluster lives in it).
+        let mine: Set<uid_t> = getuid() == 0 ? Set([0] + [EmbeddedPostgres.postgresUID()].compactMap { $0 }) : [getuid()]
+        if !mine.contains(st.st_uid) {
+            throw DataDirError("""
+                the data dir \(dataDir) belongs to uid \(st.st_uid), not to uid \(getuid()) that runs dispatchd: run dispatchd as \
+                its owner, or choose another --data-dir
+                """)
+        }
+        let home = clusterDir.dropLastPathComponent
+        guard home == dataDir, stat(clusterDir, &st) == 0 else { return }
+        let expected = getuid() == 0 ? EmbeddedPostgres.postgresUID() : getuid()
+        if let expected, st.st_uid != expected {
+            throw DataDirError("""
+                the embedded cluster \(clusterDir) belongs to uid \(st.st_uid), not to uid \(expected) that runs it: it was made \
+                by another user (or copied without its owner); give it back to uid \(expected) or move it away
+                """)
+        }
+    }
+
+    static func postgresUID() -> uid_t? {
+        guard let pw = getpwnam("postgres") else { return nil }
+        return pw.pointee.pw_uid
+    }
+
+    /// A small process that outlives nothing: once this process is gone (stopped, crashed,
+    /// killed with -9, at any step), it stops the cluster unless another dispatchd took the
+    /// data dir's lock meanwhile (it adopted the cluster). It keeps looking for 10 s, for a
+    /// `pg_ctl start` that was still bringing the cluster up.
+    private func startWatchdog() {
+        let lockPath = dataDir + "/dispatchd.lock"
+        let ctl = (runAs + [binDir + "/pg_ctl", "-D", clusterDir]).map(EmbeddedPostgres.shellQuote).joined(separator: " ")
+        let flockTool: String? = ["/usr/bin/flock", "/bin/flock"].first { access($0, X_OK) == 0 }
+        let free = flockTool.map { "\($0) -n \(EmbeddedPostgres.shellQuote(lockPath)) true" } ?? "true"
+        let script = """
+            while kill -0 \(getpid()) 2>/dev/null; do sleep 0.2; done
+            n=0
+            while [ $n -lt 20 ]; do
+              \(free) || exit 0
+              if \(ctl) status >/dev/null 2>&1; then \(ctl) -m fast -w stop; fi
+              n=$((n+1)); sleep 0.5
+            done
+            """
+        var options = Subprocess.Options()
+        options.stdin = .null
+        options.stdout = .null
+        options.stderr = .null
+        options.newProcessGroup = true
+        if case .failure(let e) = Subprocess.spawn(["/bin/sh", "-c", script], options) {
+            log.warning("embedded_postgres.watchdog_failed", [("error", "\(e)")])
+        }
+    }
+
+    static func shellQuote(_ s: String) -> String {
+        var out = "'"
+        for c in s { out += c == "'" ? "'\\''" : String(c) }
+        return out + "'"
     }
 
     /// One serving dispatchd per data dir: an flock held for the life of the process (the

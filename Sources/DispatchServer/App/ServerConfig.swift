@@ -21,6 +21,8 @@ public struct ServerConfig: Equatable, Sendable {
     public var bootstrapKey: String?
     public var logLevel = "info"
     public var logFormat = Logger.Format.logfmt
+    /// Access lines (`DISPATCH_ACCESS_LOG`): all, off, or at most N a second per worker.
+    public var accessLog = AccessLogSetting.default
     public var workers: Int
     public var streamBacklogBytes = 256 * 1024
     public var retentionDays: Double = 7
@@ -82,6 +84,8 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_BOOTSTRAP_KEY_FILE", flag: "--bootstrap-key-file", help: "the same, read from this file (one line)"),
         Setting(env: "DISPATCH_LOG_LEVEL", flag: "--log-level", help: "debug, info, warning or error (default info)"),
         Setting(env: "DISPATCH_LOG_FORMAT", flag: "--log-format", help: "logfmt or json (default logfmt)"),
+        Setting(env: "DISPATCH_ACCESS_LOG", flag: "--access-log",
+                help: "access lines (http.request): all, off, or at most N a second per worker, the rest counted (default 100)"),
         Setting(env: "DISPATCH_WORKERS", flag: "--workers", help: "server processes sharing the port (default: number of cores)"),
         Setting(env: "DISPATCH_STREAM_BACKLOG", flag: "--stream-backlog", help: "bytes queued for one slow stream before it is cut off (default 262144)"),
         Setting(env: "DISPATCH_RETENTION_DAYS", flag: "--retention-days", help: "days a finished activity and its history are kept (default 7)"),
@@ -160,6 +164,10 @@ public struct ServerConfig: Equatable, Sendable {
         if let v = values["DISPATCH_LOG_FORMAT"] {
             guard let f = Logger.Format(rawValue: v.lowercased()) else { throw ConfigError("DISPATCH_LOG_FORMAT must be logfmt or json") }
             c.logFormat = f
+        }
+        if let v = values["DISPATCH_ACCESS_LOG"] {
+            guard let a = AccessLogSetting.parse(v) else { throw ConfigError("DISPATCH_ACCESS_LOG must be all, off, or a number of lines a second, not \(v)") }
+            c.accessLog = a
         }
         if let v = values["DISPATCH_WORKERS"] {
             guard let n = Int(v), (1...64).contains(n) else { throw ConfigError("DISPATCH_WORKERS must be from 1 to 64, not \(v)") }

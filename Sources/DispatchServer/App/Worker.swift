@@ -138,6 +138,8 @@ public final class Worker {
             })
         }
         timers.append(loop.timer(after: 5, repeating: true) { [unowned self] in self.probeWritable() })
+        // Streams end within 2 s of their key's revocation or their session's end (contract §7).
+        timers.append(loop.timer(after: 1, repeating: true) { [unowned self] in self.api.recheckStreamAuthority() })
         db.reader.onReady = { [unowned self] in
             self.probeWritable()
             if self.index == 0 { self.countLive() }

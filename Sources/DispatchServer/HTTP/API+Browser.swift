@@ -72,7 +72,7 @@ extension API {
             let text = raw.map { String($0.drop { $0 == " " }) }
             let lastEventID = Validation.lastEventID(text)
             let invalid = text.map { !$0.isEmpty && lastEventID == nil } ?? false
-            self.feeds.open(req, filter: filter, lastEventID: lastEventID, invalidLastEventID: invalid, keyID: key.id,
+            self.feeds.open(req, filter: filter, lastEventID: lastEventID, invalidLastEventID: invalid, keyID: key.id, sessionHash: key.sessionHash,
                             extraHeaders: self.corsHeaders(req))
         }
     }

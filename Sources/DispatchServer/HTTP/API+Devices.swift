@@ -48,6 +48,7 @@ extension API {
                 registration = try DeviceRegistration.parse(req.body())
                 if let e = KeyRules.registrationRefusal(registration, mayRead: key.allows(.read)) { return self.fail(req, e) }
                 queries = try DeviceRepository.register(registration, keyID: key.id, maxDevices: devices.maxDevices(key),
+                                                      maxTokens: devices.limits.maxActivityTokensPerDevice,
                                                       vault: devices.vault, pushes: devices.pushes, nowMs: Clock.nowMilliseconds())
             } catch let e as DispatchError {
                 return self.fail(req, e)

@@ -138,7 +138,7 @@ extension API {
                 return self.reply(req, 200, [], contentType: "text/event-stream", headers: [("Cache-Control", "no-cache")])
             }
             let lastEventID = Validation.lastEventID(req.header("Last-Event-ID") ?? req.query["lastEventId"])
-            self.streams.open(req, activityID: id, lastEventID: lastEventID, keyID: key.id, extraHeaders: self.corsHeaders(req))
+            self.streams.open(req, activityID: id, lastEventID: lastEventID, keyID: key.id, sessionHash: key.sessionHash, extraHeaders: self.corsHeaders(req))
         }
     }
 }

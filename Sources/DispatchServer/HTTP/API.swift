@@ -139,9 +139,14 @@ final class API {
             }
         }
         let bearer = Auth.secret(from: req, allowQuery: allowQuery)
-        guard bearer == nil, req.header("Authorization") == nil,
-              let cookie = BrowserSession.secret(cookieHeader: req.header("Cookie")) else {
+        guard bearer == nil, req.header("Authorization") == nil else {
             return auth.authenticate(bearer, needsAnyOf: scopes, completion: finish)
+        }
+        let cookie: String
+        switch sessionCookie(req) {
+        case .none: return auth.authenticate(bearer, needsAnyOf: scopes, completion: finish)
+        case .duplicate: return fail(req, BrowserSession.duplicateCookie)
+        case .one(let secret): cookie = secret
         }
         guard BrowserSession.mayUseCookie(method: req.method, origin: req.header("Origin"), host: req.header("Host"), https: cameOverHTTPS(req)) else {
             return fail(req, API.foreignOrigin)

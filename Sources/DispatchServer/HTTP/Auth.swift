@@ -12,11 +12,22 @@ final class Auth {
     let ttl: Double
     let log: Logger
     private var cache: [String: (key: APIKey?, fetched: Double)] = [:]
+    /// Secrets the database did not know, apart from `cache`: a flood of made-up keys fills
+    /// this one (and empties it when full), never pushing good keys out (issue 36).
+    private var refused: [String: Double] = [:]
+    /// Session hashes found ended (a session never comes back): refused without a round trip.
+    private var endedSessions = Set<String>()
+    static let maxCached = 10_000
     private var waiters: [String: [(Result<APIKey?, DispatchError>) -> Void]] = [:]
     private var publishes: PerKeyRate
     private var used: Set<Int64> = []
     private var touchTimer: Timer?
     let publishRate: Double
+    /// Sign-in attempts per client address and per key (`DISPATCH_SIGNIN_RATE`, per worker).
+    private var signInsByClient: PerClientRate?
+    private var signInsByKey: PerClientRate?
+    /// When the sessions holding streams are next written down as in use.
+    var streamSessionsTouchDue: Double = 0
 
     init(db: Database, loop: EventLoop, log: Logger, ttl: Double = 10, publishRate: Double) {
         self.db = db
@@ -33,7 +44,15 @@ final class Auth {
 
     func invalidateAll() {
         cache.removeAll()
+        refused.removeAll()
         generation += 1
+    }
+
+    func isEndedSession(_ hash: String) -> Bool { endedSessions.contains(hash) }
+
+    func sessionEnded(_ hash: String) {
+        if endedSessions.count >= Auth.maxCached { endedSessions.removeAll() }
+        endedSessions.insert(hash)
     }
 
     static func secret(from req: HTTPRequest, allowQuery: Bool) -> String? {
@@ -70,8 +89,12 @@ final class Auth {
         }
         // Cached by secret (process memory only), so the hot path hashes nothing; the
         // database only ever sees and stores the SHA-256.
-        if let hit = cache[secret], Clock.monotonic() - hit.fetched < ttl {
+        let now = Clock.monotonic()
+        if let hit = cache[secret], now - hit.fetched < ttl {
             return finish(hit.key)
+        }
+        if let at = refused[secret], now - at < ttl {
+            return finish(nil)
         }
         if waiters[secret] != nil {
             waiters[secret]!.append { r in
@@ -94,8 +117,15 @@ final class Auth {
                 for w in waiting { w(.failure(Database.unavailable)) }
             case .success(let r):
                 let key = r.first.flatMap(APIKey.init(row:))
-                if self.cache.count > 10_000 { self.cache.removeAll() }
-                if startedIn == self.generation { self.cache[secret] = (key, Clock.monotonic()) }
+                if startedIn == self.generation {
+                    if key == nil {
+                        if self.refused.count >= Auth.maxCached { self.refused.removeAll() }
+                        self.refused[secret] = Clock.monotonic()
+                    } else {
+                        if self.cache.count >= Auth.maxCached { self.cache.removeAll() }
+                        self.cache[secret] = (key, Clock.monotonic())
+                    }
+                }
                 finish(key)
                 for w in waiting { w(.success(key)) }
             }
@@ -112,6 +142,21 @@ final class Auth {
                 log.warning("keys.last_used_failed", [("error", e.trimmingNewlines)])
             }
         }
+    }
+
+    /// One sign-in attempt from `client`; the seconds to wait when refused. Checked before
+    /// anything else, so a flood of attempts costs no database work.
+    func takeSignIn(client: String, perMinute: Double) -> Double? {
+        guard perMinute > 0 else { return nil }
+        if signInsByClient == nil { signInsByClient = PerClientRate(rate: perMinute / 60, burst: perMinute) }
+        return signInsByClient!.take(client, now: Clock.monotonic())
+    }
+
+    /// One sign-in with the key `keyID`, once the key is known good.
+    func takeSignIn(keyID: Int64, perMinute: Double) -> Double? {
+        guard perMinute > 0 else { return nil }
+        if signInsByKey == nil { signInsByKey = PerClientRate(rate: perMinute / 60, burst: perMinute) }
+        return signInsByKey!.take(String(keyID), now: Clock.monotonic())
     }
 
     /// Per-key publish rate; admin keys are not limited. Returns a refusal with Retry-After.

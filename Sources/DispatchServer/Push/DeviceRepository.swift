@@ -26,7 +26,7 @@ enum DeviceRepository {
     /// seq after it); a change after waits for this commit, and its own finalize then sees
     /// the token and marks it. Either way the newest state reaches the new token, once.
     /// Without APNs (`pushes` false) the tokens are kept and nothing is queued.
-    static func register(_ r: DeviceRegistration, keyID: Int64, maxDevices: Int, vault: TokenVault, pushes: Bool,
+    static func register(_ r: DeviceRegistration, keyID: Int64, maxDevices: Int, maxTokens: Int, vault: TokenVault, pushes: Bool,
                          nowMs: Int64) throws(CryptoError) -> [PGQuery] {
         let device = try vault.seal(r.deviceToken)
         let mac = Bytea.literal(device.mac)
@@ -137,8 +137,28 @@ enum DeviceRepository {
                       Bytea.array(set.map(\.token.sealed)), PGArray.text(set.map(\.token.hint)),
                       String(nowMs), String(forgetAfterEndMs), key], name: "device_set_tokens"))
         }
+        if !set.isEmpty { queries.append(boundTokens(mac: mac, keyID: keyID, max: maxTokens)) }
         queries.append(summaryQuery(mac: mac, keyID: keyID))
         return queries
+    }
+
+    /// A device keeps at most `max` activity tokens (contract §5.1): beyond that, the tokens of
+    /// the activities that changed least recently go (a vanished activity's first), with
+    /// their pending pushes, so neither the table, the summary nor a publish's fan-out grows
+    /// with one phone's registrations.
+    static func boundTokens(mac: String, keyID: Int64, max: Int) -> PGQuery {
+        PGQuery("""
+            WITH dev AS (SELECT id FROM devices WHERE key_id = $2::bigint AND token_mac = $1::bytea),
+            excess AS (
+              SELECT t.activity_id FROM activity_tokens t JOIN dev ON t.device_id = dev.id
+              LEFT JOIN activities a ON a.activity_id = t.activity_id
+              ORDER BY coalesce(a.updated_ms, -1) DESC, t.registered_at DESC, t.activity_id DESC
+              OFFSET $3::bigint),
+            gone AS (
+              DELETE FROM activity_tokens t USING dev WHERE t.device_id = dev.id AND t.activity_id IN (SELECT activity_id FROM excess)
+              RETURNING t.activity_id)
+            DELETE FROM push_outbox o USING dev WHERE o.device_id = dev.id AND o.kind = 'update' AND o.activity_id IN (SELECT activity_id FROM gone)
+            """, [mac, String(keyID), String(max)], name: "device_bound_tokens")
     }
 
     /// Index of the upsert in `register`'s batch: no row means the device limit refused it.

@@ -7,6 +7,9 @@ struct APIKey {
     let name: String
     let scopes: Set<Scope>
     let machine: String?
+    /// When a browser session's cookie authenticated the request: the SHA-256 of its secret,
+    /// so that the streams it opens end with it.
+    var sessionHash: String?
 
     func allows(_ needed: Scope) -> Bool {
         if scopes.contains(.admin) { return true }

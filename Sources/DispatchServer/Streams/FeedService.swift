@@ -13,6 +13,7 @@ final class FeedSession: KeyedStream {
     var settled = false
     /// Whether the resume's first replay page was checked for being too far behind.
     var resumeChecked = false
+    var sessionHash: String?
 
     init(id: Int, keyID: Int64, connection: SSEConnection, since: Int64) {
         self.id = id
@@ -80,22 +81,25 @@ final class FeedService {
     /// `lastEventID` nil: the initial set; `invalidLastEventID`: the client sent one we cannot
     /// read (not a number), which is answered with `reset` and the initial set.
     func open(_ req: HTTPRequest, filter: FeedFilter, lastEventID: Int64?, invalidLastEventID: Bool, keyID: Int64,
-              extraHeaders: [(String, String)]) {
+              sessionHash: String? = nil, extraHeaders: [(String, String)]) {
         let http = HTTPStream(loop: loop)
         http.attach(req)
-        open(http, filter: filter, lastEventID: lastEventID, invalidLastEventID: invalidLastEventID, keyID: keyID, extraHeaders: extraHeaders)
+        open(http, filter: filter, lastEventID: lastEventID, invalidLastEventID: invalidLastEventID, keyID: keyID,
+             sessionHash: sessionHash, extraHeaders: extraHeaders)
     }
 
     /// The same on any transport (a test's scripted stream).
     func open(_ http: StreamTransport, filter: FeedFilter, lastEventID: Int64?, invalidLastEventID: Bool, keyID: Int64,
-              extraHeaders: [(String, String)]) {
+              sessionHash: String? = nil, extraHeaders: [(String, String)]) {
         // An initial set is a bulk transfer: its bytes go out when nothing else is ready.
         http.priority = .background
         let session = sessions.add { id in
-            FeedSession(id: id, keyID: keyID,
-                        connection: SSEConnection(http, loop: loop, tag: id, delegate: sessions, extraHeaders: extraHeaders,
-                                                  maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 64 * 1024),
-                        since: Clock.nowMilliseconds() - FeedService.recentWindowMs)
+            let s = FeedSession(id: id, keyID: keyID,
+                                connection: SSEConnection(http, loop: loop, tag: id, delegate: sessions, extraHeaders: extraHeaders,
+                                                          maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 64 * 1024),
+                                since: Clock.nowMilliseconds() - FeedService.recentWindowMs)
+            s.sessionHash = sessionHash
+            return s
         }
         if let memory { session.connection.budgeted(by: memory, as: BudgetedStream(kind: .feed, id: session.id), key: keyID) }
         metrics.feedsActive = sessions.count
@@ -377,8 +381,11 @@ final class FeedService {
 
     /// Ends the feeds opened with a key that was revoked.
     func closeStreams(ofKey keyID: Int64) { sessions.closeStreams(ofKey: keyID) }
+    /// Ends the feeds a browser session opened.
+    func closeStreams(ofSession hash: String) { sessions.closeStreams(ofSession: hash) }
 
     var keysWithStreams: [Int64] { sessions.keys }
+    var sessionsWithStreams: [String] { sessions.sessionHashes }
 
     /// Ends every feed (server shutdown), each told when to come back, spread out with the
     /// status streams (`SSESessions.shutdown`); clients resume with Last-Event-ID.

@@ -180,6 +180,9 @@ final class SSEConnection {
 /// A stream some API key opened.
 protocol KeyedStream: AnyObject {
     var keyID: Int64 { get }
+    /// The browser session (SHA-256 of its secret) that opened it, when a cookie did: signing
+    /// out or the session's expiry ends it (contract §7).
+    var sessionHash: String? { get }
     var connection: SSEConnection { get }
 }
 
@@ -188,6 +191,7 @@ protocol KeyedStream: AnyObject {
 struct StreamTable<Session: KeyedStream> {
     private(set) var byID: [Int: Session] = [:]
     private var perKey: [Int64: Int] = [:]
+    private var perSession: [String: Int] = [:]
     private var nextID = 1
 
     var count: Int { byID.count }
@@ -196,6 +200,12 @@ struct StreamTable<Session: KeyedStream> {
     func streams(forKey key: Int64) -> Int { perKey[key] ?? 0 }
     /// The keys that hold streams here (to re-check after missed revocations).
     var keys: [Int64] { Array(perKey.keys) }
+    /// The browser sessions that hold streams here (re-checked every second).
+    var sessions: [String] { Array(perSession.keys) }
+    func ids(ofSession hash: String) -> [Int] {
+        guard perSession[hash] != nil else { return [] }
+        return byID.compactMap { $0.value.sessionHash == hash ? $0.key : nil }
+    }
     func ids(ofKey key: Int64) -> [Int] {
         guard perKey[key] != nil else { return [] }
         return byID.compactMap { $0.value.keyID == key ? $0.key : nil }
@@ -209,6 +219,7 @@ struct StreamTable<Session: KeyedStream> {
         byID[nextID] = session
         nextID += 1
         perKey[session.keyID, default: 0] += 1
+        if let hash = session.sessionHash { perSession[hash, default: 0] += 1 }
         return session
     }
 
@@ -216,6 +227,10 @@ struct StreamTable<Session: KeyedStream> {
         guard let session = byID.removeValue(forKey: id) else { return nil }
         let remaining = (perKey[session.keyID] ?? 1) - 1
         perKey[session.keyID] = remaining > 0 ? remaining : nil
+        if let hash = session.sessionHash {
+            let left = (perSession[hash] ?? 1) - 1
+            perSession[hash] = left > 0 ? left : nil
+        }
         return session
     }
 }

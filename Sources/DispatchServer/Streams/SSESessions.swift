@@ -35,6 +35,7 @@ final class SSESessions<Session: KeyedStream>: HTTPStreamDelegate {
     func streams(forKey key: Int64) -> Int { table.streams(forKey: key) }
     /// The keys that hold streams here (to re-check after missed revocations).
     var keys: [Int64] { table.keys }
+    var sessionHashes: [String] { table.sessions }
 
     func add(_ make: (Int) -> Session) -> Session { table.add(make) }
 
@@ -97,6 +98,11 @@ final class SSESessions<Session: KeyedStream>: HTTPStreamDelegate {
     /// Ends the streams opened with a key that was revoked.
     func closeStreams(ofKey keyID: Int64) {
         for id in table.ids(ofKey: keyID) { close(id, reason: .revoked) }
+    }
+
+    /// Ends the streams a browser session opened (signed out, expired, or its key revoked).
+    func closeStreams(ofSession hash: String) {
+        for id in table.ids(ofSession: hash) { close(id, reason: .revoked) }
     }
 
     /// Ends every stream (server shutdown). Each started one is told first to reconnect after

@@ -11,6 +11,7 @@ final class StreamSession: KeyedStream {
     let opened = Clock.monotonic()
     /// Counted in the carrier's interest in its activity (NATS: subscribed to its subject).
     var watching = false
+    var sessionHash: String?
 
     init(id: Int, activityID: String, keyID: Int64, connection: SSEConnection) {
         self.id = id
@@ -68,18 +69,22 @@ final class StreamService {
 
     // MARK: - Opening
 
-    func open(_ req: HTTPRequest, activityID: String, lastEventID: Int64?, keyID: Int64, extraHeaders: [(String, String)] = []) {
+    func open(_ req: HTTPRequest, activityID: String, lastEventID: Int64?, keyID: Int64, sessionHash: String? = nil,
+              extraHeaders: [(String, String)] = []) {
         let http = HTTPStream(loop: loop)
         http.attach(req)
-        open(http, activityID: activityID, lastEventID: lastEventID, keyID: keyID, extraHeaders: extraHeaders)
+        open(http, activityID: activityID, lastEventID: lastEventID, keyID: keyID, sessionHash: sessionHash, extraHeaders: extraHeaders)
     }
 
     /// The same on any transport (a test's scripted stream).
-    func open(_ http: StreamTransport, activityID: String, lastEventID: Int64?, keyID: Int64, extraHeaders: [(String, String)] = []) {
+    func open(_ http: StreamTransport, activityID: String, lastEventID: Int64?, keyID: Int64, sessionHash: String? = nil,
+              extraHeaders: [(String, String)] = []) {
         let session = sessions.add { id in
-            StreamSession(id: id, activityID: activityID, keyID: keyID,
-                          connection: SSEConnection(http, loop: loop, tag: id, delegate: sessions, extraHeaders: extraHeaders,
-                                                    maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 16 * 1024))
+            let s = StreamSession(id: id, activityID: activityID, keyID: keyID,
+                                  connection: SSEConnection(http, loop: loop, tag: id, delegate: sessions, extraHeaders: extraHeaders,
+                                                            maxBacklog: settings.maxBacklog, writeTimeout: settings.writeTimeout, pageCap: 16 * 1024))
+            s.sessionHash = sessionHash
+            return s
         }
         if let memory { session.connection.budgeted(by: memory, as: BudgetedStream(kind: .status, id: session.id), key: keyID) }
         metrics.streamsActive = sessions.count
@@ -364,9 +369,12 @@ final class StreamService {
 
     /// Ends the streams opened with a key that was revoked.
     func closeStreams(ofKey keyID: Int64) { sessions.closeStreams(ofKey: keyID) }
+    /// Ends the streams a browser session opened.
+    func closeStreams(ofSession hash: String) { sessions.closeStreams(ofSession: hash) }
 
     /// The keys that hold streams here (to re-check after missed revocations).
     var keysWithStreams: [Int64] { sessions.keys }
+    var sessionsWithStreams: [String] { sessions.sessionHashes }
 
     /// Ends every stream (server shutdown), each told when to come back (`SSESessions.shutdown`).
     func shutdown(alongside otherStreams: Int = 0) { sessions.shutdown(alongside: otherStreams) }
