@@ -156,7 +156,8 @@ final class HTTPConnection {
                     if peerFinished { close(notify: false) }
                     return
                 }
-                parseHead()
+                // Stops when the head is incomplete (it needs more bytes).
+                if !parseHead() { return }
             case .body(let length):
                 guard available >= length else {
                     if peerFinished { return close(notify: false) }
@@ -182,7 +183,9 @@ final class HTTPConnection {
                     inputStart = inputEnd
                     continue
                 }
-                inputStart += size
+                // The decoder compacts the body in place: what follows it (a pipelined
+                // request) is the last `left` bytes.
+                inputStart = inputEnd - left
                 let req = pending!
                 req.bodyBytes = chunkedBody
                 chunkedBody = []
@@ -192,7 +195,8 @@ final class HTTPConnection {
     }
 
 
-    private func parseHead() {
+    /// False when nothing more can be done until more bytes arrive (or the connection ended).
+    private func parseHead() -> Bool {
         let available = inputEnd - inputStart
         let base = input! + inputStart
         var method: UnsafePointer<CChar>?
@@ -207,18 +211,30 @@ final class HTTPConnection {
         if consumed == -2 {
             let lineEnded = memchr(base, 0x0A, available) != nil
             if let refusal = HTTPFraming.incompleteHead(buffered: available, firstLineEnded: lineEnded, limits: server.framing) {
-                return refuse(refusal)
+                refuse(refusal)
+                return false
             }
-            if peerFinished { return close(notify: false) }
+            if peerFinished { close(notify: false) }
             // A head cannot outgrow the standard buffer before its limit refuses it.
             if inputEnd == inputCapacity { compact() }
-            return
+            return false
         }
-        guard consumed > 0, let method, let target else { return refuse(.malformed("malformed request")) }
+        guard consumed > 0, let method, let target else {
+            // The parser also fails on more header lines than it has room for.
+            if count >= HTTPServer.maxHeaders || HTTPConnection.lines(base, available) > HTTPServer.maxHeaders {
+                refuse(.headersTooLarge)
+                return false
+            }
+            refuse(.malformed("malformed request"))
+            return false
+        }
         var contentLength: [String] = [], transferEncoding: [String] = [], connection: [String] = [], expect: [String] = []
         for i in 0..<count {
             let h = headers[i]
-            guard let name = h.name else { return refuse(.malformed("obsolete line folding in a header")) }
+            guard let name = h.name else {
+                refuse(.malformed("obsolete line folding in a header"))
+                return false
+            }
             func value() -> String {
                 h.value.map { String(decoding: UnsafeRawBufferPointer(start: $0, count: h.value_len), as: UTF8.self) } ?? ""
             }
@@ -234,7 +250,9 @@ final class HTTPConnection {
                                           transferEncoding: transferEncoding, connection: connection, expect: expect, limits: server.framing)
         let head: HTTPFraming.Head
         switch decision {
-        case .failure(let refusal): return refuse(refusal, minor: Int(minor))
+        case .failure(let refusal):
+            refuse(refusal, minor: Int(minor))
+            return false
         case .success(let h): head = h
         }
         let origin = UnsafeRawPointer(base)
@@ -259,6 +277,23 @@ final class HTTPConnection {
             phase = .chunked
             if head.expectContinue && inputEnd == inputStart { sendContinue() }
         }
+        return true
+    }
+
+    /// Line feeds in the first `n` bytes at `p`, up to the end of the head.
+    private static func lines(_ p: UnsafeMutableRawPointer, _ n: Int) -> Int {
+        let b = p.assumingMemoryBound(to: UInt8.self)
+        var count = 0
+        var i = 0
+        while i < n {
+            if b[i] == 0x0A {
+                count += 1
+                if i >= 2 && b[i - 1] == 0x0D && b[i - 2] == 0x0A { break }
+                if i >= 1 && b[i - 1] == 0x0A { break }
+            }
+            i += 1
+        }
+        return count
     }
 
     private func sendContinue() {

@@ -105,6 +105,24 @@ final class Target {
         return (rss, pss, n)
     }
 
+    /// CPU seconds (user + system, `/proc/<pid>/stat`) the server's processes have used so far:
+    /// `server` is dispatchd's tree without PostgreSQL, or nginx's master and workers;
+    /// `postgres` is Dispatch's embedded PostgreSQL (0 for nginx). A process that exits inside
+    /// a window takes its share with it (none does while a scenario runs).
+    func cpu() -> (server: Double, postgres: Double)? {
+        guard let root = rootPid else { return nil }
+        var server = 0.0, postgres = 0.0
+        for pid in Proc.tree(root) {
+            let comm = Proc.comm(pid)
+            if comm.hasPrefix("postgres") || comm.hasPrefix("pg_ctl") || comm == "initdb" {
+                postgres += Proc.cpuSeconds(pid)
+            } else {
+                server += Proc.cpuSeconds(pid)
+            }
+        }
+        return (server, postgres)
+    }
+
     /// A fresh process, so memory freed by earlier scenarios (kept by malloc and nginx's
     /// pools) does not hide what new streams cost. Stored data (activities) survives.
     func restart() throws {
