@@ -143,6 +143,14 @@ public enum HTTPFraming {
         return .success(Head(body: body, keepAlive: keepAlive, expectContinue: expectContinue))
     }
 
+    /// Methods HTTP defines (RFC 9110 and PATCH): every other token is answered `501` at this
+    /// layer; these reach the router, which answers `405` for one a route does not take.
+    static let definedMethods: Set<String> = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]
+
+    public static func methodRefusal(_ token: String) -> Refusal? {
+        definedMethods.contains(token) ? nil : .notImplemented("the method is not supported")
+    }
+
     /// Comma-separated list elements, trimmed and lower-cased, empty ones dropped.
     static func tokens(_ values: [String]) -> [String] {
         var out: [String] = []

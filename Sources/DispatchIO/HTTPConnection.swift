@@ -246,6 +246,11 @@ final class HTTPConnection {
             default: break
             }
         }
+        let methodToken = String(decoding: UnsafeRawBufferPointer(start: method, count: methodLength), as: UTF8.self)
+        if let refusal = HTTPFraming.methodRefusal(methodToken) {
+            refuse(refusal, minor: Int(minor))
+            return false
+        }
         let decision = HTTPFraming.decide(minorVersion: Int(minor), headBytes: consumed, targetBytes: targetLength, contentLength: contentLength,
                                           transferEncoding: transferEncoding, connection: connection, expect: expect, limits: server.framing)
         let head: HTTPFraming.Head
@@ -256,8 +261,7 @@ final class HTTPConnection {
         case .success(let h): head = h
         }
         let origin = UnsafeRawPointer(base)
-        let req = HTTPRequest(connection: self, head: UnsafeRawBufferPointer(start: base, count: consumed),
-                              method: UnsafeRawPointer(method) - origin, methodLength: methodLength,
+        let req = HTTPRequest(connection: self, head: UnsafeRawBufferPointer(start: base, count: consumed), method: methodToken,
                               target: UnsafeRawPointer(target) - origin, targetLength: targetLength, minor: Int(minor),
                               received: server.loop.now)
         inputStart += consumed

@@ -22,7 +22,7 @@ public final class HTTPRequest {
     public var route: String?
     public var keyName: String?
 
-    init(connection: HTTPConnection, head: UnsafeRawBufferPointer, method: Int, methodLength: Int, target: Int, targetLength: Int,
+    init(connection: HTTPConnection, head: UnsafeRawBufferPointer, method: String, target: Int, targetLength: Int,
          minor: Int, received: Double) {
         self.connection = connection
         self.head = Array(head)
@@ -30,7 +30,7 @@ public final class HTTPRequest {
         self.targetLength = Int32(targetLength)
         self.minor = minor
         self.received = received
-        self.method = HTTPMethod(rawValue: String(decoding: UnsafeRawBufferPointer(rebasing: head[method..<(method + methodLength)]), as: UTF8.self))
+        self.method = HTTPMethod(rawValue: method)
     }
 
     /// The request target's path part, still percent-encoded (an absolute-form target loses

@@ -68,6 +68,11 @@ final class HTTPFramingTests: XCTestCase {
         }
     }
 
+    func testMethodsHTTPDoesNotDefineAreNotImplemented() {
+        for m in ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"] { XCTAssertNil(HTTPFraming.methodRefusal(m), m) }
+        for m in ["BREW", "QUERY", "get", "PROPFIND"] { XCTAssertEqual(HTTPFraming.methodRefusal(m)?.status, 501, m) }
+    }
+
     func testRefusalsAreTheContractsJSONWithTheirStatus() {
         let rows: [(HTTPFraming.Refusal, Int, String)] = [
             (.malformed("x"), 400, "invalid_request"), (.headersTooLarge, 431, "headers_too_large"), (.targetTooLong, 414, "uri_too_long"),

@@ -264,6 +264,7 @@ final class HTTPServerWireTests: XCTestCase {
     func testGarbageAndTLSHandshakesAreRefusedAndClosed() throws {
         try start()
         try refused(Array("HELLO WORLD\r\n\r\n".utf8), 400, "invalid_request")
+        try refused(Array("BREW /echo HTTP/1.1\r\n\r\n".utf8), 501, "not_implemented")
         try refused(Array("GET /echo\r\n\r\n".utf8), 400, "invalid_request")
         try refused([UInt8](repeating: 0, count: 4096), 400, "invalid_request")
         // A TLS ClientHello's first bytes: a handshake record.
