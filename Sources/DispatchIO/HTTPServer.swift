@@ -1,3 +1,6 @@
+// CCurl, CLibevent: their shims include <sys/socket.h> textually, so one of them owns SOCK_STREAM
+// and friends (which one depends on the build mode): import both.
+import CCurl
 import CLibevent
 import CPicoHTTPParser
 import DispatchCore

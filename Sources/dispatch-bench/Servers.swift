@@ -114,11 +114,14 @@ final class Target {
         var server = 0.0, postgres = 0.0
         for pid in Proc.tree(root) {
             let comm = Proc.comm(pid)
-            if comm.hasPrefix("postgres") || comm.hasPrefix("pg_ctl") || comm == "initdb" {
-                postgres += Proc.cpuSeconds(pid)
-            } else {
-                server += Proc.cpuSeconds(pid)
-            }
+            if comm.hasPrefix("postgres") || comm.hasPrefix("pg_ctl") || comm == "initdb" { continue }
+            server += Proc.cpuSeconds(pid)
+        }
+        // The embedded cluster runs detached from dispatchd (pg_ctl starts it in the
+        // background): its postmaster's tree, from postmaster.pid.
+        if let cluster = postgresCluster, let text = Files.read(cluster + "/postmaster.pid"),
+           let first = text.split(separator: "\n").first, let pid = pid_t(first) {
+            for p in Proc.tree(pid) { postgres += Proc.cpuSeconds(p) }
         }
         return (server, postgres)
     }
