@@ -43,6 +43,8 @@ final class HTTPServerWireTests: XCTestCase {
 
     func handle(_ req: HTTPRequest) {
         switch req.path ?? "" {
+        case "/text":
+            req.respond(status: 200, headers: [("X-Method", req.method?.rawValue ?? "other")], body: Array("some text".utf8))
         case "/later":
             loop.timer(after: 0.1) { req.respond(status: 200, body: Array("later".utf8)) }
         case "/stream":
@@ -163,10 +165,12 @@ final class HTTPServerWireTests: XCTestCase {
         try start()
         let fd = try connect()
         defer { close(fd) }
-        send(fd, "HEAD /echo HTTP/1.1\r\nHost: x\r\n\r\nPOST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\nok")
+        send(fd, "HEAD /text HTTP/1.1\r\nHost: x\r\n\r\nPOST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\nok")
         let r = read(fd) { self.answers($0) == 2 && $0.hasSuffix("ok") }
         XCTAssertTrue(r.text.hasPrefix("HTTP/1.1 200 OK\r\n"), r.text)
         XCTAssertTrue(r.text.contains("X-Method: HEAD"), r.text)
+        XCTAssertTrue(r.text.contains("Content-Length: 9\r\n"), "the length of the body it would have: \(r.text)")
+        XCTAssertFalse(r.text.contains("some text"), "no body after HEAD: \(r.text)")
         XCTAssertEqual(answers(r.text), 2, r.text)
         XCTAssertTrue(r.text.hasSuffix("\r\n\r\nok"), r.text)
     }
