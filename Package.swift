@@ -13,7 +13,8 @@ import PackageDescription
 //                       nginx.conf of the bench's and the tests' helper servers
 //     DispatchLiveActivity  the iOS app's ActivityAttributes for Live Activity pushes (no dependency)
 //   C, as system libraries: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl, CNats (the
-//     NATS client, the carrier between servers); and
+//     NATS client, the carrier between servers), CPicoHTTPParser (the HTTP/1.1 request parser,
+//     from Debian's libh2o-evloop); and
 //     CCurlDynamic, libcurl's header without linking it: the CLI loads libcurl with dlopen
 //     only when a URL is https:// (linking it slowed every start: docs/cli.md, Performance)
 //   Shells (thin layers that perform what the pure parts decide):
@@ -21,7 +22,7 @@ import PackageDescription
 //     DispatchCrypto    SHA-256, HMAC, AES-GCM, ES256, random bytes (libcrypto)
 //     DispatchBlockingHTTP  the one blocking HTTP/1.1 client (plain sockets, deadlines, DispatchCore's
 //                       encoder and parser): the CLI, `dispatchd check`, the bench's setup, the tests
-//     DispatchIO        libevent loop, evhttp server and streams, async libpq driver, libcurl
+//     DispatchIO        libevent loop, HTTP/1.1 server and streams (its own, on the loop), async libpq driver, libcurl
 //                       client (HTTP/2, in the loop), NATS client (hand-off to the loop), logging
 //     DispatchServer    dispatchd: routes' handlers, repositories (SQL), streams, auth, metrics
 //   Executables: dispatchd, dispatch (the CLI), dispatch-bench
@@ -53,12 +54,13 @@ let package = Package(
         .systemLibrary(name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl"),
         .systemLibrary(name: "CCurlDynamic", path: "Sources/CCurlDynamic"),
         .systemLibrary(name: "CNats", path: "Sources/CNats"),
+        .systemLibrary(name: "CPicoHTTPParser", path: "Sources/CPicoHTTPParser"),
 
         // Shells.
         .target(name: "DispatchSystem"),
         .target(name: "DispatchCrypto", dependencies: ["CCrypto"]),
         .target(name: "DispatchBlockingHTTP", dependencies: ["DispatchCore", "DispatchSystem"]),
-        .target(name: "DispatchIO", dependencies: ["CLibevent", "CLibpq", "CCurl", "CNats", "PGCore", "DispatchCore", "DispatchSystem"]),
+        .target(name: "DispatchIO", dependencies: ["CLibevent", "CPicoHTTPParser", "CLibpq", "CCurl", "CNats", "PGCore", "DispatchCore", "DispatchSystem"]),
         .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "DispatchBlockingHTTP",
                                                        "DispatchWeb", "DispatchBuildInfo"],
                 exclude: ["EmbeddedMigrations.embed"], plugins: ["EmbedFiles"]),

@@ -1,6 +1,7 @@
-// CCurl: its shim includes <sys/socket.h> textually, which in whole-module (release) builds makes
+// CCurl, CLibevent: their shims include <sys/socket.h> textually, which in whole-module (release) builds makes
 // that module the owner of SOCK_STREAM and friends; without this import they are not found.
 import CCurl
+import CLibevent
 import DispatchSystem
 import Glibc
 

@@ -63,6 +63,18 @@ final class Orchestrator {
         }
     }
 
+    /// CPU per operation over a measured window: the server's own processes (dispatchd, or
+    /// nginx) and, for Dispatch, its PostgreSQL, in µs. Rates move 10–30 % between runs on a
+    /// shared machine; CPU per operation moves far less, and is what sizes a deployment.
+    func recordCPU(_ scenario: String, per operation: String, _ t: Target, since a: (server: Double, postgres: Double)?,
+                   until end: (server: Double, postgres: Double)? = nil, operations: Int) {
+        guard let a, let b = end ?? t.cpu(), operations > 0 else { return }
+        record(scenario, "server CPU per \(operation)", "µs", higher: false, t, (b.server - a.server) / Double(operations) * 1e6)
+        if t.kind == .dispatch {
+            record(scenario, "PostgreSQL CPU per \(operation)", "µs", higher: false, t, (b.postgres - a.postgres) / Double(operations) * 1e6)
+        }
+    }
+
     func check(_ target: Target, _ what: String, _ n: Int64) {
         checks[target.name, default: [:]][what, default: 0] += n
         if n != 0 { problems.append("\(target.name): \(what) = \(n)") }
@@ -339,8 +351,10 @@ final class Orchestrator {
         var open = 0
         for n in config.idleCounts.sorted() where n > open {
             let scenario = "idle \(Self.count(n))"
+            let cpu0 = t.cpu()
             let s = try subscribe(t, count: n - open, path: t.streamPath("\(idlePrefix)-{ch}"),
                                   channels: config.idleActivities, trackSeqs: false, firstIndex: open)
+            recordCPU(scenario, per: "connect", t, since: cpu0, operations: s.ready)
             open += s.ready + s.failed
             Control.sleep(1.5)
             let after = t.memory()
@@ -362,11 +376,18 @@ final class Orchestrator {
         Control.sleep(0.5)
         var firsts: [Double] = [], lasts: [Double] = []
         var seq = t.seqAtSubscribe
+        var cpu = (server: 0.0, postgres: 0.0)
         for _ in 0..<config.fanoutEvents {
             seq += 1
+            // CPU per delivery: only while an event goes out (not the pauses between them).
+            let cpu0 = t.cpu()
             let pubT = try t.publishNow(activity, seq: seq)
             let s = seq
             let got = Control.collect(subscribers, "fan", timeout: 15) { $0.int("seq") == Int(s) }
+            if let a = cpu0, let b = t.cpu() {
+                cpu.server += b.server - a.server
+                cpu.postgres += b.postgres - a.postgres
+            }
             let done = got.compactMap { $0 }
             if done.count < got.count { problems.append("\(t.name): fan-out event \(seq) did not reach every subscriber within 15 s") }
             if let f = done.compactMap({ $0.double("first") }).min(), let l = done.compactMap({ $0.double("last") }).max() {
@@ -378,6 +399,7 @@ final class Orchestrator {
         verify(t, finals: [seq], scenario: "fanout")
         closeSubscribers()
         let scenario = "fanout \(Self.count(config.fanoutSubscribers))"
+        recordCPU(scenario, per: "delivery", t, since: (0, 0), until: cpu, operations: config.fanoutEvents * s.ready)
         record(scenario, "last receipt p50", "ms", higher: false, t, BenchStats.percentile(lasts, 0.5))
         record(scenario, "last receipt p99", "ms", higher: false, t, BenchStats.percentile(lasts, 0.99))
         record(scenario, "first receipt p50", "ms", higher: false, t, BenchStats.percentile(firsts, 0.5))
@@ -395,11 +417,13 @@ final class Orchestrator {
         _ = Control.collect(subscribers, "reset", timeout: 10)
         // Dispatch's writer round trips (each one batch, one commit): the commit's share of a publish.
         let commitsBefore = t.kind == .dispatch ? Metrics.scrape(port: t.port).histogram("dispatch_db_query_seconds", "session=\"writer\"") : nil
+        let cpu0 = t.cpu()
         startPublishing(t, prefix: prefix, channels: k, conns: config.throughputPublishers, seconds: config.throughputSeconds)
         guard let p = Control.collect([publisher], "published", timeout: config.throughputSeconds + 60)[0] else {
             throw BenchError("\(t.name): publishers did not finish")
         }
         let windowReport = reports()
+        let cpu1 = t.cpu()
         let commits = commitsBefore.map { Metrics.scrape(port: t.port).histogram("dispatch_db_query_seconds", "session=\"writer\"").subtracting($0) }
         var finals: [Int64] = []
         if case .array(let a)? = p["finals"] { finals = a.map { if case .number(let d) = $0 { return Int64(d) } else { return 0 } } }
@@ -417,6 +441,10 @@ final class Orchestrator {
         record(scenario, "publish->receipt p50", "ms", higher: false, t, final.hist.percentile(0.5).map { Double($0) / 1e6 })
         record(scenario, "publish->receipt p99", "ms", higher: false, t, final.hist.percentile(0.99).map { Double($0) / 1e6 })
         record(scenario, "publish ack p50", "ms", higher: false, t, ack.percentile(0.5).map { Double($0) / 1e6 })
+        if let cpu1 {
+            recordCPU(scenario, per: "publish", t, since: cpu0, until: cpu1, operations: Int(published))
+            recordCPU(scenario, per: "delivery", t, since: cpu0, until: cpu1, operations: windowReport.deliveries)
+        }
         if let commits {
             record(scenario, "commit round trip p50", "ms", higher: false, t, commits.percentile(0.5).map { $0 * 1000 })
         }
@@ -431,6 +459,7 @@ final class Orchestrator {
         try batch(t, t.finishRequests(list), what: "finishing terminal activities")
         let paths = list.map { t.finishedStreamPath($0) }
         let per = max(1, config.terminalConnections / subscribers.count)
+        let cpu0 = t.cpu()
         for w in subscribers {
             w.send { w in
                 w.field("cmd", "terminal")
@@ -457,6 +486,7 @@ final class Orchestrator {
         check(t, "terminal: failed streams", Int64(errors))
         check(t, "terminal: wrong final event", Int64(wrong))
         record("terminal", "finished streams/s", "1/s", higher: true, t, Double(count) / max(elapsed, 1e-6))
+        recordCPU("terminal", per: "finished stream", t, since: cpu0, operations: count)
         log("bench: \(t.name) terminal rep \(rep + 1): \(count) streams in \(fmt(elapsed))s")
     }
 

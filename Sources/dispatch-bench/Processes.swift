@@ -82,6 +82,14 @@ enum Proc {
         (Files.read("/proc/\(pid)/comm") ?? "").trimmingCharacters(in: "\n")
     }
 
+    /// User + system CPU seconds of one process so far (fields 14 and 15 of /proc/<pid>/stat).
+    static func cpuSeconds(_ pid: pid_t) -> Double {
+        guard let stat = Files.read("/proc/\(pid)/stat"), let close = stat.lastIndex(of: ")") else { return 0 }
+        let f = stat[stat.index(after: close)...].split(separator: " ")
+        guard f.count > 13, let u = Double(f[11]), let s = Double(f[12]) else { return 0 }
+        return (u + s) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
     /// Resident memory in bytes and proportional share (Pss) of one process.
     static func memory(_ pid: pid_t) -> (rss: Int, pss: Int) {
         let rss = ProcessFigures.residentBytes(of: pid) ?? 0

@@ -105,6 +105,27 @@ final class Target {
         return (rss, pss, n)
     }
 
+    /// CPU seconds (user + system, `/proc/<pid>/stat`) the server's processes have used so far:
+    /// `server` is dispatchd's tree without PostgreSQL, or nginx's master and workers;
+    /// `postgres` is Dispatch's embedded PostgreSQL (0 for nginx). A process that exits inside
+    /// a window takes its share with it (none does while a scenario runs).
+    func cpu() -> (server: Double, postgres: Double)? {
+        guard let root = rootPid else { return nil }
+        var server = 0.0, postgres = 0.0
+        for pid in Proc.tree(root) {
+            let comm = Proc.comm(pid)
+            if comm.hasPrefix("postgres") || comm.hasPrefix("pg_ctl") || comm == "initdb" { continue }
+            server += Proc.cpuSeconds(pid)
+        }
+        // The embedded cluster runs detached from dispatchd (pg_ctl starts it in the
+        // background): its postmaster's tree, from postmaster.pid.
+        if let cluster = postgresCluster, let text = Files.read(cluster + "/postmaster.pid"),
+           let first = text.split(separator: "\n").first, let pid = pid_t(first) {
+            for p in Proc.tree(pid) { postgres += Proc.cpuSeconds(p) }
+        }
+        return (server, postgres)
+    }
+
     /// A fresh process, so memory freed by earlier scenarios (kept by malloc and nginx's
     /// pools) does not hide what new streams cost. Stored data (activities) survives.
     func restart() throws {

@@ -44,10 +44,6 @@ public enum Dispatchd {
         }
         let log = Logger(level: Logger.Level(name: config.logLevel) ?? .info, format: config.logFormat)
         log.accessRule = config.accessLog.rule
-        if command == .serve, let refusal = LibeventInternals.refusal() {
-            log.error("libevent.unsupported", [("error", refusal)])
-            return 1
-        }
         if env["DISPATCH_WORKER_INDEX"] == nil {
             for flag in config.secretsOnCommandLine {
                 log.warning("config.secret_on_command_line", [("flag", flag), ("why", "every local user sees it in ps"),
