@@ -59,6 +59,8 @@ final class PushConfigTests: XCTestCase {
             ("DISPATCH_TOKEN_KEY", "--token-key", hex, { $0.tokenKey == [UInt8](repeating: 0xAB, count: 32) }),
             ("DISPATCH_PUSH_DISMISSAL", "--push-dismissal", "0", { $0.pushDismissalSeconds == 0 }),
             ("DISPATCH_PUSH_LEASE", "--push-lease", "4", { $0.pushLeaseSeconds == 4 }),
+            ("DISPATCH_PUSH_TO_START_LIMIT", "--push-to-start-limit", "3", { $0.apns?.pushToStartLimit == 3 }),
+            ("DISPATCH_APNS_IDLE", "--apns-idle", "30", { $0.apns?.idleSeconds == 30 }),
         ]
         XCTAssertEqual(table.count, APNsSettings.settings.count)
         for (env, flag, value, check) in table {
