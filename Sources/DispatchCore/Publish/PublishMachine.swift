@@ -122,6 +122,10 @@ public struct PublishMachine {
     // MARK: - The cache
 
     /// Whether the cache holds `id` at an older seq than a change just heard of.
+    /// Whether a change of `id` is being planned or written here (its cache entry is this
+    /// process's own newest then).
+    public func isInFlight(_ id: String) -> Bool { busy.contains(id) }
+
     public func isStale(_ id: String, seq: Int64) -> Bool {
         guard let entry = cache[id] else { return false }
         return entry.activity.seq < seq

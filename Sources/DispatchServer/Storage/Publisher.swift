@@ -100,6 +100,10 @@ final class Publisher {
     /// runs once with every outcome, in the ops' order, after the last one was answered.
     func submitAll(_ ops: [PublishOp], completion: @escaping ([PublishOp.Outcome]) -> Void) {
         guard !ops.isEmpty else { return completion([]) }
+        // A request's changes commit together only if none misses its compare-and-set: what
+        // this process cached may be older than another process's commit it has not heard of
+        // yet, so each activity not in flight here is read afresh (the reads go as one pipeline).
+        for op in ops where !machine.isInFlight(op.activityID) { machine.forget(op.activityID) }
         let (ids, actions) = machine.submittedAll(ops, now: now())
         let collector = OutcomeCollector(count: ids.count, completion: completion)
         for (index, id) in ids.enumerated() {
