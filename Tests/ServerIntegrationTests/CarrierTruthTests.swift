@@ -23,21 +23,28 @@ final class CarrierTruthTests: XCTestCase {
         return try TestServer.start(environment: env, conninfo: conninfo)
     }
 
+    /// Two servers on one NATS server and one database: a status stream on `a` following an
+    /// activity `b` started, and a feed on `a` that said `synced` (its position).
+    func twoNodesWithAStreamAndAFeed(_ id: String) throws -> (cluster: NATSCluster, a: TestServer, b: TestServer, stream: SSEClient,
+                                                                 feed: SSEClient, p0: Int64) {
+        let cluster = try NATSCluster(size: 1)
+        nats = cluster
+        let a = try node(cluster, 0)
+        let b = try node(cluster, 0, conninfo: a.conninfo)
+        try b.startActivity(id)
+        let stream = try a.stream(id)
+        XCTAssertTrue(try stream.pump(timeout: 5) { !$0.ids.isEmpty })
+        let feed = try a.feed()
+        let p0 = try XCTUnwrap(try feed.waitSynced(), "no synced")
+        return (cluster, a, b, stream, feed, p0)
+    }
+
     /// A change copied off the wire and altered (a raised seq, a final state, a cancel request,
     /// a position near 2^63), and messages in the old format with a snapshot in them: none
     /// reaches any client, and none hides the real change that follows.
     func testAForgedOrAlteredMessageChangesNothingAnyClientSeesAndHidesNoRealChange() throws {
-        let cluster = try NATSCluster(size: 1)
-        nats = cluster
-        let a = try node(cluster, 0)
-        defer { a.stop() }
-        let b = try node(cluster, 0, conninfo: a.conninfo)
-        defer { b.stop() }
-        try b.startActivity("victim")
-        let stream = try a.stream("victim")
-        XCTAssertTrue(try stream.pump(timeout: 5) { !$0.ids.isEmpty })
-        let feed = try a.feed()
-        guard let p0 = try feed.waitSynced() else { return XCTFail("no synced") }
+        let (cluster, a, b, stream, feed, p0) = try twoNodesWithAStreamAndAFeed("victim")
+        defer { b.stop(); a.stop() }
         XCTAssertTrue(cluster.waitForInterest(0, CarrierSubjects(prefix: TestCarrier.subjectPrefix(a.conninfo)).activity("victim"), count: 1),
                       "server a listens to the activity")
 
@@ -206,17 +213,8 @@ final class CarrierTruthTests: XCTestCase {
     /// A nats-server that stops reading with its connections open (SIGSTOP): the servers notice
     /// their probes do not come back, follow PostgreSQL meanwhile, and cut no reader.
     func testAStalledNATSServerCutsNoReaderAndDeliveryGoesOn() throws {
-        let cluster = try NATSCluster(size: 1)
-        nats = cluster
-        let a = try node(cluster, 0)
-        defer { a.stop() }
-        let b = try node(cluster, 0, conninfo: a.conninfo)
-        defer { b.stop() }
-        try b.startActivity("stalled-carrier")
-        let stream = try a.stream("stalled-carrier")
-        XCTAssertTrue(try stream.pump(timeout: 5) { !$0.ids.isEmpty })
-        let feed = try a.feed()
-        guard try feed.waitSynced() != nil else { return XCTFail("no synced") }
+        let (cluster, a, b, stream, feed, _) = try twoNodesWithAStreamAndAFeed("stalled-carrier")
+        defer { b.stop(); a.stop() }
         // The server itself, not the watchdog shell whose arguments name it too.
         let found = Subprocess.run(["pgrep", "-f", "^\(try NATSCluster.binary()) -a 127.0.0.1 -p \(cluster.ports[0]) "])
         guard let natsPID = found.output.split(separator: "\n").first.flatMap({ pid_t($0) }) else { return XCTFail("no nats-server pid") }
