@@ -101,14 +101,14 @@ final class NATSCarrierShellTests: XCTestCase {
     func testAForgedHintIsReadFromTheDatabaseAndSendsNothingThatWasNotCommitted() {
         let s = liveStream("job", seq: 3)
         client.deliver(subjects.activity("job"), "9\tcompleted")
-        loop.advance(by: StreamService.resyncGather)
+        loop.runSoon()
         XCTAssertEqual(pendingReads, ["read_history"], "the hint only says where to look")
         scripted.answer(on: scripted.reader) { _ in self.history([]) }
         XCTAssertEqual(eventIDs(s), ["3"], "nothing committed after 3: nothing sent")
         XCTAssertNil(s.ending, "a forged final state ends nothing")
         // The real change that follows is not taken for a duplicate.
         client.deliver(subjects.activity("job"), "4\tprocessing")
-        loop.advance(by: StreamService.resyncGather)
+        loop.runSoon()
         scripted.answer(on: scripted.reader) { _ in self.history([("job", 4, "processing", #"{"seq":4,"status":"real"}"#)]) }
         XCTAssertEqual(eventIDs(s), ["3", "4"])
         XCTAssertTrue(s.written.last?.contains(#""status":"real""#) == true)
@@ -128,9 +128,25 @@ final class NATSCarrierShellTests: XCTestCase {
     func testAllTheHintsOfATurnAreReadInOneStatement() {
         let streamsHeld = (0..<5).map { liveStream("job-\($0)", seq: 1) }
         for i in 0..<5 { client.deliver(subjects.activity("job-\(i)"), "2\tprocessing") }
-        loop.advance(by: StreamService.resyncGather)
+        loop.runSoon()
         XCTAssertEqual(pendingReads, ["read_histories"], "one statement for the turn, not one per activity")
         scripted.answer(on: scripted.reader) { _ in self.history((0..<5).map { ("job-\($0)", 2, "processing", "{\"seq\":2}") }) }
+        for s in streamsHeld { XCTAssertEqual(eventIDs(s), ["1", "2"]) }
+        XCTAssertEqual(metrics.resyncBatches, 1)
+    }
+
+    func testHintsThatArriveWhileAReadIsOutShareTheNextRead() {
+        let streamsHeld = (0..<4).map { liveStream("job-\($0)", seq: 1) }
+        client.deliver(subjects.activity("job-0"), "2\tprocessing")
+        loop.runSoon()
+        XCTAssertEqual(pendingReads, ["read_history"], "at light load a hint is read at once")
+        for i in 1..<4 { client.deliver(subjects.activity("job-\(i)"), "2\tprocessing") }
+        loop.runSoon()
+        XCTAssertEqual(pendingReads, ["read_history"], "nothing more goes out while a read is out")
+        scripted.answer(on: scripted.reader) { _ in self.history([("job-0", 2, "processing", "{\"seq\":2}")]) }
+        loop.runSoon()
+        XCTAssertEqual(pendingReads, ["read_histories"], "the answer sends what waited, as one statement")
+        scripted.answer(on: scripted.reader) { _ in self.history((1..<4).map { ("job-\($0)", 2, "processing", "{\"seq\":2}") }) }
         for s in streamsHeld { XCTAssertEqual(eventIDs(s), ["1", "2"]) }
         XCTAssertEqual(metrics.resyncBatches, 1)
     }

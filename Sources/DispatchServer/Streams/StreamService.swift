@@ -270,25 +270,38 @@ final class StreamService {
         }
     }
 
-    /// Re-reads asked for in one turn (many hints arrive together under load) go out as one
-    /// statement at the end of the turn: the cost follows the changes, not the topics.
+    /// Re-reads wait while one is out, then go as one statement: at light load a hint is read
+    /// at once, under load the hints that arrive during a round trip share the next read (the
+    /// cost follows the round trips, not the topics or the changes).
     private var resyncBatch: [(topic: String, generation: UInt64, after: Int64)] = []
+    private var resyncReading = false
+    private var resyncScheduled = false
 
     private func queueResync(_ topic: String, generation: UInt64, after: Int64) {
         resyncBatch.append((topic, generation, after))
-        guard resyncBatch.count == 1 else { return }
-        // A moment longer than the turn: under load the hints of a few turns share one read.
-        loop.timer(after: StreamService.resyncGather) { [weak self] in self?.flushResyncs() }
+        scheduleResyncs()
     }
 
-    /// Seconds re-reads wait to be gathered into one statement.
-    static let resyncGather = 0.002
+    /// At the end of this turn, unless a read is out (its answer schedules the next).
+    private func scheduleResyncs() {
+        guard !resyncReading, !resyncScheduled, !resyncBatch.isEmpty else { return }
+        resyncScheduled = true
+        loop.soon { [weak self] in self?.flushResyncs() }
+    }
 
     private func flushResyncs() {
+        resyncScheduled = false
         let batch = resyncBatch
         resyncBatch = []
+        guard !batch.isEmpty else { return }
+        resyncReading = true
+        let answered: () -> Void = { [weak self] in
+            self?.resyncReading = false
+            self?.scheduleResyncs()
+        }
         guard batch.count > 1 else {
-            for r in batch { resync(r.topic, generation: r.generation, after: r.after, attempt: 0) }
+            let r = batch[0]
+            resync(r.topic, generation: r.generation, after: r.after, attempt: 0, firstAnswer: answered)
             return
         }
         metrics.resyncBatches += 1
@@ -304,14 +317,16 @@ final class StreamService {
                     self.beginLiveSubscribers(of: r.topic)
                 }
             }
+            answered()
         }
     }
 
     /// Reads a topic's missed history. While the database is coming back, retry with backoff
     /// rather than dropping its streams: they keep their heartbeats and lose nothing.
-    private func resync(_ topic: String, generation: UInt64, after: Int64, attempt: Int) {
+    private func resync(_ topic: String, generation: UInt64, after: Int64, attempt: Int, firstAnswer: (() -> Void)? = nil) {
         activities.history(topic, after: after, limit: settings.historyPage) { [weak self] result in
             guard let self else { return }
+            defer { firstAnswer?() }
             switch result {
             case .failure:
                 let retrying = self.hub.isCurrent(topic: topic, generation: generation)
