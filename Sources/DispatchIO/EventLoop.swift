@@ -115,14 +115,16 @@ public final class Timer {
     /// use-after-free). Nil for a timer another scheduler fires.
     private let loop: EventLoop?
     private var event: OpaquePointer?
-    private let interval: Double
+    /// Seconds until it fires (never negative); nil for a signal watcher.
+    private let interval: Double?
     private let body: () -> Void
     private var keepAlive: Timer?
     public private(set) var isCancelled = false
 
     init(loop: EventLoop, interval: Double, repeating: Bool, body: @escaping () -> Void) {
         self.loop = loop
-        self.interval = interval
+        // A deadline computed as `until - now` can be just past: it is due now, not never.
+        self.interval = max(0, interval)
         self.body = body
         let flags = Int16(repeating ? EV_PERSIST : 0)
         event = event_new(loop.base, -1, flags, { _, _, arg in
@@ -134,14 +136,14 @@ public final class Timer {
     /// A timer that another scheduler (a test's manual loop) fires by calling `fire()`.
     public init(interval: Double, repeating: Bool, body: @escaping () -> Void) {
         loop = nil
-        self.interval = interval
+        self.interval = max(0, interval)
         self.body = body
         if !repeating { keepAlive = self }
     }
 
     init(loop: EventLoop, signal: Int32, body: @escaping () -> Void) {
         self.loop = loop
-        self.interval = -1
+        self.interval = nil
         self.body = body
         event = event_new(loop.base, signal, Int16(EV_SIGNAL | EV_PERSIST), { _, _, arg in
             Unmanaged<Timer>.fromOpaque(arg!).takeUnretainedValue().body()
@@ -150,7 +152,7 @@ public final class Timer {
 
     func arm() {
         guard let event else { return }
-        if interval < 0 { event_add(event, nil); return }
+        guard let interval else { event_add(event, nil); return }
         var tv = timeval(seconds: interval)
         event_add(event, &tv)
     }

@@ -209,7 +209,8 @@ final class FeedService {
                 self.performQueued()
             }
         }
-        if resting { loop.timer(after: pacer.restUntil - loop.now, resume) } else { resume() }
+        let rest = pacer.restUntil - loop.now
+        if rest > 0 { loop.timer(after: rest, resume) } else { resume() }
     }
 
     /// Performs one action; returns the bytes it handed to sockets.
