@@ -168,6 +168,26 @@ final class BroadcastServiceShellTests: XCTestCase {
         XCTAssertEqual(session.pending, ["broadcast_mark_deleted"])
     }
 
+    func testAChannelAPNsWillNotMakeIsMarkedFailedAndTheActivityRunsWithoutOne() {
+        claimAndSend(claimRow("job-1", .create), activity("job-1"))
+        sender.answer(apns(400, #"{"reason":"BadRequest"}"#))
+        XCTAssertEqual(session.pending, ["broadcast_mark_failed"])
+        answer()
+        XCTAssertEqual(metrics.broadcasts["refused"], 1)
+    }
+
+    func testAnEndedActivitysChannelIsDeletedAndItsRowGoes() {
+        claimAndSend(claimRow("job-1", .delete, channel: "ch-1"), activity("job-1", state: .completed, channel: "ch-1"))
+        XCTAssertEqual(sender.requests[0].method, "DELETE")
+        XCTAssertEqual(headers(sender.requests[0])["apns-channel-id"], "ch-1")
+        sender.answer(apns(204))
+        XCTAssertEqual(session.pending, ["broadcast_mark_deleted"])
+        answer()
+        XCTAssertEqual(metrics.broadcasts["deleted"], 1)
+        loop.advance(by: 1)
+        XCTAssertEqual(session.pending, [], "nothing made the row due again: the cycle is over")
+    }
+
     // MARK: - Failure paths
 
     func testASessionLostMidClaimEndsTheCycleAndAPollClaimsOnceItIsBack() {

@@ -6,11 +6,14 @@ import DispatchIO
 /// publisher and the stale sweeper, which ends activities through it).
 enum PublishScript {
     /// `read_for_publish`'s row: activity `id` at `seq`, started by key 1, last touched at
-    /// `touchedMs`, with no replay.
-    static func stored(_ id: String, seq: Int64, state: ActivityState = .processing, touchedMs: Int64 = 0) -> PGResult {
+    /// `touchedMs`, with what the request's Idempotency-Key already applied (`replay`), if anything.
+    static func stored(_ id: String, seq: Int64, state: ActivityState = .processing, touchedMs: Int64 = 0,
+                       replay: PublishReplay? = nil) -> PGResult {
         let values: [String: String] = ["activity_id": id, "task_name": "build", "state": state.rawValue, "attempt": "1", "seq": String(seq),
                                         "created_ms": "1000", "updated_ms": "2000", "last_event": state.rawValue, "start_fingerprint": "fp",
-                                        "owner_key_id": "1", "touched_ms": String(touchedMs), "stale_after_s": "60"]
+                                        "owner_key_id": "1", "touched_ms": String(touchedMs), "stale_after_s": "60",
+                                        "replay": replay?.json, "replay_event": replay?.event, "replay_seq": replay.map { String($0.seq) }]
+            .compactMapValues { $0 }
         let columns = ActivityRepository.columns.split(separator: ",").map { String($0.split(separator: ".").last!) }
             + ["replay", "replay_event", "replay_seq"]
         return PGResult(columns: columns, rows: [columns.map { values[$0] }])

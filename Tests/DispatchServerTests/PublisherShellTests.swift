@@ -210,7 +210,51 @@ final class PublisherShellTests: XCTestCase {
         XCTAssertEqual(journal.suffix(2), ["announce x 12 41", "answer x committed"])
     }
 
+    func testARepeatedIdempotencyKeyIsAnsweredFromWhatItAppliedAndWritesNothing() {
+        let key = "retry-1"
+        let op = { (id: String) in
+            PublishOp(activityID: id, kind: .update(UpdateCommand(progress: .set(0.5))), idempotencyKey: key, ownerKeyID: 1, access: .startedBy(keyID: 1))
+        }
+        submit(op("x"))
+        submit(op("y"))
+        XCTAssertEqual(reader.parameters(of: "read_for_publish"), ["y", key], "the read looks the key up")
+        while reader.pending.first == "read_for_publish" {
+            reader.answerNext { _, params in
+                params[0] == "x"
+                    ? PublishScript.stored("x", seq: 4, replay: PublishReplay(json: #"{"seq":4}"#, event: "processing", seq: 4))
+                    : PublishScript.stored("y", seq: 5, replay: PublishReplay(json: #"{"seq":5}"#, event: "completed", seq: 5))
+            }
+        }
+        loop.runSoon()
+        XCTAssertEqual(journal, ["answer x replay", "answer y conflict"], "the same call gets its stored answer; another call a conflict")
+        XCTAssertEqual(writer.pending, [])
+    }
+
+    func testAStartPastItsKeysLiveLimitIsRefusedAndAnnouncedToNoOne() {
+        publisher.maxLivePerKey = 2
+        submit(start("a"))
+        XCTAssertTrue(writer.answerNext { name, _ in
+            switch name {
+            case "publish_starts": return PGResult(columns: ["activity_id", "over_limit_id"], rows: [[nil, "a"]])
+            case "position_lock": return PGResult(columns: ["pg_advisory_xact_lock"], rows: [[""]])
+            default: return PGResult(columns: ["notified", "activity_id", "seq", "position", "pushes"], rows: [])
+            }
+        })
+        loop.runSoon()
+        XCTAssertEqual(journal, ["answer a too_many_live_activities"])
+        XCTAssertEqual(metrics.eventsPublished, 0)
+    }
+
     // MARK: - Failure paths
+
+    func testBeforeTheWriterIsReadyAChangeFailsAtOnceAndNothingIsSent() {
+        let fresh = Publisher(db: scripted.db, log: Logger(level: .error), metrics: metrics, defaultStaleAfter: 0, now: { 1 })
+        var outcome: String?
+        fresh.submit(start("a")) { outcome = Self.describe($0) }
+        XCTAssertEqual(outcome, "database_unavailable")
+        XCTAssertEqual(writer.pending, [])
+        XCTAssertTrue(fresh.isIdle)
+    }
 
     func testAWriterLostMidBatchFailsItsChangesAnnouncesNothingAndPlansTheNextOnAFreshRead() {
         submit(update("x", 0.5))

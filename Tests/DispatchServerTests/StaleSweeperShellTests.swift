@@ -153,6 +153,14 @@ final class StaleSweeperShellTests: XCTestCase {
         XCTAssertEqual(metrics.staleEnded, 1)
     }
 
+    func testARefusedClaimEndsNothingAndTheNextTickClaimsAgain() {
+        tick()
+        answerClaim(.failure("canceling statement due to statement timeout", sqlState: "57014"))
+        XCTAssertEqual(reader.pending, [])
+        tick()
+        XCTAssertEqual(reader.pending, ["claim_stale"])
+    }
+
     func testAnEndWhoseBatchIsLostCountsNothingAndTheRowIsLeftToItsFence() {
         tick()
         answerClaim(Self.claimed(["x"]))
