@@ -8,8 +8,7 @@ public final class SimulatedLoop: LoopScheduling {
     private var clock = 1_000.0
     private var normal: [() -> Void] = []
     private var background: [() -> Void] = []
-    private var timers: [(due: Double, order: Int, interval: Double?, timer: Timer)] = []
-    private var order = 0
+    private var timers = TimerQueue()
 
     public var now: Double {
         clock += 5e-6
@@ -23,10 +22,7 @@ public final class SimulatedLoop: LoopScheduling {
     }
 
     public func timer(after seconds: Double, repeating: Bool, _ body: @escaping () -> Void) -> Timer {
-        let t = Timer(interval: seconds, repeating: repeating, body: body)
-        timers.append((clock + max(seconds, 0), order, repeating ? max(seconds, 1e-6) : nil, t))
-        order += 1
-        return t
+        timers.add(after: seconds, repeating: repeating, now: clock, body)
     }
 
     /// Runs one piece of deferred work; false when none waits.
@@ -40,14 +36,9 @@ public final class SimulatedLoop: LoopScheduling {
     /// Moves the clock on, firing the timers that come due (each followed by what it deferred).
     public func advance(by seconds: Double) {
         let end = clock + seconds
-        while true {
-            timers.removeAll { $0.timer.isCancelled }
-            guard let i = timers.indices.filter({ timers[$0].due <= end })
-                .min(by: { (timers[$0].due, timers[$0].order) < (timers[$1].due, timers[$1].order) }) else { break }
-            let entry = timers[i]
-            clock = max(clock, entry.due)
-            if let interval = entry.interval { timers[i].due += interval } else { timers.remove(at: i) }
-            entry.timer.fire()
+        while let (due, timer) = timers.next(dueBy: end) {
+            clock = max(clock, due)
+            timer.fire()
             while runOne() {}
         }
         clock = max(clock, end)

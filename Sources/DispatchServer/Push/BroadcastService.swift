@@ -33,14 +33,17 @@ final class BroadcastService {
     private var lastClaim = 0.0
     private var wakeArmed = false
     private let loop: LoopScheduling
+    /// Unix seconds (the push sender's clock): token ages, stale dates, latencies, pauses.
+    private let clock: () -> Double
     static let minClaimInterval = 0.01
     /// The deployment was paused by a broadcast's `TooManyProviderTokenUpdates` (until, Unix
     /// seconds): the token sender of this process stops claiming too.
     var onPaused: (Int64) -> Void = { _ in }
 
     init(loop: LoopScheduling, db: PGConnection, curl: HTTPRequestSending, settings: APNsSettings, tokenStore: ProviderTokenStore, metrics: PushMetrics,
-         dismissalSeconds: Int64, leaseMs: Int, requestTimeout: Double, log: Logger) {
+         dismissalSeconds: Int64, leaseMs: Int, requestTimeout: Double, log: Logger, clock: @escaping () -> Double) {
         self.loop = loop
+        self.clock = clock
         self.db = db
         self.curl = curl
         self.settings = settings
@@ -110,7 +113,7 @@ final class BroadcastService {
 
     /// The deployment's provider token (shared with the token pushes through the database).
     private func withToken(refused: String? = nil, _ body: @escaping (String?) -> Void) {
-        let now = Clock.nowMilliseconds() / 1000
+        let now = nowSeconds()
         if let t = token, t.jwt != refused, !ProviderTokenPolicy().isDue(mintedAt: Double(t.issuedAt), now: Double(now)) {
             return body(t.jwt)
         }
@@ -132,7 +135,7 @@ final class BroadcastService {
             remaining -= 1
             if remaining == 0 { mark(outcomes) }
         }
-        let nowSeconds = Clock.nowMilliseconds() / 1000
+        let unixNow = nowSeconds()
         for var job in jobs {
             let stored = activities[job.activityID]
             let stale = stored.flatMap { LiveActivityPayload.staleDeadline($0.activity, staleAfterSeconds: $0.staleAfter, touchedMs: $0.touchedMs) }
@@ -140,7 +143,7 @@ final class BroadcastService {
             job.changedAtMs = stored?.activity.updatedAt ?? job.claimedAtMs
             job.staleDate = stale.map(LiveActivityPayload.seconds) ?? 0
             let request = BroadcastRequest.make(job, snapshot: stored?.activity, staleDeadlineMs: stale, dismissalDelaySeconds: dismissalSeconds,
-                                                nowSeconds: nowSeconds)
+                                                nowSeconds: unixNow)
             guard let jwt, let http = httpRequest(request, job, jwt: jwt) else {
                 let outcome: BroadcastOutcome = request == .forget ? .deleted : .retry(afterSeconds: 1, status: "no provider token")
                 done(job, outcome)
@@ -167,7 +170,7 @@ final class BroadcastService {
                 if case .paused(let status) = outcome {
                     // The whole deployment waits until a token may be made again (as the
                     // token sender does): stored, so every process's claims see it.
-                    let now = Clock.nowMilliseconds() / 1000
+                    let now = nowSeconds()
                     let until = max(now + 1, (self.token?.issuedAt ?? now) + Int64(ProviderTokenPolicy().minRenewAge))
                     self.tokenStore.pause(until: until)
                     self.onPaused(until)
@@ -177,6 +180,9 @@ final class BroadcastService {
             }
         }
     }
+
+    private func nowSeconds() -> Int64 { Int64(clock()) }
+    private func nowMilliseconds() -> Int64 { Int64((clock() * 1000).rounded()) }
 
     private func httpRequest(_ request: BroadcastRequest, _ job: BroadcastJob, jwt: String) -> CurlClient.Request? {
         let auth = ("authorization", "bearer " + jwt)
@@ -225,7 +231,7 @@ final class BroadcastService {
         }
         metrics.broadcasts[result, default: 0] += 1
         if case .push(_, _, _, _, _, _, _) = request, case .pushed = outcome, let since = job.pendingSinceMs {
-            metrics.observeBroadcastLatency(max(0, Double(Clock.nowMilliseconds() - since) / 1000))
+            metrics.observeBroadcastLatency(max(0, Double(nowMilliseconds() - since) / 1000))
         }
         let fields: [(String, Any)] = [("activity", job.activityID), ("status", PushSenderMachine<Void>.label(answer)),
                                        ("environment", job.environment.rawValue)]

@@ -86,7 +86,8 @@ final class PushService {
                                         policy: machine.settings.providerToken, log: log, clock: clock)
         metrics = PushMetrics()
         broadcasts = BroadcastService(loop: loop, db: db, curl: client, settings: settings, tokenStore: tokenStore, metrics: metrics,
-                                      dismissalSeconds: Int64(dismissalSeconds), leaseMs: leaseMs, requestTimeout: requestTimeout, log: log)
+                                      dismissalSeconds: Int64(dismissalSeconds), leaseMs: leaseMs, requestTimeout: requestTimeout, log: log,
+                                      clock: clock)
         broadcasts.onPaused = { [unowned self] until in
             self.perform(self.machine.pausedByBroadcasts(until: Double(until), now: self.now()))
         }

@@ -17,7 +17,7 @@ final class StaleSweeper {
     static let claimMs: Int64 = 30_000
     static let batch = 100
 
-    let loop: EventLoop
+    let loop: LoopScheduling
     let db: Database
     let publisher: Publisher
     let log: Logger
@@ -26,7 +26,7 @@ final class StaleSweeper {
     private var timer: Timer?
     private var sweeping = false
 
-    init(loop: EventLoop, db: Database, publisher: Publisher, log: Logger, metrics: Metrics, now: @escaping () -> Int64) {
+    init(loop: LoopScheduling, db: Database, publisher: Publisher, log: Logger, metrics: Metrics, now: @escaping () -> Int64) {
         self.loop = loop
         self.db = db
         self.publisher = publisher
@@ -35,7 +35,7 @@ final class StaleSweeper {
         self.now = now
     }
 
-    /// Sweeps every `interval` seconds until `stop`.
+    /// Sweeps every `interval` seconds until `stop` (on `loop`'s timers: a test's manual loop).
     func start(interval: Double = 1) {
         timer = loop.timer(after: interval, repeating: true) { [weak self] in self?.sweep() }
     }
@@ -53,6 +53,9 @@ final class StaleSweeper {
         db.read(StaleSQL.claim(now: t, fence: fence, limit: StaleSweeper.batch)) { [weak self] result in
             guard let self else { return }
             self.sweeping = false
+            // Stopped meanwhile (shutdown): the worker no longer waits for new publishes, so
+            // the claimed rows are left to their fence (another sweep ends them).
+            guard self.timer != nil else { return }
             switch result {
             case .failure(let e):
                 self.log.warning("stale.claim_failed", [("error", e.message)])
