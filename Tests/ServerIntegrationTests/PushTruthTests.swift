@@ -307,6 +307,8 @@ final class PushTruthTests: XCTestCase {
             try s.metric("dispatch_apns_connections_replaced_total", labels: "reason=\"idle\"") >= 1
         }, "the silent connection was replaced with no push waiting")
         XCTAssertTrue(try waitUntil(5) { try f.stat("connectionsOpen") == 0 }, "and closed")
+        XCTAssertEqual(s.log().components(separatedBy: "msg=apns.idle_replaced").count - 1, 1,
+                       "said once per process, whatever the number of workers")
         let sent = Clock.monotonic()
         try s.update("quiet", #"{"state":"idle"}"#)
         let got = try f.wait(token: t) { self.delivered($0).count >= 2 }
