@@ -17,10 +17,11 @@ with_tests=0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
-# libcurl 8.10+ PINGs the idle HTTP/2 connections of a shared connection cache
-# (curl_easy_upkeep), which keeps APNs connections checked; bookworm ships 7.88, its backports
-# 8.14. Tolerant: when backports cannot be reached, 7.88 stays (the server then replaces an
-# APNs connection that sat idle instead, and says so in its log).
+# libcurl 8.14 from bookworm-backports (bookworm ships 7.88): it retries a request whose
+# connection died on a fresh one by itself, and from 8.10 curl_easy_upkeep reaches a multi
+# handle's connections (its HTTP/2 PING still waits in the send buffer of an idle connection,
+# so the server closes idle APNs connections with either; see CurlClient.canPingIdleConnections).
+# Tolerant: when backports cannot be reached, 7.88 stays and everything works the same.
 backports_uri=${DISPATCH_BACKPORTS_URI:-http://deb.debian.org/debian}
 curl_from_backports() {
   local codename="" have list=/etc/apt/sources.list.d/dispatch-bookworm-backports.sources
@@ -39,7 +40,7 @@ curl_from_backports() {
   local offered
   offered=$(apt-cache madison libcurl4-openssl-dev 2>/dev/null || true)
   if [[ "$offered" != *bookworm-backports* ]]; then
-    echo "warning: bookworm-backports cannot be reached; keeping libcurl ${have:-from bookworm} (idle APNs connections are replaced, not pinged)" >&2
+    echo "warning: bookworm-backports cannot be reached; keeping libcurl ${have:-from bookworm}" >&2
     # An unreachable source we added would only slow every later apt-get update.
     [ -f "$list" ] && $sudo rm -f "$list" && { $sudo apt-get update -qq || true; }
     return 0
