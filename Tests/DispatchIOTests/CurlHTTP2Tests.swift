@@ -98,7 +98,9 @@ final class CurlHTTP2Tests: XCTestCase {
     }
 
     /// nginx killed with requests in flight: they fail as retryable; after a restart a resend
-    /// succeeds at once, on a new connection (the dead one is not reused).
+    /// succeeds at once, on a new connection (the dead one is not reused). libcurl 8.x retries
+    /// a request whose connection died on a fresh one by itself; that attempt can meet the
+    /// dying server and fail to connect (curl 7, still a retry for the push sender).
     func testServerKilledMidFlight() throws {
         let c = client()
         var first: Result<CurlClient.Response, HTTPClientFailure>?
@@ -114,17 +116,19 @@ final class CurlHTTP2Tests: XCTestCase {
         XCTAssertTrue(runLoop(loop, timeout: 10) { tally.calls == 50 }, "\(tally.calls) of 50 completed")
         XCTAssertEqual(tally.duplicates, 0)
         let kinds = Set(tally.failures.map(\.kind))
-        XCTAssertEqual(kinds, [.retryOnNewConnection], "\(Set(tally.failures.map(\.description)))")
+        XCTAssertTrue(kinds.contains(.retryOnNewConnection) && kinds.isSubset(of: [.retryOnNewConnection, .connect]),
+                      "\(Set(tally.failures.map(\.description)))")
         // curl 7.88 keeps the dead connection in its cache (the socket stays counted) until a
         // request checks it before reuse, finds it dead and closes it.
         XCTAssertLessThanOrEqual(c.openConnections, 1)
 
+        let openedBefore = c.connectionsOpened
         try nginx.start()
         let again = Tally()
         for i in 0..<100 { c.send(push(i), completion: again.completion(i)) }
         XCTAssertTrue(runLoop(loop, timeout: 10) { again.calls == 100 })
         XCTAssertEqual(again.failures.count, 0, "\(again.failures.prefix(3))")
-        XCTAssertEqual(c.connectionsOpened, 2)
+        XCTAssertEqual(c.connectionsOpened, openedBefore + 1, "one new connection for the resends")
         XCTAssertEqual(c.openConnections, 1)
         XCTAssertEqual(connections(again.successes).count, 1)
     }

@@ -292,7 +292,8 @@ final class PushTruthTests: XCTestCase {
     // MARK: - 6. connections whose peer went silent, and apns-expiration
 
     /// An idle connection whose peer stopped answering (no FIN, no answers) is not the one the
-    /// next push waits on: it is replaced first (DISPATCH_APNS_IDLE).
+    /// next push waits on: the server closes it by itself once idle DISPATCH_APNS_IDLE seconds
+    /// (libcurl cannot PING an idle connection: `CurlIdlePingTests`).
     func testAnIdleConnectionWhosePeerWentSilentIsReplacedBeforeTheNextPush() throws {
         let f = try fake()
         let s = try server(f, ["DISPATCH_APNS_IDLE": "1"])
@@ -302,7 +303,12 @@ final class PushTruthTests: XCTestCase {
         try register(s, #"{"deviceToken":"\#(token())","activityTokens":{"quiet":"\#(t)"}}"#)
         let first = try XCTUnwrap(delivered(try f.wait(token: t) { !self.delivered($0).isEmpty }).first)
         try f.silenceAll()
-        usleep(2_000_000)  // the connection sits idle past DISPATCH_APNS_IDLE
+        XCTAssertTrue(try waitUntil(10) {
+            try s.metric("dispatch_apns_connections_replaced_total", labels: "reason=\"idle\"") >= 1
+        }, "the silent connection was replaced with no push waiting")
+        XCTAssertTrue(try waitUntil(5) { try f.stat("connectionsOpen") == 0 }, "and closed")
+        XCTAssertEqual(s.log().components(separatedBy: "msg=apns.idle_replaced").count - 1, 1,
+                       "said once per process, whatever the number of workers")
         let sent = Clock.monotonic()
         try s.update("quiet", #"{"state":"idle"}"#)
         let got = try f.wait(token: t) { self.delivered($0).count >= 2 }

@@ -41,11 +41,21 @@ extension CurlClient {
         public var maxResponseBytes = 4096
         /// Of the client's socket and timer events on the loop.
         public var priority = EventPriority.normal
-        /// Seconds a connection may sit idle and still be reused (CURLOPT_MAXAGE_CONN); older
-        /// ones are closed and replaced when the next request needs one. 0: curl's default
-        /// (118 s). A peer that went away without a FIN (a NAT that forgot the flow, a host
-        /// gone) is never the connection a request waits on after a quiet spell.
+        /// Seconds a connection may sit idle and still be reused (CURLOPT_MAXAGE_CONN, and
+        /// replaced by the client's upkeep timer before a request needs it). 0: curl's default
+        /// (118 s), checked only when a request comes. A peer that went away without a FIN (a
+        /// NAT that forgot the flow, a host gone) is never the connection a request waits on
+        /// after a quiet spell.
         public var maxIdleSeconds = 0
+        /// Seconds of quiet after which, and between which, idle HTTP/2 connections get a PING
+        /// (`ConnectionUpkeep`); one that sends nothing back within `pingAnswerSeconds` is
+        /// replaced before a request needs it. 0: no PING. Only where libcurl can send one
+        /// (`CurlClient.canPingIdleConnections`, no release yet); otherwise connections idle
+        /// this long are replaced instead (as if `maxIdleSeconds` were this).
+        public var pingIdleSeconds: Double = 0
+        public var pingAnswerSeconds: Double = 5
+        /// Whether the libcurl in use can PING (tests set true to see what it does).
+        public var pingAvailable = CurlClient.canPingIdleConnections
         /// A request that timed out makes every connection suspect (curl times out the
         /// stream, never the multiplexed connection under it, so the next request would wait
         /// on the same dead peer): the next request that starts with nothing in flight gets
@@ -55,10 +65,15 @@ extension CurlClient {
         public init() {}
 
         /// One multiplexed HTTP/2 connection per host, private addresses allowed (APNs, or a
-        /// local stand-in for it in tests); connections idle `idleSeconds` are replaced.
+        /// local stand-in for it in tests). Connections idle `idleSeconds` are replaced before
+        /// the next push needs them; where libcurl can PING (none yet), they would get a PING
+        /// instead (and be replaced when it goes unanswered for min(`idleSeconds` / 2, 5) s,
+        /// at least 0.5 s, or once idle 10 minutes, or `idleSeconds` if longer).
         public static func apns(caFile: String? = nil, idleSeconds: Int = 15) -> Options {
             var o = Options()
-            o.maxIdleSeconds = idleSeconds
+            o.pingIdleSeconds = Double(idleSeconds)
+            o.pingAnswerSeconds = min(max(Double(idleSeconds) / 2, 0.5), 5)
+            o.maxIdleSeconds = max(600, idleSeconds)
             o.replaceAfterTimeout = true
             o.maxHostConnections = 1
             o.maxInFlight = 1000

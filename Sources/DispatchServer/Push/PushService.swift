@@ -2,6 +2,7 @@ import DispatchCore
 import DispatchCrypto
 import DispatchIO
 import DispatchSystem
+import Synchronization
 
 /// The push sender of one worker: performs what `PushSenderMachine` decides, with its own
 /// database session (claims and marks never queue behind publishing or reads) and one
@@ -93,6 +94,28 @@ final class PushService {
         }
         // Open HTTP/2 connections are the curl client's to count (a scripted one has none).
         metrics.connections = { [client] in (client as? CurlClient)?.openConnections ?? 0 }
+        metrics.replaced = { [client] in
+            guard let c = client as? CurlClient else { return [:] }
+            return ["idle": c.replacedIdle + c.replacedUnansweredPing, "timeout": c.connectionsReplaced]
+        }
+    }
+
+    /// Whether this process already said how its idle APNs connections are checked.
+    private static let upkeepAnnounced = Mutex(false)
+
+    /// Says once per process whether idle APNs connections get HTTP/2 PINGs or, as long as
+    /// libcurl cannot send one on an idle connection (`CurlClient.canPingIdleConnections`), are
+    /// replaced instead.
+    private func announceUpkeep() {
+        guard let c = client as? CurlClient, Self.upkeepAnnounced.withLock({ done in defer { done = true }; return !done }) else { return }
+        let o = c.options
+        if c.pinging {
+            log.info("apns.idle_ping", [("libcurl", CurlClient.libcurlVersion), ("ping_after_s", settings.idleSeconds),
+                                        ("answer_within_s", o.pingAnswerSeconds), ("replaced_after_idle_s", o.maxIdleSeconds)])
+        } else {
+            log.info("apns.idle_replaced", [("libcurl", CurlClient.libcurlVersion), ("replaced_after_idle_s", settings.idleSeconds),
+                                            ("why", "libcurl cannot send HTTP/2 PING on an idle connection (curl_easy_upkeep leaves it in the send buffer until the next request)")])
+        }
     }
 
     /// Settings of the sender's session, sent before anything else on each (re)connection.
@@ -115,6 +138,7 @@ final class PushService {
         })
         timers.append(loop.timer(after: 0.05) { [unowned self] in self.readDepth() })
         timers.append(loop.timer(after: Self.depthInterval, repeating: true) { [unowned self] in self.readDepth() })
+        announceUpkeep()
         log.info("push.started", [("apns", settings.url), ("apns_sandbox", settings.sandboxURL), ("topic", settings.apnsTopic), ("key_id", settings.keyID),
                                   ("lease_s", leaseMs / 1000)])
     }
