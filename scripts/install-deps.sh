@@ -14,45 +14,6 @@ want=("${build[@]}")
 with_tests=0
 [ "${1:-}" = "--tests" ] && { want+=("${tests[@]}"); with_tests=1; }
 
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-
-# libcurl 8.14 from bookworm-backports (bookworm ships 7.88): it retries a request whose
-# connection died on a fresh one by itself, and from 8.10 curl_easy_upkeep reaches a multi
-# handle's connections (its HTTP/2 PING still waits in the send buffer of an idle connection,
-# so the server closes idle APNs connections with either; see CurlClient.canPingIdleConnections).
-# Tolerant: when backports cannot be reached, 7.88 stays and everything works the same.
-backports_uri=${DISPATCH_BACKPORTS_URI:-http://deb.debian.org/debian}
-curl_from_backports() {
-  local codename="" have list=/etc/apt/sources.list.d/dispatch-bookworm-backports.sources
-  [ -r /etc/os-release ] && codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-  [ "$codename" = bookworm ] || return 0
-  have=$(dpkg-query -W -f='${Version}' libcurl4-openssl-dev 2>/dev/null || true)
-  if [ -n "$have" ] && dpkg --compare-versions "$have" ge 8.10; then return 0; fi
-  if ! grep -rqs '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    echo "adding bookworm-backports (libcurl 8.14) as $list"
-    printf '%s\n' "# Added by Dispatch's scripts/install-deps.sh: libcurl >= 8.10 from backports." \
-      "Types: deb" "URIs: $backports_uri" "Suites: bookworm-backports" "Components: main" \
-      "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" | $sudo tee "$list" >/dev/null
-  fi
-  # apt-get update succeeds while a source is unreachable; the candidate tells.
-  $sudo apt-get update -qq || true
-  local offered
-  offered=$(apt-cache madison libcurl4-openssl-dev 2>/dev/null || true)
-  if [[ "$offered" != *bookworm-backports* ]]; then
-    echo "warning: bookworm-backports cannot be reached; keeping libcurl ${have:-from bookworm}" >&2
-    # An unreachable source we added would only slow every later apt-get update.
-    [ -f "$list" ] && $sudo rm -f "$list" && { $sudo apt-get update -qq || true; }
-    return 0
-  fi
-  echo "installing libcurl from bookworm-backports"
-  # Only curl's packages come from backports (curl the tool pins libcurl4's exact version).
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-    libcurl4-openssl-dev/bookworm-backports libcurl4/bookworm-backports curl/bookworm-backports \
-    || echo "warning: libcurl from bookworm-backports did not install; keeping libcurl ${have:-from bookworm}" >&2
-}
-curl_from_backports
-
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in "${want[@]}"; do have_pkg "$p" || need+=("$p"); done
@@ -60,6 +21,8 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
