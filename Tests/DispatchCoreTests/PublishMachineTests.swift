@@ -426,6 +426,30 @@ final class PublishMachineTests: XCTestCase {
     }
 
     /// Applied is what the writes returned; the feed position may come later (a sequencer).
+    /// Starts the statement refused, one for each per-key limit: each answered with its own
+    /// code, the finished one with Retry-After until its oldest counted end leaves the window;
+    /// nothing announced.
+    func testStartsPastTheLiveOrTheFinishedLimitAreRefusedWithTheirOwnAnswers() {
+        var m = machine()
+        m.maxFinishedPerKey = 5
+        let (a, _) = m.submitted(start("a"), now: now)
+        let (b, _) = m.submitted(start("b", key: 2), now: now)
+        let (c, _) = m.submitted(start("c", key: 3), now: now)
+        let (d, _) = m.submitted(start("d", key: 4), now: now)
+        XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
+                       ["announce a 1 processing @100", "answer \(a) created 1", "write 2: start b, start c, start d"])
+        let freeAt = now - KeyRules.finishedWindowMs + 90_500  // leaves the window in 90.5 s
+        let actions = m.batchFinished(2, .committed(applied: [], positions: [:], pushesMarked: 0, overLimit: ["b"],
+                                                    overFinished: ["c": freeAt, "d": 0]), now: now)
+        XCTAssertEqual(render(actions), ["answer \(b) failed too_many_live_activities",
+                                         "answer \(c) failed too_many_finished_activities", "answer \(d) failed too_many_finished_activities"])
+        guard case .failed(let e)? = outcome(actions, c), case .failed(let unknown)? = outcome(actions, d) else { return XCTFail("refused") }
+        XCTAssertEqual(e.httpStatus, 429)
+        XCTAssertEqual(e.retryAfterSeconds, 91)
+        XCTAssertTrue(e.message.contains("5 activities"), e.message)
+        XCTAssertEqual(unknown.retryAfterSeconds, 1, "no end to wait for: try again at once")
+    }
+
     func testAChangeWithoutAPositionIsStillCommitted() {
         var m = machine()
         let (s, _) = m.submitted(start("a"), now: now)

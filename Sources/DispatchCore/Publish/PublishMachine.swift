@@ -93,6 +93,9 @@ public struct PublishMachine {
     /// Live activities one key may hold (DISPATCH_MAX_LIVE_PER_KEY): named in the refusal of a
     /// start past it (the starts statement enforces it).
     public var maxLivePerKey = KeyRules.defaultMaxLive
+    /// Activities one key may finish in 24 hours (DISPATCH_MAX_FINISHED_PER_KEY): named in the
+    /// refusal of a start past it (the starts statement enforces it).
+    public var maxFinishedPerKey = KeyRules.defaultMaxFinished
     public private(set) var writerIsReady = false
 
     /// Live activities this worker has seen lately; bounded by bytes (a snapshot may be a few
@@ -228,10 +231,15 @@ public struct PublishMachine {
                 cache.remove(planned.pending.op.activityID)
                 finish(planned.pending, .failed(.unavailable), now: now, &actions)
             }
-        case .committed(let applied, let positions, let pushesMarked, let overLimit):
+        case .committed(let applied, let positions, let pushesMarked, let overLimit, let overFinished):
             writesRefused = false
             for (planned, json) in zip(batch.changes, batch.jsons) {
                 let id = planned.pending.op.activityID
+                if let freeAt = overFinished[id] {
+                    let refusal = KeyRules.tooManyFinished(max: maxFinishedPerKey, freeAtMs: freeAt == 0 ? nil : freeAt, now: now)
+                    finish(planned.pending, .failed(refusal), now: now, &actions)
+                    continue
+                }
                 if overLimit.contains(id) {
                     finish(planned.pending, .failed(KeyRules.tooManyLive(max: maxLivePerKey)), now: now, &actions)
                     continue
