@@ -450,6 +450,47 @@ final class PublishMachineTests: XCTestCase {
         XCTAssertEqual(unknown.retryAfterSeconds, 1, "no end to wait for: try again at once")
     }
 
+    /// After the database refused a key's start for its finished limit, its next new starts are
+    /// refused after a primary-key read (no count), the same start of an existing activity is
+    /// still answered from the read, other keys write as before, and after a minute (or when
+    /// the oldest end leaves the window, if sooner) the database is asked again.
+    func testAKeyAtItsFinishedLimitIsRefusedWithoutCountingAgainForAMinute() {
+        var m = machine()
+        let (first, _) = m.submitted(start("a", key: 3), now: now)
+        let freeAt = now - KeyRules.finishedWindowMs + 600_000  // ten minutes until a start passes
+        XCTAssertEqual(render(m.batchFinished(1, .committed(applied: [], positions: [:], pushesMarked: 0, overFinished: ["a": freeAt]), now: now)),
+                       ["answer \(first) failed too_many_finished_activities"])
+
+        let (again, reading) = m.submitted(start("b", key: 3), now: now + 1_000)
+        XCTAssertEqual(render(reading), ["read \(again) b"], "a read, not a write with a count")
+        let refused = m.readLoaded(again, .success(nil), now: now + 1_000)
+        XCTAssertEqual(render(refused), ["answer \(again) failed too_many_finished_activities"])
+        guard case .failed(let e)? = outcome(refused, again) else { return XCTFail("refused") }
+        XCTAssertEqual(e.retryAfterSeconds, 599)
+
+        let (same, _) = m.submitted(start("live", key: 3), now: now + 2_000)
+        var existing = stored("live", seq: 1, owner: 3)
+        existing.startFingerprint = StartCommand(taskName: "build live", state: .processing).fingerprint
+        XCTAssertEqual(render(m.readLoaded(same, read(existing), now: now + 2_000)), ["answer \(same) ok 1"],
+                       "the same start of an existing activity: answered as always")
+        let (other, otherActions) = m.submitted(start("c", key: 4), now: now + 2_000)
+        XCTAssertEqual(render(otherActions), ["write 2: start c"], "another key writes as before")
+        _ = m.batchFinished(2, committed(["c"]), now: now + 2_000)
+        _ = other
+
+        let (later, laterActions) = m.submitted(start("d", key: 3), now: now + PublishMachine.finishedRecheckMs)
+        XCTAssertEqual(render(laterActions), ["write 3: start d"], "a minute later the database counts again")
+
+        // A refusal whose end leaves the window within the minute is rechecked then.
+        _ = m.batchFinished(3, .committed(applied: [], positions: [:], pushesMarked: 0,
+                                          overFinished: ["d": now + PublishMachine.finishedRecheckMs - KeyRules.finishedWindowMs + 5_000]),
+                            now: now + PublishMachine.finishedRecheckMs)
+        _ = later
+        let (soon, soonActions) = m.submitted(start("e", key: 3), now: now + PublishMachine.finishedRecheckMs + 5_000)
+        XCTAssertEqual(render(soonActions), ["write 4: start e"])
+        _ = soon
+    }
+
     func testAChangeWithoutAPositionIsStillCommitted() {
         var m = machine()
         let (s, _) = m.submitted(start("a"), now: now)
