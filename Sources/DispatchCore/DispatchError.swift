@@ -21,6 +21,9 @@ public struct DispatchError: Error, Equatable, Sendable {
         case tooManyStreams = "too_many_streams"
         /// The key holds `DISPATCH_MAX_LIVE_PER_KEY` live activities (contract §6).
         case tooManyLiveActivities = "too_many_live_activities"
+        /// The key finished `DISPATCH_MAX_FINISHED_PER_KEY` activities in the last 24 hours
+        /// (issue 36: one key's churn must not grow every feed's initial set).
+        case tooManyFinishedActivities = "too_many_finished_activities"
         /// The key registered `DISPATCH_MAX_DEVICES_PER_KEY` devices (contract §6).
         case tooManyDevices = "too_many_devices"
         /// The key holds `DISPATCH_MAX_SESSIONS_PER_KEY` browser sessions (contract §7).
@@ -52,7 +55,7 @@ public struct DispatchError: Error, Equatable, Sendable {
         case .alreadyFinished, .conflict, .invalidTransition, .concurrentChanges: return 409
         case .bodyTooLarge: return 413
         case .unsupportedMediaType: return 415
-        case .rateLimited, .tooManyStreams, .tooManyLiveActivities, .tooManyDevices, .tooManySessions: return 429
+        case .rateLimited, .tooManyStreams, .tooManyLiveActivities, .tooManyFinishedActivities, .tooManyDevices, .tooManySessions: return 429
         case .internalError: return 500
         case .databaseUnavailable: return 503
         }

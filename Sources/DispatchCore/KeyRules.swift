@@ -38,6 +38,13 @@ public enum KeyRules {
 
     public static let defaultMaxLive = 10_000
     public static let defaultMaxDevices = 1_000
+    /// Activities one key may finish in any `finishedWindowMs` (issue 36): a start is refused
+    /// while the key has finished that many in the window, so one key's churn adds at most
+    /// this (plus its live activities) to every feed's initial set.
+    public static let defaultMaxFinished = 20_000
+    /// The window of `defaultMaxFinished`: the feed's initial set holds the activities finished
+    /// in the last 24 hours (contract §8), so the limit bounds exactly what a key puts there.
+    public static let finishedWindowMs: Int64 = 24 * 3_600_000
     /// Live Activity tokens one device keeps (contract §5.1); one more forgets the token of
     /// the activity that changed least recently.
     public static let defaultMaxActivityTokensPerDevice = 64
@@ -63,6 +70,21 @@ public enum KeyRules {
 
     public static func tooManyLive(max: Int) -> DispatchError {
         DispatchError(.tooManyLiveActivities, "this key already has \(max) live activities (DISPATCH_MAX_LIVE_PER_KEY): end some first")
+    }
+
+    /// The refusal of a start while the key has finished `max` activities in the window;
+    /// `freeAtMs`: when enough of them will have left the window for one more start.
+    public static func tooManyFinished(max: Int, freeAtMs: Int64?, now: Int64) -> DispatchError {
+        var e = DispatchError(.tooManyFinishedActivities, "this key finished \(max) activities in the last 24 hours (DISPATCH_MAX_FINISHED_PER_KEY): try again later")
+        e.retryAfterSeconds = finishedRetryAfter(freeAtMs: freeAtMs, now: now)
+        return e
+    }
+
+    /// Seconds until a key's oldest counted end leaves the window (at least 1, at most the window).
+    public static func finishedRetryAfter(freeAtMs: Int64?, now: Int64) -> Int {
+        guard let freeAtMs else { return 1 }
+        let ms = min(max(freeAtMs + finishedWindowMs - now, 1), finishedWindowMs)
+        return Int((ms + 999) / 1000)
     }
 
     public static func tooManyDevices(max: Int) -> DispatchError {

@@ -46,5 +46,27 @@ final class KeyRulesTests: XCTestCase {
         XCTAssertEqual(KeyRules.tooManyLive(max: 3).code.rawValue, "too_many_live_activities")
         XCTAssertEqual(KeyRules.tooManyDevices(max: 3).httpStatus, 429)
         XCTAssertEqual(KeyRules.tooManyDevices(max: 3).code.rawValue, "too_many_devices")
+        let finished = KeyRules.tooManyFinished(max: 3, freeAtMs: 0, now: 1)
+        XCTAssertEqual(finished.httpStatus, 429)
+        XCTAssertEqual(finished.code.rawValue, "too_many_finished_activities")
+        XCTAssertNotNil(finished.retryAfterSeconds)
+    }
+
+    /// Retry-After for the finished limit: until the oldest counted end leaves the 24 h window,
+    /// rounded up, at least 1 s and at most the window.
+    func testFinishedRetryAfterTable() {
+        let w = KeyRules.finishedWindowMs, now: Int64 = 10 * w
+        let table: [(Int64?, Int, String)] = [
+            (now - w + 90_500, 91, "90.5 s left: 91"),
+            (now - w + 1_000, 1, "one second left"),
+            (now, 86_400, "ended now: the whole window"),
+            (now - w, 1, "already out of the window (a racing end): at least 1"),
+            (now - 2 * w, 1, "long gone"),
+            (now + 5_000, 86_400, "a clock step back: never more than the window"),
+            (nil, 1, "nothing counted"),
+        ]
+        for (freeAt, want, why) in table {
+            XCTAssertEqual(KeyRules.finishedRetryAfter(freeAtMs: freeAt, now: now), want, why)
+        }
     }
 }

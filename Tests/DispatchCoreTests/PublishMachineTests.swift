@@ -426,6 +426,71 @@ final class PublishMachineTests: XCTestCase {
     }
 
     /// Applied is what the writes returned; the feed position may come later (a sequencer).
+    /// Starts the statement refused, one for each per-key limit: each answered with its own
+    /// code, the finished one with Retry-After until its oldest counted end leaves the window;
+    /// nothing announced.
+    func testStartsPastTheLiveOrTheFinishedLimitAreRefusedWithTheirOwnAnswers() {
+        var m = machine()
+        m.maxFinishedPerKey = 5
+        let (a, _) = m.submitted(start("a"), now: now)
+        let (b, _) = m.submitted(start("b", key: 2), now: now)
+        let (c, _) = m.submitted(start("c", key: 3), now: now)
+        let (d, _) = m.submitted(start("d", key: 4), now: now)
+        XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
+                       ["announce a 1 processing @100", "answer \(a) created 1", "write 2: start b, start c, start d"])
+        let freeAt = now - KeyRules.finishedWindowMs + 90_500  // leaves the window in 90.5 s
+        let actions = m.batchFinished(2, .committed(applied: [], positions: [:], pushesMarked: 0, overLimit: ["b"],
+                                                    overFinished: ["c": freeAt, "d": 0]), now: now)
+        XCTAssertEqual(render(actions), ["answer \(b) failed too_many_live_activities",
+                                         "answer \(c) failed too_many_finished_activities", "answer \(d) failed too_many_finished_activities"])
+        guard case .failed(let e)? = outcome(actions, c), case .failed(let unknown)? = outcome(actions, d) else { return XCTFail("refused") }
+        XCTAssertEqual(e.httpStatus, 429)
+        XCTAssertEqual(e.retryAfterSeconds, 91)
+        XCTAssertTrue(e.message.contains("5 activities"), e.message)
+        XCTAssertEqual(unknown.retryAfterSeconds, 1, "no end to wait for: try again at once")
+    }
+
+    /// After the database refused a key's start for its finished limit, its next new starts are
+    /// refused after a primary-key read (no count), the same start of an existing activity is
+    /// still answered from the read, other keys write as before, and after a minute (or when
+    /// the oldest end leaves the window, if sooner) the database is asked again.
+    func testAKeyAtItsFinishedLimitIsRefusedWithoutCountingAgainForAMinute() {
+        var m = machine()
+        let (first, _) = m.submitted(start("a", key: 3), now: now)
+        let freeAt = now - KeyRules.finishedWindowMs + 600_000  // ten minutes until a start passes
+        XCTAssertEqual(render(m.batchFinished(1, .committed(applied: [], positions: [:], pushesMarked: 0, overFinished: ["a": freeAt]), now: now)),
+                       ["answer \(first) failed too_many_finished_activities"])
+
+        let (again, reading) = m.submitted(start("b", key: 3), now: now + 1_000)
+        XCTAssertEqual(render(reading), ["read \(again) b"], "a read, not a write with a count")
+        let refused = m.readLoaded(again, .success(nil), now: now + 1_000)
+        XCTAssertEqual(render(refused), ["answer \(again) failed too_many_finished_activities"])
+        guard case .failed(let e)? = outcome(refused, again) else { return XCTFail("refused") }
+        XCTAssertEqual(e.retryAfterSeconds, 599)
+
+        let (same, _) = m.submitted(start("live", key: 3), now: now + 2_000)
+        var existing = stored("live", seq: 1, owner: 3)
+        existing.startFingerprint = StartCommand(taskName: "build live", state: .processing).fingerprint
+        XCTAssertEqual(render(m.readLoaded(same, read(existing), now: now + 2_000)), ["answer \(same) ok 1"],
+                       "the same start of an existing activity: answered as always")
+        let (other, otherActions) = m.submitted(start("c", key: 4), now: now + 2_000)
+        XCTAssertEqual(render(otherActions), ["write 2: start c"], "another key writes as before")
+        _ = m.batchFinished(2, committed(["c"]), now: now + 2_000)
+        _ = other
+
+        let (later, laterActions) = m.submitted(start("d", key: 3), now: now + PublishMachine.finishedRecheckMs)
+        XCTAssertEqual(render(laterActions), ["write 3: start d"], "a minute later the database counts again")
+
+        // A refusal whose end leaves the window within the minute is rechecked then.
+        _ = m.batchFinished(3, .committed(applied: [], positions: [:], pushesMarked: 0,
+                                          overFinished: ["d": now + PublishMachine.finishedRecheckMs - KeyRules.finishedWindowMs + 5_000]),
+                            now: now + PublishMachine.finishedRecheckMs)
+        _ = later
+        let (soon, soonActions) = m.submitted(start("e", key: 3), now: now + PublishMachine.finishedRecheckMs + 5_000)
+        XCTAssertEqual(render(soonActions), ["write 4: start e"])
+        _ = soon
+    }
+
     func testAChangeWithoutAPositionIsStillCommitted() {
         var m = machine()
         let (s, _) = m.submitted(start("a"), now: now)

@@ -13,6 +13,8 @@ final class KeyLimitsConfigTests: XCTestCase {
         let l = try parse([:])
         XCTAssertEqual(l.maxLivePerKey, 10_000)
         XCTAssertEqual(l.maxDevicesPerKey, 1_000)
+        XCTAssertEqual(l.maxFinishedPerKey, 20_000)
+        XCTAssertEqual(KeyRules.finishedWindowMs, FeedService.recentWindowMs, "the limit's window is the feed's initial set's")
         XCTAssertEqual(l.deviceRatePerSecond, 10)
         XCTAssertEqual(l.deviceRetentionDays, 90)
         XCTAssertEqual(l.maxActivityTokensPerDevice, 64)
@@ -34,6 +36,7 @@ final class KeyLimitsConfigTests: XCTestCase {
         let table: [(String, String, String, (KeyLimits) -> Bool)] = [
             ("DISPATCH_MAX_LIVE_PER_KEY", "--max-live-per-key", "12", { $0.maxLivePerKey == 12 }),
             ("DISPATCH_MAX_DEVICES_PER_KEY", "--max-devices-per-key", "34", { $0.maxDevicesPerKey == 34 }),
+            ("DISPATCH_MAX_FINISHED_PER_KEY", "--max-finished-per-key", "56", { $0.maxFinishedPerKey == 56 }),
             ("DISPATCH_DEVICE_RATE", "--device-rate", "2.5", { $0.deviceRatePerSecond == 2.5 }),
             ("DISPATCH_DEVICE_RETENTION_DAYS", "--device-retention-days", "30", { $0.deviceRetentionDays == 30 }),
             ("DISPATCH_MAX_ACTIVITY_TOKENS_PER_DEVICE", "--max-activity-tokens-per-device", "8", { $0.maxActivityTokensPerDevice == 8 }),
@@ -54,7 +57,8 @@ final class KeyLimitsConfigTests: XCTestCase {
                               ("DISPATCH_MAX_DEVICES_PER_KEY", "-1"), ("DISPATCH_DEVICE_RATE", "-1"),
                               ("DISPATCH_DEVICE_RATE", "inf"), ("DISPATCH_DEVICE_RETENTION_DAYS", "0"),
                               ("DISPATCH_MAX_ACTIVITY_TOKENS_PER_DEVICE", "0"), ("DISPATCH_MAX_SESSIONS_PER_KEY", "none"),
-                              ("DISPATCH_SIGNIN_RATE", "-3")] {
+                              ("DISPATCH_SIGNIN_RATE", "-3"), ("DISPATCH_MAX_FINISHED_PER_KEY", "0"),
+                              ("DISPATCH_MAX_FINISHED_PER_KEY", "1e3")] {
             XCTAssertThrowsError(try parse([name: value]), "\(name)=\(value)") { e in
                 XCTAssertTrue((e as? ConfigError)?.message.contains(name) == true, "\(e)")
             }

@@ -50,6 +50,23 @@ final class PublishStatementsTests: XCTestCase {
         let refusedStart = PGResult(columns: ["activity_id", "over_limit_id"], rows: [[nil, "z"]])
         XCTAssertEqual(ActivityRepository.publishResult(.success([refusedStart, lock, nothing]), writes: 1),
                        .committed(applied: [], positions: [:], pushesMarked: 0, overLimit: ["z"]), "a start past its key's live limit")
+        let finishedFull = PGResult(columns: ["activity_id", "over_limit_id", "over_finished_free_at"],
+                                    rows: [["a", nil, nil], [nil, "y", nil], [nil, "x", "1700000000000"], [nil, "w", "0"]])
+        XCTAssertEqual(ActivityRepository.publishResult(.success([finishedFull, lock, nothing]), writes: 1),
+                       .committed(applied: ["a"], positions: [:], pushesMarked: 0, overLimit: ["y"],
+                                  overFinished: ["x": 1_700_000_000_000, "w": 0]),
+                       "starts past the live limit and past the finished limit are told apart")
+    }
+
+    /// The starts statement counts the finished since the batch's time less the feed's window.
+    func testTheStartsStatementCarriesTheFinishedLimitAndItsWindow() {
+        let start = PublishBatch.Start(event: event("a", seq: 1), ownerKeyID: 1, fingerprint: "fp", staleAfter: 0)
+        let q = ActivityRepository.publishStatements(
+            PublishBatch(starts: [start], changes: [change("a", seq: 1)], marksPushes: false, now: 100_000_000),
+            maxLivePerKey: 10, maxFinishedPerKey: 7, sequenced: false).queries[0]
+        XCTAssertEqual(q.name, "publish_starts")
+        XCTAssertTrue(q.sql.contains("dispatch_start_quota"))
+        XCTAssertEqual(Array(q.params.suffix(3)), ["10", "7", String(100_000_000 - 24 * 3_600_000)])
     }
 
     func testFailuresAreToldApart() {

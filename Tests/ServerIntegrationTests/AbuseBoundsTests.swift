@@ -295,6 +295,120 @@ final class AbuseBoundsTests: XCTestCase {
         XCTAssertLessThan(spent, 20, "300 refusals: a lookup for each made-up secret once, not one per request (\(spent))")
     }
 
+    // MARK: - Finished activities per key
+
+    /// The activity ids of a fresh feed's initial set (the events before `synced`).
+    func initialSet(_ s: TestServer, token: String) throws -> [String] {
+        let feed = try SSEClient(port: s.port, path: "/v1/stream", token: token)
+        defer { feed.close() }
+        XCTAssertTrue(try feed.pump(timeout: 20) { $0.events.contains { $0.event == "synced" } }, "the feed synced")
+        return feed.events.prefix { $0.event != "synced" }.compactMap { e in
+            (try? JSONParser.parse(Array(e.data.utf8)))?["activityId"]?.stringValue
+        }
+    }
+
+    /// Issue 36: one key churning start+end, well under its live limit, made 3,308 finished
+    /// activities in 20 s, and every other tenant's feed carried them all in its initial set.
+    /// The churn is rerun over two workers: the key gets exactly its 20 finished, every start
+    /// after them is refused (429, Retry-After until its oldest end leaves the 24 h window,
+    /// nothing written, single and batched), other keys are not held back, every feed's initial
+    /// set carries 20 of the churner's, its own feed too; ends that leave the window make room.
+    func testOneKeysChurnOfFinishedActivitiesIsBoundedInEveryFeed() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_MAX_FINISHED_PER_KEY": "20", "DISPATCH_PUBLISH_RATE": "0",
+                                                   "DISPATCH_WORKERS": "2"])
+        defer { s.stop() }
+        let churnKey = try AuthKit.createKey(s, "churner", ["publish"])
+        let churner = HTTPClient(port: s.port, token: churnKey)
+        let other = HTTPClient(port: s.port, token: try AuthKit.createKey(s, "other", ["publish"]))
+        let reader = try AuthKit.createKey(s, "reader", ["read"])
+        @Sendable func start(_ c: HTTPClient, _ id: String) throws -> HTTPClient.Response {
+            try c.post("/v1/activities/start", #"{"activityId":"\#(id)","taskName":"Job \#(id)","state":"processing"}"#)
+        }
+        XCTAssertEqual(try start(other, "other-1").status, 201)
+        XCTAssertEqual(try start(churner, "kept-1").status, 201, "one that stays live")
+
+        // The churn: start and end as fast as one connection goes, 200 times.
+        var started = 0, refusals: [HTTPClient.Response] = []
+        let began = Clock.monotonic()
+        for i in 0..<200 {
+            let r = try start(churner, "churn-\(i)")
+            if r.status == 201 {
+                started += 1
+                XCTAssertEqual(try churner.post("/v1/activities/churn-\(i)/end", "{}").status, 200)
+            } else {
+                refusals.append(r)
+            }
+        }
+        let seconds = Clock.monotonic() - began
+        XCTAssertEqual(started, 20, "exactly the limit, over two workers")
+        XCTAssertEqual(refusals.count, 180)
+        for r in refusals { AuthKit.assertError(r, 429, "too_many_finished_activities") }
+        let retry = Int(refusals.last?.headers["retry-after"] ?? "") ?? -1
+        XCTAssertTrue((86_000...86_400).contains(retry), "Retry-After until the oldest end leaves the 24 h window: \(retry)")
+        XCTAssertEqual(try count(s, "SELECT count(*) FROM activities a JOIN api_keys k ON k.id = a.owner_key_id WHERE k.name = 'churner'"), 21,
+                       "nothing written for a refused start")
+        XCTAssertEqual(try count(s, "SELECT count(*) FROM activity_events WHERE activity_id = 'churn-199'"), 0)
+        XCTAssertEqual(try s.client.get("/v1/activities/churn-199").status, 404)
+        let batched = try churner.post("/v1/changes", #"{"changes":[{"op":"start","activityId":"churn-b","taskName":"x"}]}"#)
+        XCTAssertEqual(batched.status, 200, batched.text)
+        guard case .array(let results)? = batched.json?["results"] else { return XCTFail("no results: \(batched.text)") }
+        XCTAssertEqual(results.first?["error"]?["code"]?.stringValue, "too_many_finished_activities", batched.text)
+        XCTAssertEqual(try start(churner, "kept-1").status, 200, "the same start of a live activity is answered as always")
+        AuthKit.assertError(try start(churner, "churn-0"), 409, "already_finished", "a start of a finished one too")
+        print("churn: 200 start attempts in \(String(format: "%.2f", seconds)) s, \(started) started, \(refusals.count) refused, Retry-After \(retry) s")
+
+        // Other keys are not held back, and every feed carries 20 of the churner's.
+        XCTAssertEqual(try start(other, "other-2").status, 201)
+        XCTAssertEqual(try start(s.client, "admin-1").status, 201)
+        for (who, token) in [("a reader", reader), ("the churner itself", churnKey)] {
+            let ids = try initialSet(s, token: token)
+            XCTAssertEqual(ids.filter { $0.hasPrefix("churn-") }.count, 20, "\(who)'s feed: \(ids.count) in all")
+            XCTAssertTrue(Set(ids).isSuperset(of: ["other-1", "other-2", "admin-1"]), "\(who): \(ids)")
+        }
+    }
+
+    /// A key at its finished limit is told in Retry-After when its oldest counted end leaves the
+    /// 24 h window, and a start passes then (on whichever worker: each remembers its refusal
+    /// only until then), exactly one; the next refusal waits for the next oldest end.
+    func testAFinishedLimitRefusalLastsUntilItsRetryAfter() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_MAX_FINISHED_PER_KEY": "3", "DISPATCH_PUBLISH_RATE": "0",
+                                                   "DISPATCH_WORKERS": "2"])
+        defer { s.stop() }
+        let churner = HTTPClient(port: s.port, token: try AuthKit.createKey(s, "churner", ["publish"]))
+        @Sendable func start(_ id: String) throws -> HTTPClient.Response {
+            try churner.post("/v1/activities/start", #"{"activityId":"\#(id)","taskName":"Job \#(id)","state":"processing"}"#)
+        }
+        for i in 0..<3 {
+            XCTAssertEqual(try start("job-\(i)").status, 201)
+            XCTAssertEqual(try churner.post("/v1/activities/job-\(i)/end", "{}").status, 200)
+        }
+        // As if job-0 had ended 24 hours less 3 seconds ago.
+        _ = try sql(s, """
+            UPDATE activities SET ended_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 86400000 + 3000
+            WHERE activity_id = 'job-0'
+            """)
+        let refused = try start("job-3")
+        let refusedAt = Clock.monotonic()
+        AuthKit.assertError(refused, 429, "too_many_finished_activities")
+        let retry = Int(refused.headers["retry-after"] ?? "") ?? -1
+        XCTAssertTrue((1...3).contains(retry), "Retry-After until job-0 leaves the window: \(retry)")
+        var passed: Double?
+        while passed == nil, Clock.monotonic() - refusedAt < 15 {
+            let r = try start("job-3")
+            if r.status == 201 { passed = Clock.monotonic() - refusedAt; break }
+            AuthKit.assertError(r, 429, "too_many_finished_activities")
+            usleep(100_000)
+        }
+        guard let passed else { return XCTFail("no start passed within 15 s of a Retry-After of \(retry) s") }
+        XCTAssertGreaterThan(passed, Double(retry) - 1.5, "not before job-0 left the window")
+        XCTAssertLessThan(passed, Double(retry) + 2, "soon after it left: \(passed) s")
+        XCTAssertEqual(try churner.post("/v1/activities/job-3/end", "{}").status, 200)
+        let next = try start("job-4")
+        AuthKit.assertError(next, 429, "too_many_finished_activities", "one start, not more")
+        let nextRetry = Int(next.headers["retry-after"] ?? "") ?? -1
+        XCTAssertTrue((86_000...86_400).contains(nextRetry), "now job-1's end is the oldest: \(nextRetry)")
+    }
+
     /// Issue 36 measured feed delivery 10.3 s late under a flood of refused requests. With the
     /// defaults, a change reaches a feed within 2 s of its acknowledgement while 16
     /// connections flood the same worker with made-up keys.

@@ -93,6 +93,9 @@ public struct PublishMachine {
     /// Live activities one key may hold (DISPATCH_MAX_LIVE_PER_KEY): named in the refusal of a
     /// start past it (the starts statement enforces it).
     public var maxLivePerKey = KeyRules.defaultMaxLive
+    /// Activities one key may finish in 24 hours (DISPATCH_MAX_FINISHED_PER_KEY): named in the
+    /// refusal of a start past it (the starts statement enforces it).
+    public var maxFinishedPerKey = KeyRules.defaultMaxFinished
     public private(set) var writerIsReady = false
 
     /// Live activities this worker has seen lately; bounded by bytes (a snapshot may be a few
@@ -109,6 +112,21 @@ public struct PublishMachine {
     private var nextGroup: GroupID = 1
     /// Reads in flight per group: its planned changes wait for them (one transaction).
     private var readsInGroup: [GroupID: Int] = [:]
+    /// Keys whose starts the database refused for DISPATCH_MAX_FINISHED_PER_KEY, until it is
+    /// worth asking again: their new starts are refused here without counting again (a key at
+    /// its limit repeating starts costs the database a primary-key read each, not a count).
+    private var finishedFull: [Int64: FinishedFull] = [:]
+
+    struct FinishedFull {
+        /// When the oldest counted end leaves the window (ms; nil unknown): Retry-After.
+        var freeAtMs: Int64?
+        /// When the database is asked again: that time, or `finishedRecheckMs` after the
+        /// refusal if sooner (ends may be deleted or the limit changed meanwhile).
+        var recheckAt: Int64
+    }
+
+    /// The longest a key's finished-limit refusal is repeated here before the database counts again.
+    public static let finishedRecheckMs: Int64 = 60_000
 
     public init(defaultStaleAfter: Int, maxBatch: Int = PublishMachine.maxBatch, cacheBytes: Int = 32 << 20) {
         self.defaultStaleAfter = defaultStaleAfter
@@ -205,6 +223,15 @@ public struct PublishMachine {
         case .failure(let e):
             finish(pending, .failed(e), now: now, &actions)
         case .success(nil):
+            if case .start = pending.op.kind, pending.attempts == 0 {
+                // A start read first because its key was at its finished limit.
+                if let refusal = finishedRefusal(pending.op, now: now) {
+                    finish(pending, .failed(refusal), now: now, &actions)
+                } else if let outcome = plan(pending, now: now, &actions) {
+                    finish(pending, outcome, now: now, &actions)
+                }
+                break
+            }
             finish(pending, .failed(DispatchError(.notFound, "no activity \(pending.op.activityID)")), now: now, &actions)
         case .success(let read?):
             if !read.stored.activity.state.isTerminal { remember(read.stored) }
@@ -228,10 +255,20 @@ public struct PublishMachine {
                 cache.remove(planned.pending.op.activityID)
                 finish(planned.pending, .failed(.unavailable), now: now, &actions)
             }
-        case .committed(let applied, let positions, let pushesMarked, let overLimit):
+        case .committed(let applied, let positions, let pushesMarked, let overLimit, let overFinished):
             writesRefused = false
             for (planned, json) in zip(batch.changes, batch.jsons) {
                 let id = planned.pending.op.activityID
+                if let freeAt = overFinished[id] {
+                    let freeAtMs: Int64? = freeAt == 0 ? nil : freeAt
+                    if let key = planned.pending.op.ownerKeyID {
+                        let due = freeAtMs.map { $0 + KeyRules.finishedWindowMs } ?? now
+                        finishedFull[key] = FinishedFull(freeAtMs: freeAtMs, recheckAt: min(due, now + Self.finishedRecheckMs))
+                    }
+                    let refusal = KeyRules.tooManyFinished(max: maxFinishedPerKey, freeAtMs: freeAtMs, now: now)
+                    finish(planned.pending, .failed(refusal), now: now, &actions)
+                    continue
+                }
                 if overLimit.contains(id) {
                     finish(planned.pending, .failed(KeyRules.tooManyLive(max: maxLivePerKey)), now: now, &actions)
                     continue
@@ -290,6 +327,17 @@ public struct PublishMachine {
         }
     }
 
+    /// The refusal of a start whose key the database found at its finished limit, while that
+    /// holds; nil (and the key forgotten) once it is worth asking the database again.
+    private mutating func finishedRefusal(_ op: PublishOp, now: Int64) -> DispatchError? {
+        guard let key = op.ownerKeyID, let full = finishedFull[key] else { return nil }
+        guard now < full.recheckAt else {
+            finishedFull[key] = nil
+            return nil
+        }
+        return KeyRules.tooManyFinished(max: maxFinishedPerKey, freeAtMs: full.freeAtMs, now: now)
+    }
+
     /// Answers `pending` and starts the next op waiting on its activity.
     private mutating func finish(_ pending: Pending, _ outcome: PublishOp.Outcome, now: Int64, _ actions: inout [Action]) {
         actions.append(.answer(pending.id, outcome))
@@ -312,9 +360,13 @@ public struct PublishMachine {
     private mutating func plan(_ pending: Pending, now: Int64, _ actions: inout [Action]) -> PublishOp.Outcome? {
         let op = pending.op
         if case .start(let cmd) = op.kind, pending.attempts == 0 {
-            writeQueue.append(Planned(pending: pending, event: ActivityMachine.start(cmd, id: op.activityID, now: now), expectedSeq: 0,
-                                      previousState: nil, endFingerprint: nil, webhook: nil))
-            return nil
+            if finishedRefusal(op, now: now) == nil {
+                writeQueue.append(Planned(pending: pending, event: ActivityMachine.start(cmd, id: op.activityID, now: now), expectedSeq: 0,
+                                          previousState: nil, endFingerprint: nil, webhook: nil))
+                return nil
+            }
+            // Its key is at its finished limit: an id that exists is answered as always (the
+            // same start again is 200), so it is read first; a new one is refused on the read.
         }
         // A broadcast activity waiting for its channel is read afresh: the channel's arrival is
         // no change, and the next change's snapshot should carry it.

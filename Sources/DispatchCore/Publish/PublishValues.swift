@@ -261,7 +261,10 @@ public enum PublishBatchResult: Equatable, Sendable {
     /// applied change got, when the finalize numbered it (a sequencer may number it later).
     /// `pushesMarked`: push outbox rows the finalize marked. `overLimit`: starts refused because
     /// their key already holds its most live activities (nothing of them was written).
-    case committed(applied: Set<String>, positions: [String: Int64], pushesMarked: Int64, overLimit: Set<String> = [])
+    /// `overFinished`: starts refused because their key finished its most activities in the
+    /// window, each with when one more start may pass (ms; 0 when unknown).
+    case committed(applied: Set<String>, positions: [String: Int64], pushesMarked: Int64, overLimit: Set<String> = [],
+                   overFinished: [String: Int64] = [:])
     /// The database refuses writes (read-only, a standby, out of space): the batch rolled back.
     case refused(String)
     /// A statement failed: the whole batch rolled back.

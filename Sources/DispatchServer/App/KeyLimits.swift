@@ -5,6 +5,9 @@ import DispatchCore
 public struct KeyLimits: Equatable, Sendable {
     /// Live activities one key may hold; a start past it is `429 too_many_live_activities`.
     public var maxLivePerKey = KeyRules.defaultMaxLive
+    /// Activities one key may finish in any 24 hours (the feed's window); a start while the key
+    /// has finished that many is `429 too_many_finished_activities` + `Retry-After`.
+    public var maxFinishedPerKey = KeyRules.defaultMaxFinished
     /// Devices one key may register; a new one past it is `429 too_many_devices`.
     public var maxDevicesPerKey = KeyRules.defaultMaxDevices
     /// Device registrations and deletions per second per key and worker (bursts of twice that).
@@ -23,6 +26,8 @@ public struct KeyLimits: Equatable, Sendable {
 
     public static let settings: [ServerConfig.Setting] = [
         .init(env: "DISPATCH_MAX_LIVE_PER_KEY", flag: "--max-live-per-key", help: "live activities one key may hold (default 10000)"),
+        .init(env: "DISPATCH_MAX_FINISHED_PER_KEY", flag: "--max-finished-per-key",
+              help: "activities one key may finish in any 24 hours; a start past it is refused (default 20000)"),
         .init(env: "DISPATCH_MAX_DEVICES_PER_KEY", flag: "--max-devices-per-key", help: "devices one key may register (default 1000)"),
         .init(env: "DISPATCH_DEVICE_RATE", flag: "--device-rate", help: "device registrations per second per key and worker, 0 for no limit (default 10)"),
         .init(env: "DISPATCH_DEVICE_RETENTION_DAYS", flag: "--device-retention-days", help: "days a device registration nobody refreshed is kept (default 90)"),
@@ -38,6 +43,10 @@ public struct KeyLimits: Equatable, Sendable {
         if let v = values["DISPATCH_MAX_LIVE_PER_KEY"] {
             guard let n = Int(v), (1...100_000_000).contains(n) else { throw ConfigError("DISPATCH_MAX_LIVE_PER_KEY must be a positive integer, not \(v)") }
             l.maxLivePerKey = n
+        }
+        if let v = values["DISPATCH_MAX_FINISHED_PER_KEY"] {
+            guard let n = Int(v), (1...100_000_000).contains(n) else { throw ConfigError("DISPATCH_MAX_FINISHED_PER_KEY must be a positive integer, not \(v)") }
+            l.maxFinishedPerKey = n
         }
         if let v = values["DISPATCH_MAX_DEVICES_PER_KEY"] {
             guard let n = Int(v), (1...100_000_000).contains(n) else { throw ConfigError("DISPATCH_MAX_DEVICES_PER_KEY must be a positive integer, not \(v)") }

@@ -57,6 +57,7 @@ public final class Worker {
         metrics.carrierUp = { [listener] in listener.isReady }
         publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
         publisher.maxLivePerKey = config.limits.maxLivePerKey
+        publisher.maxFinishedPerKey = config.limits.maxFinishedPerKey
         streams = StreamService(loop: loop, activities: publisher.activities, metrics: metrics, log: log,
                                 settings: .init(heartbeatSeconds: config.heartbeatSeconds, maxBacklog: config.streamBacklogBytes,
                                                 writeTimeout: limits.streamWriteTimeoutSeconds))

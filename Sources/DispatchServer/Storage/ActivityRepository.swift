@@ -193,7 +193,13 @@ struct ActivityRepository {
     /// key's starts across sessions and servers with an advisory lock held to the commit and
     /// counts after the lock with a fresh snapshot: a key never exceeds its limit, however many
     /// starts race. Within a batch, a key's starts are taken in the batch's order.
-    static func startsStatement(_ starts: [Start], maxLivePerKey: Int) -> PGQuery {
+    ///
+    /// Each key may also finish at most `maxFinishedPerKey` activities in 24 hours (issue 36):
+    /// `dispatch_start_quota` (Migrations/0021_finished_per_key.sql) counts the key's ends since
+    /// `now` less the window under the same lock, and a start it refuses for that comes back as
+    /// an `over_limit_id` row with `over_finished_free_at` (when one more start may pass).
+    static func startsStatement(_ starts: [Start], maxLivePerKey: Int, maxFinishedPerKey: Int = KeyRules.defaultMaxFinished,
+                                now: Int64) -> PGQuery {
         let a = starts.map(\.event.snapshot)
         let staleAt: [Int64?] = starts.map {
             $0.staleAfter > 0 && !$0.event.snapshot.state.isTerminal ? $0.event.snapshot.updatedAt + Int64($0.staleAfter) * 1000 : nil
@@ -207,10 +213,11 @@ struct ActivityRepository {
             ), wanted AS (
               SELECT owner_key_id, count(*)::integer AS starts FROM n WHERE owner_key_id IS NOT NULL GROUP BY owner_key_id
             ), quota AS (
-              SELECT * FROM dispatch_live_quota(ARRAY(SELECT owner_key_id FROM wanted ORDER BY owner_key_id),
-                                                ARRAY(SELECT starts FROM wanted ORDER BY owner_key_id), $16::integer)
+              SELECT * FROM dispatch_start_quota(ARRAY(SELECT owner_key_id FROM wanted ORDER BY owner_key_id),
+                                                 ARRAY(SELECT starts FROM wanted ORDER BY owner_key_id), $16::integer,
+                                                 $17::integer, $18::bigint)
             ), refused AS (
-              SELECT r.activity_id FROM (
+              SELECT r.activity_id, CASE WHEN q.finished_full THEN coalesce(q.free_at_ms, 0) END AS free_at FROM (
                 SELECT n.activity_id, n.owner_key_id, row_number() OVER (PARTITION BY n.owner_key_id ORDER BY n.ord) AS rank FROM n
               ) r JOIN quota q ON q.key_id = r.owner_key_id WHERE r.rank > q.allowed
             ), created AS (
@@ -223,16 +230,17 @@ struct ActivityRepository {
               FROM n WHERE n.activity_id NOT IN (SELECT activity_id FROM refused)
               ON CONFLICT (activity_id) DO NOTHING RETURNING activity_id
             )
-            SELECT activity_id, NULL::text AS over_limit_id FROM created
+            SELECT activity_id, NULL::text AS over_limit_id, NULL::bigint AS over_finished_free_at FROM created
             UNION ALL
-            SELECT NULL, f.activity_id FROM refused f WHERE NOT EXISTS (SELECT 1 FROM activities x WHERE x.activity_id = f.activity_id)
+            SELECT NULL, f.activity_id, f.free_at FROM refused f WHERE NOT EXISTS (SELECT 1 FROM activities x WHERE x.activity_id = f.activity_id)
             """, [PGArray.text(a.map(\.activityId)), PGArray.text(a.map(\.taskName)), PGArray.text(a.map(\.systemImage)),
                   PGArray.text(a.map(\.machine)), PGArray.text(a.map(\.cancelURL)), PGArray.text(a.map(\.state.rawValue)),
                   PGArray.text(a.map { $0.progress.map { "\($0)" } }), PGArray.text(a.map(\.status)),
                   PGArray.numbers(a.map(\.createdAt)), PGArray.numbers(starts.map(\.ownerKeyID)),
                   PGArray.text(starts.map(\.fingerprint)), PGArray.text(a.map { $0.liveActivity ? "true" : "false" }),
                   PGArray.numbers(starts.map { Int64($0.staleAfter) }), PGArray.numbers(staleAt),
-                  PGArray.text(a.map { $0.broadcast ? "true" : "false" }), String(maxLivePerKey)],
+                  PGArray.text(a.map { $0.broadcast ? "true" : "false" }), String(maxLivePerKey),
+                  String(maxFinishedPerKey), String(now - KeyRules.finishedWindowMs)],
             name: "publish_starts")
     }
 
@@ -291,13 +299,14 @@ struct ActivityRepository {
     /// (their RETURNING lists the activities whose change applied).
     /// `sequenced`: the NATS carrier's sequencer numbers the changes after the commit, so no
     /// position lock is taken (see `finalizeStatement`).
-    static func publishStatements(_ batch: PublishBatch, maxLivePerKey: Int, sequenced: Bool) -> (queries: [PGQuery], writes: Int) {
+    static func publishStatements(_ batch: PublishBatch, maxLivePerKey: Int, maxFinishedPerKey: Int = KeyRules.defaultMaxFinished,
+                                  sequenced: Bool) -> (queries: [PGQuery], writes: Int) {
         var queries: [PGQuery] = []
         // Changes to existing activities first: an end the batch carries frees its key's place
         // for a start in the same batch (the live quota counts what this transaction wrote),
         // as it would have if it had been published alone before it.
         if !batch.updates.isEmpty { queries.append(updatesStatement(batch.updates)) }
-        if !batch.starts.isEmpty { queries.append(startsStatement(batch.starts, maxLivePerKey: maxLivePerKey)) }
+        if !batch.starts.isEmpty { queries.append(startsStatement(batch.starts, maxLivePerKey: maxLivePerKey, maxFinishedPerKey: maxFinishedPerKey, now: batch.now)) }
         let writes = queries.count
         if !sequenced { queries.append(positionLock) }
         queries.append(finalizeStatement(batch.changes, pushes: batch.marksPushes, now: batch.now, sequenced: sequenced))
@@ -314,18 +323,24 @@ struct ActivityRepository {
             }
             return .rolledBack((rs.first { $0.sqlState != nil }?.errorMessage ?? "batch rolled back").trimmingNewlines)
         }
-        var applied: Set<String> = [], overLimit: Set<String> = []
+        var applied: Set<String> = [], overLimit: Set<String> = [], overFinished: [String: Int64] = [:]
         for r in rs.prefix(writes) {
             for row in r.rows {
                 if let id = row["activity_id"] { applied.insert(id) }
-                if row.has("over_limit_id"), let id = row["over_limit_id"] { overLimit.insert(id) }
+                guard row.has("over_limit_id"), let id = row["over_limit_id"] else { continue }
+                if row.has("over_finished_free_at"), let freeAt = row.int64("over_finished_free_at") {
+                    overFinished[id] = freeAt
+                } else {
+                    overLimit.insert(id)
+                }
             }
         }
         var positions: [String: Int64] = [:]
         for row in finalize.rows {
             if let id = row["activity_id"], let position = row.int64("position") { positions[id] = position }
         }
-        return .committed(applied: applied, positions: positions, pushesMarked: finalize.first?.int64("pushes") ?? 0, overLimit: overLimit)
+        return .committed(applied: applied, positions: positions, pushesMarked: finalize.first?.int64("pushes") ?? 0, overLimit: overLimit,
+                          overFinished: overFinished)
     }
 
     /// Feed order: the finalize step of a batch takes this lock after its changes, so positions

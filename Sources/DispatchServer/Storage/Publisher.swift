@@ -51,6 +51,13 @@ final class Publisher {
         set { machine.maxLivePerKey = newValue }
     }
 
+    /// Activities one key may finish in 24 hours (DISPATCH_MAX_FINISHED_PER_KEY); the starts
+    /// statement enforces it.
+    var maxFinishedPerKey: Int {
+        get { machine.maxFinishedPerKey }
+        set { machine.maxFinishedPerKey = newValue }
+    }
+
     /// Mark the push outbox in each batch (APNs is configured).
     var pushes: Bool {
         get { machine.marksPushes }
@@ -139,7 +146,8 @@ final class Publisher {
             }
         case .write(let id, let batch):
             metrics.publishBatches += 1
-            let (queries, writes) = ActivityRepository.publishStatements(batch, maxLivePerKey: maxLivePerKey, sequenced: sequencedPositions)
+            let (queries, writes) = ActivityRepository.publishStatements(batch, maxLivePerKey: maxLivePerKey, maxFinishedPerKey: maxFinishedPerKey,
+                                                                               sequenced: sequencedPositions)
             db.writer.execute(queries) { [weak self] result in
                 guard let self else { return }
                 self.perform(self.machine.batchFinished(id, ActivityRepository.publishResult(result, writes: writes), now: self.now()))
