@@ -407,68 +407,6 @@ final class HTTPConnection {
         if let writeEvent { event_priority_set(writeEvent, p.rawValue) }
     }
 
-    /// A status line, headers and a sized body, in one array.
-    enum ConnectionHeader { case none, close, keepAlive }
-
-    static func response(status: Int, minor: Int, headers: [(String, String)], contentType: String, body: [UInt8], sendBody: Bool,
-                         connection: ConnectionHeader, date: [UInt8]) -> [UInt8] {
-        var out: [UInt8] = []
-        out.reserveCapacity(160 + body.count + headers.reduce(0) { $0 + $1.0.utf8.count + $1.1.utf8.count + 4 })
-        statusLine(&out, status: status, minor: minor)
-        var hasType = false
-        for (k, v) in headers {
-            if !hasType && k.utf8.count == 12 && k.lowercased() == "content-type" { hasType = true }
-            out.append(contentsOf: k.utf8)
-            out.append(0x3A); out.append(0x20)
-            out.append(contentsOf: v.utf8)
-            out.append(0x0D); out.append(0x0A)
-        }
-        if !hasType && !body.isEmpty && status != 204 {
-            out.append(contentsOf: "Content-Type: ".utf8)
-            out.append(contentsOf: contentType.utf8)
-            out.append(0x0D); out.append(0x0A)
-        }
-        if status != 204 && status != 304 {
-            out.append(contentsOf: "Content-Length: ".utf8)
-            out.append(contentsOf: String(body.count).utf8)
-            out.append(0x0D); out.append(0x0A)
-        }
-        switch connection {
-        case .none: break
-        case .close: out.append(contentsOf: "Connection: close\r\n".utf8)
-        case .keepAlive: out.append(contentsOf: "Connection: keep-alive\r\n".utf8)
-        }
-        out.append(contentsOf: date)
-        out.append(0x0D); out.append(0x0A)
-        if sendBody && status != 204 && status != 304 { out.append(contentsOf: body) }
-        return out
-    }
-
-    static func streamHead(minor: Int, headers: [(String, String)], chunked: Bool, close: Bool, date: [UInt8]) -> [UInt8] {
-        var out: [UInt8] = []
-        out.reserveCapacity(256)
-        statusLine(&out, status: 200, minor: minor)
-        for (k, v) in headers {
-            out.append(contentsOf: k.utf8)
-            out.append(0x3A); out.append(0x20)
-            out.append(contentsOf: v.utf8)
-            out.append(0x0D); out.append(0x0A)
-        }
-        if chunked { out.append(contentsOf: "Transfer-Encoding: chunked\r\n".utf8) }
-        if close { out.append(contentsOf: "Connection: close\r\n".utf8) }
-        out.append(contentsOf: date)
-        out.append(0x0D); out.append(0x0A)
-        return out
-    }
-
-    private static func statusLine(_ out: inout [UInt8], status: Int, minor: Int) {
-        out.append(contentsOf: minor == 0 ? "HTTP/1.0 ".utf8 : "HTTP/1.1 ".utf8)
-        out.append(contentsOf: String(status).utf8)
-        out.append(0x20)
-        out.append(contentsOf: HTTPRequest.reason(status).utf8)
-        out.append(0x0D); out.append(0x0A)
-    }
-
     // MARK: - Writing
 
     /// Sends at once while nothing is queued; queues the rest (or all, behind what waits).
