@@ -46,8 +46,8 @@ public enum Migrations {
     @discardableResult
     public static func apply(_ files: [File], conninfo: String, log: Logger) throws -> [String] {
         let db = try BlockingPG(conninfo, timeout: timeout)
-        try db.script("SELECT pg_advisory_lock(7345102)")
-        defer { _ = try? db.script("SELECT pg_advisory_unlock(7345102)") }
+        try db.script("SELECT \(AdvisoryLock.migrations.sessionLock)")
+        defer { _ = try? db.script("SELECT \(AdvisoryLock.migrations.sessionUnlock)") }
         try db.script("CREATE TABLE IF NOT EXISTS schema_migrations (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
         let done = Set(try db.query("SELECT version FROM schema_migrations").rows.compactMap { $0["version"] })
         var applied: [String] = []

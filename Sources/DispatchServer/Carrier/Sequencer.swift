@@ -133,10 +133,9 @@ extension Sequencer {
 
 /// The numbering statements (Migrations/0009_feed_sequencer.sql's index walks the waiting rows).
 enum SequencerSQL {
-    /// The feed's position lock: NOTIFY-mode publish batches hold it from their positions to
-    /// their commit, numbering passes take it with a try. One lock, so a pass and a NOTIFY-mode
-    /// writer never interleave, whichever carrier each server runs.
-    static let positionLock: Int64 = 7_345_103
+    /// The feed's position lock (`AdvisoryLock.feedPositions`): NOTIFY-mode publish batches
+    /// hold it from their positions to their commit, numbering passes take it with a try.
+    static let positionLock = AdvisoryLock.feedPositions
 
     /// Run once per session: a client that stops mid-transaction (SIGSTOP, a frozen VM) loses
     /// it, and its lock, after 2 s; a pass may take 2 s at most; a vanished host's session is
@@ -166,8 +165,8 @@ enum SequencerSQL {
             ? "coalesce((extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000000)::bigint, created_ms * 1000)"
             : "created_ms * 1000"
         return [
-            PGQuery("SELECT pg_try_advisory_xact_lock(\(positionLock)) AS got", name: "sequencer_lock"),
-            PGQuery(numbering(lock: "pg_try_advisory_xact_lock(\(positionLock))", time: time, limit: "$1::int",
+            PGQuery("SELECT \(positionLock.tryXactLock) AS got", name: "sequencer_lock"),
+            PGQuery(numbering(lock: positionLock.tryXactLock, time: time, limit: "$1::int",
                               result: "count(*) AS n, max(position) AS through, (SELECT got FROM lock) AS got"),
                     [String(limit)], name: commitOrdered ? "sequencer_pass_commit_order" : "sequencer_pass"),
         ]
@@ -207,6 +206,6 @@ enum SequencerSQL {
     /// What a server started with LISTEN/NOTIFY numbers before it serves: the changes that a
     /// deployment running the NATS carrier committed but had not numbered yet. Under the
     /// position lock (waited for, as NOTIFY-mode writers do), in the passes' order.
-    static let numberLeftovers = numbering(lock: "pg_advisory_xact_lock(\(positionLock))::text = ''",
+    static let numberLeftovers = numbering(lock: "\(positionLock.xactLock)::text = ''",
                                            time: "created_ms * 1000", limit: "ALL", result: "count(*) AS n")
 }

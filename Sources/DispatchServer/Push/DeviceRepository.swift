@@ -37,7 +37,7 @@ enum DeviceRepository {
         case .forget?: pts = ("forget", nil)
         case .set(let t)?: pts = ("set", try vault.seal(t))
         }
-        var queries = [PGQuery("SELECT pg_advisory_xact_lock(7345111, ($1::bigint % 2147483647)::integer)", [key], name: "device_key_lock")]
+        var queries = [PGQuery("SELECT \(AdvisoryLock.deviceKey.xactLock(perKey: "$1"))", [key], name: "device_key_lock")]
         queries.append(PGQuery("""
             INSERT INTO devices AS d (key_id, token_mac, token_sealed, token_hint, push_to_start_mac, push_to_start_sealed,
                                       push_to_start_hint, push_to_start_at, environment)

@@ -19,8 +19,8 @@ final class ProviderTokenStore {
 
     enum Failure: Error { case database(String), signing(String) }
 
-    /// `pg_advisory_lock` key of the renewal (distinct from the feed's position lock).
-    static let lockKey: Int64 = 7_345_121
+    /// The renewal's session lock id (`AdvisoryLock.apnsProviderToken`).
+    static let lockKey = AdvisoryLock.apnsProviderToken.rawValue
 
     private let db: PGConnection
     private let settings: APNsSettings
@@ -71,7 +71,7 @@ final class ProviderTokenStore {
 
     /// Under the lock: the stored token if someone made a usable one meanwhile, else a new one.
     private func renew(refused: String?, completion: @escaping (Result<Token, Failure>) -> Void) {
-        db.execute([PGQuery("SELECT pg_advisory_lock($1::bigint)", [String(Self.lockKey)], name: "apns_token_lock"), read]) { [weak self] result in
+        db.execute([PGQuery("SELECT \(AdvisoryLock.apnsProviderToken.sessionLock)", name: "apns_token_lock"), read]) { [weak self] result in
             guard let self else { return }
             let now = Int64(self.clock())
             switch self.decode(result) {
@@ -133,7 +133,7 @@ final class ProviderTokenStore {
     }
 
     private var unlockQuery: PGQuery {
-        PGQuery("SELECT pg_advisory_unlock($1::bigint)", [String(Self.lockKey)], name: "apns_token_unlock")
+        PGQuery("SELECT \(AdvisoryLock.apnsProviderToken.sessionUnlock)", name: "apns_token_unlock")
     }
 
     private func unlock() { db.execute([unlockQuery]) { _ in } }

@@ -344,8 +344,8 @@ struct ActivityRepository {
     }
 
     /// Feed order: the finalize step of a batch takes this lock after its changes, so positions
-    /// are drawn in commit order (see Migrations/0003_feed_positions.sql).
-    static let positionLock = PGQuery("SELECT pg_advisory_xact_lock(7345103)", name: "position_lock")
+    /// are drawn in commit order (see `AdvisoryLock.feedPositions`).
+    static let positionLock = PGQuery("SELECT \(AdvisoryLock.feedPositions.xactLock)", name: "position_lock")
 
     /// The last statement of a publish batch, under `positionLock`: writes the history rows of
     /// the changes that applied (the activity rows this transaction wrote, `xmin`), each with
