@@ -21,14 +21,20 @@ run: build
 
 # Every test: unit, server integration (real PostgreSQL the tests start themselves), CLI,
 # browser, the clients (the Python client's pytest suite runs from PythonClientTests), bench
-# smoke. All are XCTest; the empty Swift Testing pass is skipped so the last
-# line is the real summary.
-# The server suite runs a second time with every test server on a NATS cluster instead of
-# LISTEN/NOTIFY (contract §10: every delivery guarantee holds with either carrier).
+# smoke. All are XCTest, run by scripts/run-tests: independent classes side by side, each in an
+# xctest process of its own that shares nothing with the others (its own PostgreSQL cluster,
+# copied from one initialised once per run, its own servers on kernel-chosen ports); the
+# longest first. Its last line is the summary; a test listed but not run fails the run.
+# The server classes that concern delivery between servers run a second time with every test
+# server on a NATS cluster instead of LISTEN/NOTIFY (contract §10: every delivery guarantee
+# holds with either carrier): the streams, the feed, POST /v1/changes, several servers on one
+# database, the carrier's own truths, drain and resume, stale ends, cancel hints (the list and
+# why: NATS_CLASSES in scripts/run-tests). TEST_WORKERS: processes at once (most of a test's
+# time is waiting for processes, not CPU, so more than the cores).
+TEST_WORKERS ?= 4
 test: test-deps
 	$(SWIFT) build --build-tests
-	$(SWIFT) test --skip-build --disable-swift-testing
-	DISPATCH_TEST_CARRIER=nats $(SWIFT) test --skip-build --disable-swift-testing --filter ServerIntegrationTests
+	./scripts/run-tests $(TEST_WORKERS)
 
 # The NATS client and carrier tests under ThreadSanitizer: libnats's threads must meet
 # Dispatch's state only through the hand-off to each worker's loop.

@@ -33,8 +33,11 @@ public enum TestPaths {
 
 nonisolated(unsafe) private var sharedCluster: TestPostgres?
 
-/// One private PostgreSQL cluster per test process (or `DISPATCH_TEST_DATABASE_URL`'s server);
-/// each test server gets a fresh database in it. Stopped when the process exits.
+/// One private PostgreSQL cluster per test process; each test server gets a fresh database in
+/// it. Stopped when the process exits. Tests may stop and start it (FoundationTests), so no
+/// other process shares it: with `DISPATCH_TEST_CLUSTER_TEMPLATE` (scripts/run-tests, which
+/// runs many test processes side by side) it is a copy of a cluster initialised once per run,
+/// a second's work instead of initdb's ten under load.
 public final class TestPostgres: @unchecked Sendable {
     public let embedded: EmbeddedPostgres
     private var counter = 0
@@ -42,6 +45,9 @@ public final class TestPostgres: @unchecked Sendable {
     public static func shared() throws -> TestPostgres {
         if let c = sharedCluster { return c }
         let dir = "/tmp/dispatch-tests-\(getpid())"
+        if let template = Subprocess.environment("DISPATCH_TEST_CLUSTER_TEMPLATE"), !template.isEmpty {
+            try copyTemplate(template, to: dir)
+        }
         let pg = try EmbeddedPostgres(dataDir: dir, log: Logger(level: .warning))
         try pg.start()
         let c = TestPostgres(embedded: pg)
@@ -54,6 +60,29 @@ public final class TestPostgres: @unchecked Sendable {
     }
 
     init(embedded: EmbeddedPostgres) { self.embedded = embedded }
+
+    /// Copies the run's template cluster (stopped, initialised) to `dir`, making the template
+    /// first if no process of the run has: under an flock, so one process runs initdb and the
+    /// others wait for it. A template left half made (its maker killed) is made again.
+    private static func copyTemplate(_ template: String, to dir: String) throws {
+        let lockPath = template + ".lock"
+        let fd = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw TestError("cannot open \(lockPath)") }
+        defer { close(fd) }
+        guard flock(fd, LOCK_EX) == 0 else { throw TestError("cannot lock \(lockPath)") }
+        let made = template + "/template-complete"
+        if !Files.exists(made) {
+            _ = Subprocess.run(["rm", "-rf", template])
+            let pg = try EmbeddedPostgres(dataDir: template, log: Logger(level: .warning))
+            try pg.start()
+            pg.stop()
+            try Files.write(made, "", mode: 0o600)
+        }
+        _ = flock(fd, LOCK_UN)
+        let copied = Subprocess.run(["cp", "-a", template, dir])
+        guard copied.status == 0 else { throw TestError("cannot copy the template cluster: \(copied.output)") }
+        _ = Subprocess.run(["rm", "-f", dir + "/template-complete", dir + "/dispatchd.lock"])
+    }
 
     /// A new empty database; returns its conninfo.
     public func freshDatabase() throws -> String {

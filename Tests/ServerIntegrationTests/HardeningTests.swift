@@ -129,6 +129,10 @@ final class EmbeddedDatabaseTests: XCTestCase {
         // Its watchdog stops the cluster (issue 36: no orphan postgres); a cluster still
         // running when the next server starts (the watchdog killed too) is adopted.
         XCTAssertTrue(waitUntil(20) { !Files.exists(self.dataDir + "/pg/postmaster.pid") }, "the killed server's cluster was stopped")
+        // That watchdog keeps looking for 10 s (for a start still under way) and, nobody holding
+        // the data dir's lock, would stop the cluster started below before the next server
+        // adopts it (seen under load: that server then started the cluster itself).
+        XCTAssertTrue(waitUntil(20) { Subprocess.run(["pgrep", "-f", "kill -0 \(first) 2>/dev/null"]).status != 0 }, "the killed server's watchdog ended")
         let ctl = (getuid() == 0 ? ["runuser", "-u", "postgres", "--"] : []) + ["/usr/lib/postgresql/15/bin/pg_ctl", "-D", dataDir + "/pg"]
         let options = "-k \(dataDir)/run -c listen_addresses='' -c unix_socket_permissions=0700"
         XCTAssertEqual(Subprocess.run(ctl + ["-o", options, "-l", dataDir + "/pg/server.log", "-w", "start"]).status, 0)
