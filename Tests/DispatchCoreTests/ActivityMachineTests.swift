@@ -313,7 +313,7 @@ final class ActivityMachineTests: XCTestCase {
             (.invalidJSON, 400), (.invalidField, 400), (.unknownField, 400), (.missingField, 400), (.invalidQuery, 400),
             (.unauthorized, 401), (.forbidden, 403), (.notFound, 404), (.methodNotAllowed, 405),
             (.alreadyFinished, 409), (.conflict, 409), (.invalidTransition, 409), (.concurrentChanges, 409), (.bodyTooLarge, 413),
-            (.unsupportedMediaType, 415), (.rateLimited, 429), (.tooManyStreams, 429), (.tooManyLiveActivities, 429),
+            (.unsupportedMediaType, 415), (.rateLimited, 429), (.tooManyStreams, 429), (.tooManyLiveActivities, 429), (.tooManyFinishedActivities, 429),
             (.tooManyDevices, 429), (.tooManySessions, 429), (.internalError, 500),
             (.databaseUnavailable, 503),
         ]
