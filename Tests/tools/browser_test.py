@@ -370,8 +370,14 @@ def main():
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": True})
     driver.get(BASE + "/#/")
     wait("mobile list", lambda: in_section("film", "active"), 10)
-    name = row("film").find_element(By.CSS_SELECTOR, ".name")
-    check("names wrap on a phone", name.size["height"] > 30 and name.size["width"] < 390, str(name.size))
+    # The list's first render can come before the phone layout settles: wait for it, then check.
+    def film_name_size():
+        return row("film").find_element(By.CSS_SELECTOR, ".name").size
+    deadline = time.time() + 5
+    while time.time() < deadline and not (film_name_size()["height"] > 30 and film_name_size()["width"] < 390):
+        time.sleep(0.1)
+    size = film_name_size()
+    check("names wrap on a phone", size["height"] > 30 and size["width"] < 390, str(size))
     shot(os.path.join(docs, "activities-mobile.png"))
     row("film").find_element(By.CSS_SELECTOR, "button.open").click()
     wait("detail over the list", lambda: driver.find_element(By.ID, "detail").is_displayed(), 5)
