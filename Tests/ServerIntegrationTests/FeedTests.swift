@@ -142,7 +142,8 @@ final class FeedTests: XCTestCase {
         for i in 6...9 { try s.update("r", #"{"progress":\#(Double(i) / 10)}"#) }
         let resumed = try s.feed(lastEventID: seenBefore.last)
         for i in 10...12 { try s.update("r", #"{"status":"step \#(i)"}"#) }
-        XCTAssertTrue(try resumed.pump(timeout: 10) { $0.changeIDs.count >= 7 })
+        // `synced` can follow the last change (it comes once the resume has caught up): wait for both.
+        XCTAssertTrue(try resumed.pump(timeout: 10) { c in c.changeIDs.count >= 7 && c.events.contains { $0.event == "synced" } })
         XCTAssertFalse(resumed.events.contains { $0.event == "reset" }, "a resume is not a new initial set")
         XCTAssertEqual(resumed.events.filter { $0.event == "synced" }.count, 1, "a resume says synced once, when it is live (§8)")
         XCTAssertEqual(seenBefore + resumed.changeIDs, try s.positions(after: p))
