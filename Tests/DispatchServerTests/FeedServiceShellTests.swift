@@ -20,8 +20,7 @@ final class FeedServiceShellTests: XCTestCase {
         service = FeedService(loop: loop, repository: FeedRepository(db: scripted.db), metrics: metrics, log: Logger(level: .error),
                               settings: .init(heartbeatSeconds: 4, maxBacklog: 64 * 1024, writeTimeout: 60))
         carrier = []
-        service.onFirstFeed = { [unowned self] in self.carrier.append("first") }
-        service.onLastFeedClosed = { [unowned self] in self.carrier.append("last") }
+        service.interest = self
     }
 
     override func tearDown() {
@@ -152,4 +151,11 @@ final class FeedServiceShellTests: XCTestCase {
         XCTAssertEqual(carrier, ["first", "last"])
         XCTAssertEqual(metrics.feedCloses, [.clientClosed: 1, .revoked: 1, .shutdown: 1])
     }
+}
+
+/// What the feeds tell the carrier, as a journal.
+extension FeedServiceShellTests: FeedInterest {
+    func feedOpened() { carrier.append("first") }
+    func feedsClosed() { carrier.append("last") }
+    func awaitNumbering(_ done: @escaping () -> Void) { done() }
 }

@@ -53,9 +53,7 @@ final class FeedSimulation {
         if seed % 2 == 0 {
             // As with the NATS carrier: a feed's first read waits for the numbering, a few
             // milliseconds, and is paced from a timer, outside the feed queue's turns.
-            service.awaitNumbering = { [unowned self] done in
-                loop.timer(after: Double(random(5_000)) / 1e6) { done() }
-            }
+            service.interest = self
         }
     }
 
@@ -168,5 +166,14 @@ final class FeedSimulation {
             + "reads \(metrics.feedInitialReads), pending on the feed session \(scripted.pending(on: scripted.feedReader).count), "
             + "queue \(service.retainedActions), budget \(memory.total)/\(memory.limit), "
             + "budget disconnects \(metrics.replayMemoryDisconnects), activities \(activities)"
+    }
+}
+
+/// As the NATS carrier does: a feed's first read waits a few milliseconds for the numbering.
+extension FeedSimulation: FeedInterest {
+    func feedOpened() {}
+    func feedsClosed() {}
+    func awaitNumbering(_ done: @escaping () -> Void) {
+        loop.timer(after: Double(random(5_000)) / 1e6) { done() }
     }
 }

@@ -54,8 +54,9 @@ final class NATSCarrierShellTests: XCTestCase {
         streams = StreamService(loop: loop, activities: ActivityRepository(db: scripted.db), metrics: metrics, log: log, settings: settings)
         feeds = FeedService(loop: loop, repository: FeedRepository(db: scripted.db), metrics: metrics, log: log, settings: settings)
         client = FakeClient()
+        let publisher = Publisher(db: scripted.db, log: log, metrics: metrics, defaultStaleAfter: 0, now: { 1 })
         carrier = NATSCarrier(loop: loop, client: client, settings: CarrierSettings(servers: ["nats://127.0.0.1:4222"]), db: scripted.db,
-                              streams: streams, feeds: feeds, sequencer: nil, metrics: CarrierMetrics(), server: "host:1", log: log, name: "w0")
+                              changes: HeardChanges(publisher: publisher, streams: streams, feeds: feeds), sequencer: nil, metrics: CarrierMetrics(), server: "host:1", log: log, name: "w0")
         XCTAssertNoThrow(try carrier.start())
     }
 
@@ -89,8 +90,8 @@ final class NATSCarrierShellTests: XCTestCase {
     }
 
     func testACommitIsAnnouncedAsAHintWithoutItsSnapshot() {
-        carrier.committed(activityID: "job", seq: 1, event: "queued")
-        carrier.committed(activityID: "job", seq: 2, event: "processing")
+        carrier.announce(activityID: "job", seq: 1, event: "queued")
+        carrier.announce(activityID: "job", seq: 2, event: "processing")
         loop.runSoon()
         let sent = client.published.filter { !$0.subject.contains(".probe.") }
         XCTAssertEqual(sent.map(\.subject), [subjects.activity("job"), subjects.starts, subjects.activity("job"),

@@ -32,10 +32,7 @@ final class PublisherShellTests: XCTestCase {
         // As the worker wires it.
         scripted.db.writer.onReady = { [unowned self] in self.publisher.writerReady() }
         scripted.db.writer.onLost = { [unowned self] _ in self.publisher.writerLost() }
-        publisher.onCommitted = { [unowned self] event, _, position in
-            self.journal.append("announce \(event.snapshot.activityId) \(event.seq) \(position.map { String($0) } ?? "-")")
-        }
-        publisher.onPushesMarked = { [unowned self] in self.kicks += 1 }
+        publisher.delegate = self
         XCTAssertTrue(scripted.db.writer.isReady)
         publisher.writerReady()
     }
@@ -185,7 +182,7 @@ final class PublisherShellTests: XCTestCase {
     }
 
     func testWithTheSequencerNoPositionLockIsTakenAndChangesAreAnnouncedWithoutAPosition() {
-        publisher.sequencedPositions = true
+        publisher.numbering = .bySequencer
         submit(start("a"))
         XCTAssertEqual(writer.pending, ["publish_starts", "publish_finalize_sequenced"])
         answerCommit(applied: ["a"])
@@ -361,7 +358,7 @@ final class PublisherShellTests: XCTestCase {
         do {
             let p = Publisher(db: scripted.db, log: Logger(level: .error), metrics: metrics, defaultStaleAfter: 0, now: { 1 })
             p.writerReady()
-            p.onCommitted = { [unowned self] _, _, _ in self.journal.append("announce") }
+            p.delegate = self
             p.submit(update("y", 0.5)) { [unowned self] _ in self.journal.append("answer") }
             released = p
         }
@@ -371,4 +368,12 @@ final class PublisherShellTests: XCTestCase {
         XCTAssertEqual(journal, [])
         XCTAssertEqual(writer.pending, [], "nothing written for a publisher that is gone")
     }
+}
+
+extension PublisherShellTests: PublisherDelegate {
+    func publisherCommitted(_ event: ActivityEvent, json: [UInt8], position: Int64?) {
+        journal.append("announce \(event.snapshot.activityId) \(event.seq) \(position.map { String($0) } ?? "-")")
+    }
+
+    func publisherMarkedPushes() { kicks += 1 }
 }

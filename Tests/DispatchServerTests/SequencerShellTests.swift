@@ -21,7 +21,7 @@ final class SequencerShellTests: XCTestCase {
         let pg = PGConnection(loop: loop, driver: session.driver, conninfo: "scripted", name: "sequencer", log: Logger(level: .error))
         sequencer = Sequencer(loop: loop, session: pg, log: Logger(level: .error), metrics: metrics,
                               settings: .init(pollInterval: 0.2, busyRetry: 0.02, batch: 100))
-        sequencer.announce = { [unowned self] in self.announced.append($0) }
+        sequencer.delegate = self
         sequencer.start()
         session.driver.socketReady()
         loop.runSoon()
@@ -129,4 +129,8 @@ final class SequencerShellTests: XCTestCase {
         loop.advance(by: 5)
         XCTAssertEqual(session.driver.sent.count, sent)
     }
+}
+
+extension SequencerShellTests: SequencerDelegate {
+    func positionsNumbered(through: Int64) { announced.append(through) }
 }

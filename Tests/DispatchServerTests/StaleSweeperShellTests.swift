@@ -31,9 +31,7 @@ final class StaleSweeperShellTests: XCTestCase {
         scripted.db.writer.onReady = { [unowned self] in self.publisher.writerReady() }
         scripted.db.writer.onLost = { [unowned self] _ in self.publisher.writerLost() }
         publisher.writerReady()
-        publisher.onCommitted = { [unowned self] event, _, _ in
-            self.announced.append("\(event.snapshot.activityId) \(event.snapshot.state.rawValue) \(event.snapshot.error ?? "")")
-        }
+        publisher.delegate = self
         sweeper = StaleSweeper(loop: loop, db: scripted.db, publisher: publisher, log: log, metrics: metrics, now: { [unowned self] in self.clockMs })
         sweeper.start(interval: 1)
     }
@@ -201,4 +199,12 @@ final class StaleSweeperShellTests: XCTestCase {
         loop.advance(by: 10)
         XCTAssertEqual(reader.pending, [], "no tick after stop")
     }
+}
+
+extension StaleSweeperShellTests: PublisherDelegate {
+    func publisherCommitted(_ event: ActivityEvent, json: [UInt8], position: Int64?) {
+        announced.append("\(event.snapshot.activityId) \(event.snapshot.state.rawValue) \(event.snapshot.error ?? "")")
+    }
+
+    func publisherMarkedPushes() {}
 }

@@ -26,8 +26,8 @@ public final class Worker {
     let vault: TokenVault?
     /// The Live Activity push sender, when APNs is configured.
     private(set) var push: PushService?
-    /// The NATS carrier between server processes, when configured (else LISTEN/NOTIFY).
-    private(set) var carrier: NATSCarrier?
+    /// How changes travel between processes: NATS when configured, else LISTEN/NOTIFY.
+    private(set) var carrier: Carrier!
     private let conninfo: String
     private var timers: [Timer] = []
     private var shuttingDown = false
@@ -72,16 +72,20 @@ public final class Worker {
         api = API(config: config, log: log, metrics: metrics, db: db, publisher: publisher, streams: streams, feeds: feeds, auth: auth)
         vault = config.tokenKey.map { TokenVault(key: $0) }
         if let vault { api.devices = DevicesContext(vault: vault, pushes: config.apns != nil, limits: config.limits) }
+        let changes = HeardChanges(publisher: publisher, streams: streams, feeds: feeds)
         if let settings = config.carrier {
-            publisher.sequencedPositions = true
-            let c = NATSCarrier.make(loop: loop, settings: settings, db: db, conninfo: conninfo, streams: streams, feeds: feeds,
+            let c = NATSCarrier.make(loop: loop, settings: settings, db: db, conninfo: conninfo, changes: changes,
                                 // Tests only: a server that commits but never numbers (a carrier switch test).
                                 runsSequencer: index == 0 && Subprocess.environment("DISPATCH_TEST_SEQUENCER_OFF") != "1",
                                 server: Worker.serverName(workers: config.workers), log: log,
                                 name: "dispatchd-w\(index)-\(getpid())")
             metrics.carrier = c.metrics
             carrier = c
+        } else {
+            carrier = NotifyCarrier(loop: loop, db: db, listener: listener, changes: changes, metrics: metrics, log: log)
         }
+        publisher.numbering = carrier.numbering
+        changes.delegate = self
     }
 
     /// Binds, connects, and runs the loop until SIGTERM/SIGINT.
@@ -94,26 +98,8 @@ public final class Worker {
             timers.append(loop.timer(after: 1, repeating: true) { [unowned self] in self.publishState(stateDir) })
         }
         api.onKeyRevoked = { [unowned self] id in self.keyRevoked(id) }
-        publisher.onCommitted = { [unowned self] event, json, _ in
-            self.metrics.jobs.committed(event)
-            if event.name == ActivityEvent.cancelRequested { self.webhooks?.kick() }
-            let text = String(decoding: json, as: UTF8.self)
-            self.streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name, json: text)
-            self.carrier?.committed(activityID: event.snapshot.activityId, seq: event.seq, event: event.name)
-        }
-        if let carrier {
-            carrier.onCancelRequested = { [unowned self] in self.webhooks?.kick() }
-            // A hint is not a snapshot: what the publisher cached older than it is dropped and
-            // read again when needed.
-            carrier.onChangeHinted = { [unowned self] id, seq in
-                if seq == 1 || self.publisher.isStale(id, seq: seq) { self.publisher.forget(id) }
-            }
-            try carrier.start()
-        } else {
-            timers.append(loop.timer(after: probe.settings.interval / 2, repeating: true) { [unowned self] in
-                self.performProbe(self.probe.tick(now: self.loop.now))
-            })
-        }
+        publisher.delegate = self
+        try carrier.start()
         db.writer.onReady = { [unowned self] in
             self.publisher.writerReady()
             self.acceptWhenReady()
@@ -163,31 +149,26 @@ public final class Worker {
 
     private func wireListener() {
         listener.onReady = { [unowned self] in
-            // With the NATS carrier, changes do not travel through NOTIFY; key revocations still do.
-            let channels = self.carrier == nil ? [Channel.events, Channel.keys, Channel.probe] : [Channel.keys]
+            // Key revocations travel through NOTIFY whatever the carrier.
+            let channels = [Channel.keys] + self.carrier.channels
             self.listener.execute(channels.map { PGQuery("LISTEN \($0)") }) { result in
                 guard case .success = result else { return }
                 let restored = self.listenEstablished
                 self.listenEstablished = true
                 self.metrics.dbConnected = true
                 self.auth.invalidateAll()
-                // NOTIFYs sent while the session was down are lost: catch up from history, and
-                // end the streams of keys revoked meanwhile. The feed follows NOTIFY order only;
-                // it re-reads what the lost session missed.
-                if restored {
-                    self.streams.listenRestored()
-                    self.feeds.listenRestored()
-                    self.closeStreamsOfRevokedKeys()
-                }
+                // NOTIFYs sent while the session was down are lost: the carrier has what it
+                // carried re-read, and the streams of keys revoked meanwhile end.
+                self.carrier.listening(restored: restored)
+                if restored { self.closeStreamsOfRevokedKeys() }
                 self.log.info("listen.ready", [("resync", restored)])
-                if self.carrier == nil { self.performProbe(self.probe.connected(now: self.loop.now)) }
                 self.acceptWhenReady()
             }
         }
         listener.onLost = { [unowned self] reason in
             self.metrics.dbConnected = false
             self.metrics.dbReconnects += 1
-            self.probe.disconnected()
+            self.carrier.listenLost()
             guard !self.shuttingDown else { return }
             self.log.warning("listen.lost", [("error", reason)])
         }
@@ -198,19 +179,7 @@ public final class Worker {
                 if let id = Int64(payload) { self.keyRevoked(id) }
                 return
             }
-            if channel == Channel.probe {
-                let parts = payload.split(separator: ":")
-                guard parts.count == 2, Int32(parts[0]) == getpid(), let n = UInt64(parts[1]) else { return }
-                self.performProbe(self.probe.heard(n, now: self.loop.now))
-                return
-            }
-            guard let notice = ChangeNotice(payload: payload) else {
-                return self.log.warning("notify.malformed", [("payload_bytes", payload.utf8.count)])
-            }
-            if notice.event == ActivityEvent.cancelRequested { self.webhooks?.kick() }
-            self.publisher.heard(notice)
-            self.streams.notified(notice)
-            self.feeds.notified(notice)
+            self.carrier.notified(channel: channel, payload: payload)
         }
     }
 
@@ -266,7 +235,7 @@ public final class Worker {
         webhooks?.stop()
         push?.shutdown()
         func finish() {
-            carrier?.close()
+            carrier.close()
             push?.close()
             db.close()
             listener.close()
@@ -327,38 +296,11 @@ public final class Worker {
         push = sender
         metrics.push = sender.metrics
         publisher.pushes = true
-        publisher.onPushesMarked = { [unowned sender] in sender.kick() }
         api.devices?.kick = { [unowned sender] in sender.kick() }
         sender.start()
     }
 
     var isReady: Bool { db.isReady && listener.isReady && listenEstablished }
-
-    // MARK: - The LISTEN session's liveness (LISTEN/NOTIFY carrier)
-
-    /// Whether the LISTEN session still delivers: a probe NOTIFYed through another session
-    /// must come back on it (a stuck backend keeps its socket open and looks up).
-    private var probe = CarrierProbe()
-
-    private func performProbe(_ actions: [CarrierProbe.Action]) {
-        for action in actions {
-            switch action {
-            case .send(let n):
-                guard db.reader.isReady else { continue }
-                db.read(PGQuery("SELECT pg_notify('\(Channel.probe)', $1)", ["\(getpid()):\(n)"], name: "carrier_probe")) { _ in }
-            case .stalled:
-                metrics.carrierStalled = true
-                metrics.carrierStalls += 1
-                log.warning("carrier.stalled", [("carrier", "listen"),
-                                                ("effect", "the LISTEN session is reconnected, then streams and feeds re-read what it missed")])
-                // Reconnecting re-LISTENs, and its ready handler re-reads what was missed.
-                listener.reset("its notifications stopped arriving")
-            case .recovered:
-                metrics.carrierStalled = false
-                log.info("carrier.recovered", [("carrier", "listen")])
-            }
-        }
-    }
 
     /// What names this server among all, for the NATS carrier's wake-ups of its numbering pass:
     /// host name and the supervisor's pid (the worker's own when it runs alone).
@@ -415,8 +357,7 @@ public final class Worker {
     var readiness: Readiness {
         guard isReady else { return .databaseUnavailable }
         if publisher.writesRefused || databaseReadOnly { return .writesRefused }
-        let delivering = carrier?.isHealthy ?? !probe.isStalled
-        return delivering ? .ready : .carrierUnavailable
+        return carrier.isHealthy ? .ready : .carrierUnavailable
     }
 
     /// Asks the database every few seconds whether it would refuse writes (a read-only
@@ -433,4 +374,17 @@ public final class Worker {
             self.databaseReadOnly = readOnly
         }
     }
+}
+
+extension Worker: PublisherDelegate, CarrierDelegate {
+    /// After each commit here, before the publisher is answered.
+    func publisherCommitted(_ event: ActivityEvent, json: [UInt8], position: Int64?) {
+        metrics.jobs.committed(event)
+        if event.name == ActivityEvent.cancelRequested { webhooks?.kick() }
+        carrier.committed(event, json: json)
+    }
+
+    func publisherMarkedPushes() { push?.kick() }
+
+    func carrierHeardCancelRequest() { webhooks?.kick() }
 }

@@ -16,22 +16,20 @@ import Glibc
 /// against the database finds what a lost hint did not bring (a process killed between its
 /// commit and its message, a partition) within a few seconds; a lost connection, dropped
 /// messages or a carrier that stops delivering (the liveness probe) re-read everything held.
-final class NATSCarrier {
+final class NATSCarrier: Carrier, StreamInterest, FeedInterest, SequencerDelegate {
     let loop: LoopScheduling
     let client: CarrierClient
     let subjects: CarrierSubjects
     let settings: CarrierSettings
     let db: Database
-    let streams: StreamService
-    let feeds: FeedService
+    /// What a hint reaches here (the streams and feeds it wakes).
+    let changes: HeardChanges
+    var streams: StreamService { changes.streams }
+    var feeds: FeedService { changes.feeds }
     let log: Logger
     let metrics: CarrierMetrics
     /// This server's numbering passes (worker 0 of each server).
     let sequencer: Sequencer?
-    /// A hint named a cancel request (wakes the webhook sender, which reads its outbox).
-    var onCancelRequested: (() -> Void)?
-    /// A hint that an activity changed elsewhere (the publisher drops what it cached older).
-    var onChangeHinted: ((String, Int64) -> Void)?
 
     /// Streams here per activity: the activity's subject is listened to while any.
     private var interest: [String: Int] = [:]
@@ -60,14 +58,13 @@ final class NATSCarrier {
     /// `server`: what names this server among all (its numbering pass's wake-up subject);
     /// `name`: this worker's (its probe's subject). `sequencer`: this server's numbering passes
     /// (worker 0), sharing `metrics`.
-    init(loop: LoopScheduling, client: CarrierClient, settings: CarrierSettings, db: Database, streams: StreamService, feeds: FeedService,
+    init(loop: LoopScheduling, client: CarrierClient, settings: CarrierSettings, db: Database, changes: HeardChanges,
          sequencer: Sequencer?, metrics: CarrierMetrics, server: String, log: Logger, name: String) {
         self.loop = loop
         self.client = client
         self.settings = settings
         self.db = db
-        self.streams = streams
-        self.feeds = feeds
+        self.changes = changes
         self.sequencer = sequencer
         self.metrics = metrics
         self.log = log
@@ -78,8 +75,8 @@ final class NATSCarrier {
 
     /// The carrier of a worker of dispatchd: libnats on its loop, and (worker 0) the passes'
     /// own PostgreSQL session.
-    static func make(loop: EventLoop, settings: CarrierSettings, db: Database, conninfo: String, streams: StreamService,
-                     feeds: FeedService, runsSequencer: Bool, server: String, log: Logger, name: String) -> NATSCarrier {
+    static func make(loop: EventLoop, settings: CarrierSettings, db: Database, conninfo: String, changes: HeardChanges,
+                     runsSequencer: Bool, server: String, log: Logger, name: String) -> NATSCarrier {
         var options = NATSClient.Options()
         options.pingInterval = 1
         let client = NATSClient(loop: loop, servers: settings.servers, name: name, log: log, options: options, security: settings.security)
@@ -87,7 +84,7 @@ final class NATSCarrier {
         let sequencer = runsSequencer
             ? Sequencer(loop: loop, session: PGConnection(loop: loop, conninfo: conninfo, name: "sequencer", log: log), log: log, metrics: metrics)
             : nil
-        return NATSCarrier(loop: loop, client: client, settings: settings, db: db, streams: streams, feeds: feeds, sequencer: sequencer,
+        return NATSCarrier(loop: loop, client: client, settings: settings, db: db, changes: changes, sequencer: sequencer,
                            metrics: metrics, server: server, log: log, name: name)
     }
 
@@ -102,15 +99,12 @@ final class NATSCarrier {
             self.log.warning("carrier.dropped", [("reason", reason)])
             self.resyncAll(.dropped)
         }
-        streams.watch = { [unowned self] id in self.watch(id) }
-        streams.unwatch = { [unowned self] id in self.unwatch(id) }
-        feeds.onFirstFeed = { [unowned self] in self.feedOpened() }
-        feeds.onLastFeedClosed = { [unowned self] in self.feedIdleSince = self.loop.now }
-        feeds.awaitNumbering = { [unowned self] done in self.awaitNumbering(done) }
+        streams.interest = self
+        feeds.interest = self
         client.subscribe(subjects.starts)
         client.subscribe(probeSubject)
         if let sequencer {
-            sequencer.announce = { [unowned self] through in self.publish(self.subjects.feed, CarrierMessage.feedHint(through: through)) }
+            sequencer.delegate = self
             client.subscribe(sequencerSubject)
         }
         try client.start()
@@ -142,9 +136,32 @@ final class NATSCarrier {
 
     // MARK: - Out
 
-    /// This worker committed a change: whoever follows the activity is told where to look, and
-    /// this server's numbering pass is woken (once per loop turn, however many changes).
-    func committed(activityID: String, seq: Int64, event: String) {
+    /// NATS carries hints; positions come from the sequencer after the commit.
+    var numbering: FeedNumbering { .bySequencer }
+
+    /// Changes do not travel through NOTIFY with this carrier.
+    var channels: [String] { [] }
+
+    func notified(channel: String, payload: String) {}
+
+    /// The LISTEN session (key revocations only here) came back: re-read what is held, as
+    /// after any loss.
+    func listening(restored: Bool) {
+        if restored { changes.resync() }
+    }
+
+    func listenLost() {}
+
+    /// This worker committed a change: its own streams have it at once; whoever follows the
+    /// activity elsewhere is told where to look, and this server's numbering pass is woken
+    /// (once per loop turn, however many changes).
+    func committed(_ event: ActivityEvent, json: [UInt8]) {
+        changes.committedHere(event, json: json)
+        announce(activityID: event.snapshot.activityId, seq: event.seq, event: event.name)
+    }
+
+    /// The hint of a commit, without its snapshot.
+    func announce(activityID: String, seq: Int64, event: String) {
         guard !mute else { return }
         publish(subjects.activity(activityID), CarrierMessage.encode(.init(seq: seq, event: event)))
         if seq == 1 { publish(subjects.starts, Array(activityID.utf8)) }
@@ -155,6 +172,11 @@ final class NATSCarrier {
             self.wakeScheduled = false
             if let sequencer = self.sequencer { sequencer.woken() } else { self.publish(self.sequencerSubject, []) }
         }
+    }
+
+    /// This server's numbering pass gave positions up to `through`: every feed reader is told.
+    func positionsNumbered(through: Int64) {
+        publish(subjects.feed, CarrierMessage.feedHint(through: through))
     }
 
     private func publish(_ subject: String, _ payload: [UInt8]) {
@@ -173,14 +195,13 @@ final class NATSCarrier {
         metrics.bytesIn += payload.count
         if subject == subjects.feed {
             guard let through = CarrierMessage.decodeFeedHint(payload) else { return malformed("feed", payload) }
-            feeds.hinted(position: through)
+            changes.positionsExist(through: through)
         } else if subject == sequencerSubject {
             sequencer?.woken()
         } else if subject == subjects.starts {
             let id = String(decoding: payload, as: UTF8.self)
             guard Validation.isValidActivityID(id) else { return malformed("starts", payload) }
-            streams.forgetFinished(id)
-            onChangeHinted?(id, 1)
+            changes.started(id)
         } else if subject == probeSubject {
             let parts = payload.split(separator: UInt8(ascii: " "))
             guard parts.count == 2, UInt64(String(decoding: parts[1], as: UTF8.self)) == probeNonce,
@@ -189,9 +210,7 @@ final class NATSCarrier {
             metrics.probeRoundTrip = probe.lastRoundTrip
         } else if let id = subjects.activityID(inSubject: subject) {
             guard let hint = CarrierMessage.decodeActivityHint(payload) else { return malformed("activity", payload) }
-            if hint.event == ActivityEvent.cancelRequested { onCancelRequested?() }
-            onChangeHinted?(id, hint.seq)
-            streams.hinted(id, seq: hint.seq)
+            changes.hinted(id, seq: hint.seq, event: hint.event)
         }
     }
 
@@ -243,13 +262,12 @@ final class NATSCarrier {
     private func resyncAll(_ why: CarrierRepair) {
         guard streams.openStreams > 0 || feeds.openFeeds > 0 else { return }
         metrics.repairs[why, default: 0] += 1
-        streams.listenRestored()
-        feeds.listenRestored()
+        changes.resync()
     }
 
     // MARK: - Interest
 
-    private func watch(_ id: String) {
+    func watch(_ id: String) {
         let n = interest[id, default: 0]
         interest[id] = n + 1
         if n == 0 {
@@ -258,7 +276,7 @@ final class NATSCarrier {
         }
     }
 
-    private func unwatch(_ id: String) {
+    func unwatch(_ id: String) {
         guard let n = interest[id] else { return }
         if n > 1 { interest[id] = n - 1; return }
         interest[id] = nil
@@ -267,7 +285,9 @@ final class NATSCarrier {
         metrics.subscriptions -= 1
     }
 
-    private func feedOpened() {
+    func feedsClosed() { feedIdleSince = loop.now }
+
+    func feedOpened() {
         feedIdleSince = nil
         guard !feedSubscribed else { return }
         feedSubscribed = true

@@ -5,6 +5,12 @@ import DispatchSystem
 /// The shell of `SequencerMachine`: its own PostgreSQL session, the numbering pass, the hint
 /// that positions exist, and the age of the oldest change not yet numbered. Worker 0 of every
 /// server runs one; none leads.
+/// Who hears of the sequencer's passes.
+protocol SequencerDelegate: AnyObject {
+    /// A pass gave feed positions up to `through`.
+    func positionsNumbered(through: Int64)
+}
+
 final class Sequencer {
     let loop: LoopScheduling
     let session: PGConnection
@@ -16,8 +22,8 @@ final class Sequencer {
     /// Whether the cluster records commit times (`track_commit_timestamp`): passes order by
     /// them; else by the writers' clocks.
     private(set) var commitOrdered = false
-    /// Publishes the hint that positions up to a number exist.
-    var announce: ((Int64) -> Void)?
+    /// Publishes the hint that positions up to a number exist (the NATS carrier).
+    weak var delegate: SequencerDelegate?
 
     init(loop: LoopScheduling, session: PGConnection, log: Logger, metrics: CarrierMetrics, settings: SequencerMachine.Settings = .init()) {
         self.loop = loop
@@ -92,7 +98,7 @@ final class Sequencer {
                     }
                 }
             case .announce(let through):
-                announce?(through)
+                delegate?.positionsNumbered(through: through)
             }
         }
     }

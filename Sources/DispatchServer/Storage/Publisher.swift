@@ -17,13 +17,11 @@ final class Publisher {
     let log: Logger
     let metrics: Metrics
     let now: () -> Int64
-    /// Called after a batch that marked the push outbox was committed (wakes the push sender).
-    var onPushesMarked: (() -> Void)?
-    /// Called after each commit with the event and its feed position (nil with the NATS
-    /// carrier: the sequencer numbers it later), before the publisher is answered.
-    var onCommitted: ((ActivityEvent, [UInt8], Int64?) -> Void)?
-    /// History rows are written without a feed position, for the sequencer (NATS carrier).
-    var sequencedPositions = false
+    /// Told of each commit and of marked pushes (the worker).
+    weak var delegate: PublisherDelegate?
+    /// When history rows get their feed position (the carrier's choice): at commit, or
+    /// without one, for the sequencer (NATS carrier).
+    var numbering = FeedNumbering.atCommit
 
     private var machine: PublishMachine
     private var completions: [PublishMachine.OpID: (PublishOp.Outcome) -> Void] = [:]
@@ -147,18 +145,18 @@ final class Publisher {
         case .write(let id, let batch):
             metrics.publishBatches += 1
             let (queries, writes) = ActivityRepository.publishStatements(batch, maxLivePerKey: maxLivePerKey, maxFinishedPerKey: maxFinishedPerKey,
-                                                                               sequenced: sequencedPositions)
+                                                                               sequenced: numbering == .bySequencer)
             db.writer.execute(queries) { [weak self] result in
                 guard let self else { return }
                 self.perform(self.machine.batchFinished(id, ActivityRepository.publishResult(result, writes: writes), now: self.now()))
             }
         case .announce(let event, let json, let position):
             metrics.eventsPublished += 1
-            onCommitted?(event, json, position)
+            delegate?.publisherCommitted(event, json: json, position: position)
         case .answer(let id, let outcome):
             completions.removeValue(forKey: id)?(outcome)
         case .kickPushes:
-            onPushesMarked?()
+            delegate?.publisherMarkedPushes()
         case .casMissed:
             metrics.casRetries += 1
         case .log(.writesRefused(let error)):
@@ -169,6 +167,15 @@ final class Publisher {
             log.error("publish.failed", [("activity", activityID), ("error", error)])
         }
     }
+}
+
+/// Who hears what the publisher did, besides the publishers it answers.
+protocol PublisherDelegate: AnyObject {
+    /// After each commit, with the event and its feed position (nil with the NATS carrier: the
+    /// sequencer numbers it later), before the publisher is answered.
+    func publisherCommitted(_ event: ActivityEvent, json: [UInt8], position: Int64?)
+    /// After a batch that marked the push outbox was committed (wakes the push sender).
+    func publisherMarkedPushes()
 }
 
 /// Gathers the outcomes of one request's changes; calls its completion when the last arrives.

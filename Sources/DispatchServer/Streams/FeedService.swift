@@ -40,14 +40,12 @@ final class FeedService {
     private var initialSizer: PageSizer
     private var replaySizer: PageSizer
     private let sessions: SSESessions<FeedSession>
-    /// The carrier's interest in the feed: called when the first feed opens here and when
-    /// the last one ends (NATS listens to feed announcements only meanwhile).
-    var onFirstFeed: (() -> Void)?
-    var onLastFeedClosed: (() -> Void)?
-    /// With the NATS carrier, changes committed before a feed opened may not be numbered yet:
-    /// its first read waits for them (calls back when they are, or after a bound), so that
-    /// what was acknowledged before a feed opened is in its initial set, before `synced`.
-    var awaitNumbering: ((@escaping () -> Void) -> Void)?
+    /// The carrier's interest in the feed: told when the first feed opens here and when the
+    /// last one ends (NATS listens to feed announcements only meanwhile). With it, changes
+    /// committed before a feed opened may not be numbered yet: the feed's first read waits
+    /// for them, so that what was acknowledged before it opened is in its initial set, before
+    /// `synced`. Without it (LISTEN/NOTIFY), positions are taken at commit.
+    weak var interest: FeedInterest?
     /// The worker's replay memory budget, shared with status streams.
     var memory: ReplayMemory?
     /// Finished activities younger than this are part of the initial set.
@@ -104,7 +102,7 @@ final class FeedService {
         if let memory { session.connection.budgeted(by: memory, as: BudgetedStream(kind: .feed, id: session.id), key: keyID) }
         metrics.feedsActive = sessions.count
         metrics.feedsOpened += 1
-        if sessions.count == 1 { onFirstFeed?() }
+        if sessions.count == 1 { interest?.feedOpened() }
         // Headers (and heartbeats) at once: the initial set may take a few reads.
         session.connection.begin()
         perform(hub.subscribe(session.id, filter: filter, lastEventID: lastEventID, reset: invalidLastEventID))
@@ -288,9 +286,9 @@ final class FeedService {
     /// `paced`, after the first read's wait for numbering (NATS carrier).
     private func settled(_ id: Int, _ read: @escaping (FeedSession) -> Void) {
         guard let session = sessions[id] else { return }
-        guard !session.settled, let awaitNumbering else { return paced(id, read) }
+        guard !session.settled, let interest else { return paced(id, read) }
         session.settled = true
-        awaitNumbering { [weak self] in self?.paced(id, read) }
+        interest.awaitNumbering { [weak self] in self?.paced(id, read) }
     }
 
     /// Runs a stream's next page read now if its outbox has room, else once it drains.
@@ -348,7 +346,7 @@ final class FeedService {
     private func closed(_ session: FeedSession, reason: StreamCloseReason) {
         metrics.feedsActive = sessions.count
         metrics.feedCloses[reason, default: 0] += 1
-        if sessions.count == 0 { onLastFeedClosed?() }
+        if sessions.count == 0 { interest?.feedsClosed() }
         let http = session.connection.http
         switch reason {
         case .clientClosed:

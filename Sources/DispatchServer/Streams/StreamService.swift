@@ -42,10 +42,9 @@ final class StreamService {
     private let sessions: SSESessions<StreamSession>
     /// Final events of finished activities, answered from memory; bounded by bytes.
     private var terminalCache = BoundedCache<String, WireEvent>(maxBytes: 32 << 20)
-    /// The carrier's interest in an activity: one call per stream subscribed to it, and one
+    /// The carrier's interest in activities: one `watch` per stream subscribed to one, and one
     /// `unwatch` per such stream when it ends (NATS subscribes to what streams here follow).
-    var watch: ((String) -> Void)?
-    var unwatch: ((String) -> Void)?
+    weak var interest: StreamInterest?
     /// The worker's replay memory budget, shared with feeds.
     var memory: ReplayMemory?
 
@@ -59,7 +58,7 @@ final class StreamService {
         sessions.delivered = { [unowned self] in self.metrics.eventsDelivered += $0 }
         sessions.closing = { [unowned self] session in
             self.hub.unsubscribe(session.id)
-            if session.watching { self.unwatch?(session.activityID) }
+            if session.watching { self.interest?.unwatch(session.activityID) }
         }
         sessions.closed = { [unowned self] session, reason in self.closed(session, reason: reason) }
     }
@@ -97,9 +96,9 @@ final class StreamService {
             serveFinished(session.id, final: final, after: lastEventID)
             return
         }
-        if let watch {
+        if let interest {
             session.watching = true
-            watch(activityID)
+            interest.watch(activityID)
         }
         perform(hub.subscribe(session.id, topic: activityID, lastEventID: lastEventID))
         beginIfLive(session.id)
