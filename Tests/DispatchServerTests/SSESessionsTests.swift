@@ -37,17 +37,7 @@ final class SSESessionsTests: XCTestCase {
         delivered = 0
         teardowns = []
         streams = [:]
-        shell.delivered = { [unowned self] in self.delivered += $0 }
-        shell.closing = { [unowned self] in self.teardowns.append("closing \($0.id)") }
-        shell.closed = { [unowned self] session, reason in
-            self.teardowns.append("closed \(session.id) \(reason.rawValue)")
-            // What the services do: end or abort the response.
-            switch reason {
-            case .terminal, .shutdown: session.connection.http.end()
-            case .clientClosed: break
-            default: session.connection.http.abort()
-            }
-        }
+        shell.owner = self
     }
 
     @discardableResult
@@ -256,5 +246,21 @@ final class SSESessionsTests: XCTestCase {
         XCTAssertEqual(gaveUp ?? 0, 113.1, accuracy: 0.001)
         XCTAssertEqual(attempts[59] - attempts[58], 2, accuracy: 0.001)
         XCTAssertEqual(loop.pendingTimers, 1, "only the heartbeat timer is left")
+    }
+}
+
+extension SSESessionsTests: SSESessionsOwner {
+    func sessionsDelivered(_ count: Int) { delivered += count }
+
+    func sessionClosing(_ session: Session) { teardowns.append("closing \(session.id)") }
+
+    func sessionClosed(_ session: Session, reason: StreamCloseReason) {
+        teardowns.append("closed \(session.id) \(reason.rawValue)")
+        // What the services do: end or abort the response.
+        switch reason {
+        case .terminal, .shutdown: session.connection.http.end()
+        case .clientClosed: break
+        default: session.connection.http.abort()
+        }
     }
 }

@@ -29,7 +29,7 @@ final class FeedSession: KeyedStream {
 /// status streams (`SSESessions`). Changes enter only in NOTIFY order (never from this
 /// worker's own commits, which would reorder positions across processes) or, with the NATS
 /// carrier, as read from the database after a hint; each is framed once for every subscriber.
-final class FeedService {
+final class FeedService: SSESessionsOwner {
     let loop: LoopScheduling
     let repository: FeedRepository
     let metrics: Metrics
@@ -66,9 +66,7 @@ final class FeedService {
         initialSizer = PageSizer(maxRows: Int(settings.historyPage))
         replaySizer = PageSizer(maxRows: Int(settings.historyPage))
         sessions = SSESessions(loop: loop, heartbeatSeconds: settings.heartbeatSeconds)
-        sessions.delivered = { [unowned self] in self.metrics.feedDeliveries += $0 }
-        sessions.closing = { [unowned self] session in self.handedOver += self.hub.unsubscribe(session.id) }
-        sessions.closed = { [unowned self] session, reason in self.closed(session, reason: reason) }
+        sessions.owner = self
     }
 
     var openFeeds: Int { sessions.count }
@@ -342,8 +340,12 @@ final class FeedService {
     /// Removes a feed from memory and ends its connection; safe to call more than once.
     func close(_ id: Int, reason: StreamCloseReason) { sessions.close(id, reason: reason) }
 
+    func sessionsDelivered(_ count: Int) { metrics.feedDeliveries += count }
+
+    func sessionClosing(_ session: FeedSession) { handedOver += hub.unsubscribe(session.id) }
+
     /// The feed's part of its teardown, once it left the table and was detached.
-    private func closed(_ session: FeedSession, reason: StreamCloseReason) {
+    func sessionClosed(_ session: FeedSession, reason: StreamCloseReason) {
         metrics.feedsActive = sessions.count
         metrics.feedCloses[reason, default: 0] += 1
         if sessions.count == 0 { interest?.feedsClosed() }

@@ -4,20 +4,15 @@ import DispatchIO
 /// The shell status streams and feeds share: their open sessions, how a payload is written
 /// (`SSEConnection`), heartbeats from one timer, the one teardown path, revocation, the
 /// spread-out shutdown and the database retry's backoff. Each service keeps what differs:
-/// its hub, its reads, its metrics and how each close reason is answered (`closing` and
-/// `closed`).
+/// its hub, its reads, its metrics and how each close reason is answered (its
+/// `SSESessionsOwner` methods).
 final class SSESessions<Session: KeyedStream>: HTTPStreamDelegate {
     let loop: LoopScheduling
     private var table = StreamTable<Session>()
     private let heartbeatSeconds: Double
     private var heartbeatTimer: Timer?
-    /// Events written or queued (not heartbeats nor control events): the service's metric.
-    var delivered: (Int) -> Void = { _ in }
-    /// The service's part of a teardown before the connection is detached (its hub, its
-    /// carrier's interest); runs once per session.
-    var closing: (Session) -> Void = { _ in }
-    /// The rest of it once detached (metrics, log, the HTTP answer for `reason`); runs once.
-    var closed: (Session, StreamCloseReason) -> Void = { _, _ in }
+    /// The service these sessions belong to.
+    weak var owner: (any SSESessionsOwner<Session>)?
 
     /// Database reads retried while it comes back: at most this many attempts.
     static var maxRetries: Int { 60 }
@@ -47,7 +42,7 @@ final class SSESessions<Session: KeyedStream>: HTTPStreamDelegate {
         guard let session = table[id] else { return }
         if payloads.count == 1 { return offer(id, payloads[0], delivered: 1) }
         session.connection.enqueue(payloads)
-        delivered(payloads.count)
+        owner?.sessionsDelivered(payloads.count)
         pump(id)
     }
 
@@ -57,7 +52,7 @@ final class SSESessions<Session: KeyedStream>: HTTPStreamDelegate {
         if let failure = session.connection.offer(payload) {
             close(id, reason: failure == .slowClient ? .slowClient : .writeFailed)
         } else if count > 0 {
-            delivered(count)
+            owner?.sessionsDelivered(count)
         }
     }
 
@@ -90,9 +85,9 @@ final class SSESessions<Session: KeyedStream>: HTTPStreamDelegate {
     /// Removes a stream from memory and ends its connection; safe to call more than once.
     func close(_ id: Int, reason: StreamCloseReason) {
         guard let session = table.remove(id) else { return }
-        closing(session)
+        owner?.sessionClosing(session)
         session.connection.detach()
-        closed(session, reason)
+        owner?.sessionClosed(session, reason: reason)
     }
 
     /// Ends the streams opened with a key that was revoked.
@@ -141,4 +136,16 @@ final class SSESessions<Session: KeyedStream>: HTTPStreamDelegate {
         loop.timer(after: SSESessions.retryBackoff.step(afterAttempt: attempt + 1)) { again(attempt + 1) }
         return true
     }
+}
+
+/// The part of the shell that differs between status streams and feeds.
+protocol SSESessionsOwner<Session>: AnyObject {
+    associatedtype Session
+    /// Events written or queued (not heartbeats nor control events): the service's metric.
+    func sessionsDelivered(_ count: Int)
+    /// The service's part of a teardown before the connection is detached (its hub, its
+    /// carrier's interest); runs once per session.
+    func sessionClosing(_ session: Session)
+    /// The rest of it once detached (metrics, log, the HTTP answer for `reason`); runs once.
+    func sessionClosed(_ session: Session, reason: StreamCloseReason)
 }

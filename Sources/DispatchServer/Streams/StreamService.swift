@@ -24,7 +24,7 @@ final class StreamSession: KeyedStream {
 /// The IO shell around `Hub`: opens and serves status streams, performs the hub's reads and
 /// writes, paces replays by what each socket takes; heartbeats, the one teardown, revocation
 /// and shutdown are the shell it shares with feeds (`SSESessions`).
-final class StreamService {
+final class StreamService: SSESessionsOwner {
     struct Settings {
         var heartbeatSeconds: Double
         var maxBacklog: Int
@@ -55,12 +55,7 @@ final class StreamService {
         self.log = log
         self.settings = settings
         sessions = SSESessions(loop: loop, heartbeatSeconds: settings.heartbeatSeconds)
-        sessions.delivered = { [unowned self] in self.metrics.eventsDelivered += $0 }
-        sessions.closing = { [unowned self] session in
-            self.hub.unsubscribe(session.id)
-            if session.watching { self.interest?.unwatch(session.activityID) }
-        }
-        sessions.closed = { [unowned self] session, reason in self.closed(session, reason: reason) }
+        sessions.owner = self
     }
 
     var openStreams: Int { sessions.count }
@@ -354,8 +349,15 @@ final class StreamService {
     /// Removes a stream from memory and ends its connection; safe to call more than once.
     func close(_ id: Int, reason: StreamCloseReason) { sessions.close(id, reason: reason) }
 
+    func sessionsDelivered(_ count: Int) { metrics.eventsDelivered += count }
+
+    func sessionClosing(_ session: StreamSession) {
+        hub.unsubscribe(session.id)
+        if session.watching { interest?.unwatch(session.activityID) }
+    }
+
     /// The status stream's part of its teardown, once it left the table and was detached.
-    private func closed(_ session: StreamSession, reason: StreamCloseReason) {
+    func sessionClosed(_ session: StreamSession, reason: StreamCloseReason) {
         metrics.streamsActive = sessions.count
         metrics.streamCloses[reason, default: 0] += 1
         if log.enabled(.info) {
