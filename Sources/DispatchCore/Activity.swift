@@ -144,14 +144,11 @@ public struct Activity: Equatable, Sendable {
 
 /// One accepted change: the event's name and the snapshot after it.
 public struct ActivityEvent: Equatable, Sendable {
-    /// The event a remote cancel request emits (the state does not change).
-    public static let cancelRequested = "cancel_requested"
-
     public var seq: Int64 { snapshot.seq }
-    public let name: String
+    public let name: EventName
     public let snapshot: Activity
 
-    public init(name: String, snapshot: Activity) {
+    public init(name: EventName, snapshot: Activity) {
         self.name = name
         self.snapshot = snapshot
     }
@@ -164,4 +161,31 @@ public struct ActivityEvent: Equatable, Sendable {
         if snapshot.state.isTerminal || previous != snapshot.state { return 10 }
         return 5
     }
+}
+
+/// What an event of an activity's history says happened: the state it is in after the change
+/// (a new state, or the same with new progress or status), or a cancel request (the state does
+/// not change). Its `rawValue` is the SSE `event:` field and the history's `event` column.
+public enum EventName: Hashable, Sendable, RawRepresentable, CustomStringConvertible {
+    case state(ActivityState)
+    case cancelRequested
+
+    public init?(rawValue: String) {
+        if rawValue == "cancel_requested" {
+            self = .cancelRequested
+        } else if let state = ActivityState(rawValue: rawValue) {
+            self = .state(state)
+        } else {
+            return nil
+        }
+    }
+
+    public var rawValue: String {
+        switch self {
+        case .state(let state): state.rawValue
+        case .cancelRequested: "cancel_requested"
+        }
+    }
+
+    public var description: String { rawValue }
 }

@@ -121,7 +121,7 @@ public enum ActivityMachine {
                                 machine: cmd.machine, cancelURL: cmd.cancelURL, state: cmd.state,
                                 progress: cmd.initialProgress, status: cmd.status, attempt: 1, seq: 1,
                                 liveActivity: cmd.liveActivity, createdAt: now, updatedAt: now, broadcast: cmd.broadcast)
-        return ActivityEvent(name: cmd.state.rawValue, snapshot: snapshot)
+        return ActivityEvent(name: .state(cmd.state), snapshot: snapshot)
     }
 
     /// A start for an id that exists: identical and live is fine, anything else conflicts.
@@ -171,7 +171,7 @@ public enum ActivityMachine {
         next.status = cmd.status.applied(to: current.status)
         next.seq = current.seq + 1
         next.updatedAt = max(now, current.updatedAt)
-        return .success(ActivityEvent(name: cmd.state.rawValue, snapshot: next))
+        return .success(ActivityEvent(name: .state(cmd.state), snapshot: next))
     }
 
     public enum CancelOutcome: Equatable, Sendable {
@@ -192,7 +192,7 @@ public enum ActivityMachine {
         next.cancelReason = reason
         next.seq = current.seq + 1
         next.updatedAt = max(now, current.updatedAt)
-        return .success(.requested(ActivityEvent(name: ActivityEvent.cancelRequested, snapshot: next)))
+        return .success(.requested(ActivityEvent(name: .cancelRequested, snapshot: next)))
     }
 
     public enum EndOutcome: Equatable, Sendable {
@@ -222,6 +222,6 @@ public enum ActivityMachine {
         next.seq = current.seq + 1
         next.updatedAt = max(now, current.updatedAt)
         next.endedAt = next.updatedAt
-        return .success(.ended(ActivityEvent(name: cmd.state.rawValue, snapshot: next)))
+        return .success(.ended(ActivityEvent(name: .state(cmd.state), snapshot: next)))
     }
 }

@@ -89,7 +89,7 @@ public final class ScriptedStream: StreamTransport {
         return backlog < drainMark
     }
 
-    /// The client goes away (FIN, RST): the delegate hears it once, as from evhttp.
+    /// The client goes away (FIN, RST): the delegate hears it once, as from HTTPConnection.
     public func peerLeaves() {
         guard isOpen else { return }
         ending = .peerClosed

@@ -63,7 +63,7 @@ final class ActivityMachineTests: XCTestCase {
             XCTAssertEqual(ActivityMachine.canMove(from: from, to: to), expect != .refused("invalid_transition"), "\(from) -> \(to)")
             switch (result, expect) {
             case (.success(let event), .moved(let attempt)):
-                XCTAssertEqual(event.name, to.rawValue, "\(from) -> \(to)")
+                XCTAssertEqual(event.name, .state(to), "\(from) -> \(to)")
                 XCTAssertEqual(event.snapshot.state, to, "\(from) -> \(to)")
                 XCTAssertEqual(event.snapshot.attempt, attempt, "\(from) -> \(to)")
                 XCTAssertEqual(event.seq, current.seq + 1, "\(from) -> \(to)")
@@ -151,12 +151,12 @@ final class ActivityMachineTests: XCTestCase {
         let cmd = StartCommand(activityId: "X", taskName: "Debian", systemImage: "arrow.down", machine: "shodan",
                                cancelURL: "https://c.example/x", initialProgress: 0.1, status: "s", state: .processing)
         let e = ActivityMachine.start(cmd, id: "X", now: Self.t0)
-        XCTAssertEqual(e.name, "processing")
+        XCTAssertEqual(e.name, .state(.processing))
         XCTAssertEqual(e.snapshot, Activity(activityId: "X", taskName: "Debian", systemImage: "arrow.down", machine: "shodan",
                                             cancelURL: "https://c.example/x", state: .processing, progress: 0.1, status: "s",
                                             attempt: 1, seq: 1, createdAt: Self.t0, updatedAt: Self.t0))
         let queued = ActivityMachine.start(StartCommand(taskName: "n"), id: "Y", now: Self.t0)
-        XCTAssertEqual(queued.name, "queued")
+        XCTAssertEqual(queued.name, .state(.queued))
         XCTAssertEqual(queued.snapshot.state, .queued)
         XCTAssertNil(queued.snapshot.progress)
         XCTAssertNil(queued.snapshot.endedAt)
@@ -229,7 +229,7 @@ final class ActivityMachineTests: XCTestCase {
             let current = Self.activity(from)
             guard case .success(.ended(let e)) = ActivityMachine.end(cmd, current: current, storedEndFingerprint: nil, now: Self.t0 + 99)
             else { XCTFail("\(from) \(cmd) refused"); continue }
-            XCTAssertEqual(e.name, cmd.state.rawValue)
+            XCTAssertEqual(e.name, .state(cmd.state))
             XCTAssertEqual(e.snapshot.state, cmd.state)
             XCTAssertEqual(e.snapshot.progress, progress, "\(from) \(cmd)")
             XCTAssertEqual(e.snapshot.status, status, "\(from) \(cmd)")
@@ -248,7 +248,7 @@ final class ActivityMachineTests: XCTestCase {
             let result = ActivityMachine.end(EndCommand(state: .rejected), current: current, storedEndFingerprint: nil, now: Self.t0 + 99)
             switch (from, result) {
             case (.queued, .success(.ended(let e))):
-                XCTAssertEqual(e.name, "rejected")
+                XCTAssertEqual(e.name, .state(.rejected))
                 XCTAssertEqual(e.snapshot.state, .rejected)
                 XCTAssertEqual(e.snapshot.endedAt, Self.t0 + 99)
             case (.queued, _):

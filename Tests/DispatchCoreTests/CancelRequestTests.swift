@@ -15,7 +15,7 @@ final class CancelRequestTests: XCTestCase {
             guard case .success(.requested(let e)) = ActivityMachine.cancel(current: Self.activity(state), reason: "disk full", now: Self.t0 + 20) else {
                 return XCTFail("\(state)")
             }
-            XCTAssertEqual(e.name, "cancel_requested")
+            XCTAssertEqual(e.name, .cancelRequested)
             XCTAssertEqual(e.seq, 5)
             XCTAssertEqual(e.snapshot.state, state)
             XCTAssertTrue(e.snapshot.cancelRequested)
@@ -56,5 +56,23 @@ final class CancelRequestTests: XCTestCase {
         guard case .success(.ended(let end)) = ActivityMachine.end(EndCommand(state: .cancelled), current: withReason.snapshot,
                                                                    storedEndFingerprint: nil, now: Self.t0 + 40) else { return XCTFail() }
         XCTAssertEqual(end.snapshot.cancelReason, "stop \"it\"")
+    }
+
+    /// An event's name is a state or a cancel request; its text is the SSE `event:` field
+    /// and the history's `event` column, and anything else is no event name.
+    func testEventNamesAreAStateOrACancelRequestAndRoundTripTheirText() {
+        let rows: [(String, EventName?)] = [
+            ("queued", .state(.queued)), ("processing", .state(.processing)), ("completed", .state(.completed)),
+            ("error", .state(.error)), ("cancelled", .state(.cancelled)), ("rejected", .state(.rejected)),
+            ("cancel_requested", .cancelRequested), ("", nil), ("Processing", nil), ("cancel-requested", nil), ("failed", nil), ("synced", nil),
+        ]
+        for (text, name) in rows {
+            XCTAssertEqual(EventName(rawValue: text), name, text)
+            if let name { XCTAssertEqual(name.rawValue, text) }
+        }
+        XCTAssertEqual(PublishReplay(json: "{}", event: "cancel_requested", seq: 3).call, .cancel)
+        XCTAssertEqual(PublishReplay(json: "{}", event: "error", seq: 3).call, .end)
+        XCTAssertEqual(PublishReplay(json: "{}", event: "processing", seq: 3).call, .update)
+        XCTAssertEqual(PublishReplay(json: "{}", event: "error", seq: 1).call, .start)
     }
 }

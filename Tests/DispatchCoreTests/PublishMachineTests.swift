@@ -207,7 +207,7 @@ final class PublishMachineTests: XCTestCase {
         var other = stored("a", seq: 9).activity
         other.progress = 0.9
         XCTAssertTrue(m.isStale("a", seq: 9))
-        m.observe(ActivityEvent(name: "processing", snapshot: other))
+        m.observe(ActivityEvent(name: .state(.processing), snapshot: other))
         XCTAssertFalse(m.isStale("a", seq: 9))
         XCTAssertEqual(render(m.submitted(update("a", 0.95), now: now).actions), ["write 3: update a@9"])
         _ = m.batchFinished(3, committed(["a"]), now: now)

@@ -234,14 +234,14 @@ final class PushPayloadTests: XCTestCase {
         let running = activity()
         var cancelling = running
         cancelling.cancelRequested = true
-        let rows: [(String, Activity, ActivityState?, Int)] = [
-            ("processing", running, .processing, 5),
-            ("processing", running, .queued, 10),
-            (ActivityEvent.cancelRequested, cancelling, .processing, 5),
-            ("completed", activity(.completed), .processing, 10),
+        let rows: [(EventName, Activity, ActivityState?, Int)] = [
+            (.state(.processing), running, .processing, 5),
+            (.state(.processing), running, .queued, 10),
+            (.cancelRequested, cancelling, .processing, 5),
+            (.state(.completed), activity(.completed), .processing, 10),
         ]
         for (name, snapshot, previous, priority) in rows {
-            XCTAssertEqual(ActivityEvent(name: name, snapshot: snapshot).pushPriority(previous: previous), priority, name)
+            XCTAssertEqual(ActivityEvent(name: name, snapshot: snapshot).pushPriority(previous: previous), priority, name.rawValue)
         }
     }
 

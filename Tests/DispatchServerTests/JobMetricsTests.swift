@@ -4,7 +4,7 @@ import XCTest
 
 final class JobMetricsTests: XCTestCase {
     func ending(_ state: ActivityState, machine: String? = nil, seconds: Int64 = 90) -> ActivityEvent {
-        ActivityEvent(name: state.rawValue, snapshot: Activity(activityId: "a", taskName: "t", machine: machine, state: state,
+        ActivityEvent(name: .state(state), snapshot: Activity(activityId: "a", taskName: "t", machine: machine, state: state,
                                                                createdAt: 1_000, updatedAt: 1_000 + seconds * 1000,
                                                                endedAt: 1_000 + seconds * 1000))
     }
@@ -13,8 +13,8 @@ final class JobMetricsTests: XCTestCase {
         var m = JobMetrics(machines: MachineLabels(enabled: false, limit: 0))
         m.committed(ending(.completed, seconds: 90))
         m.committed(ending(.error, seconds: 4))
-        m.committed(ActivityEvent(name: "processing", snapshot: Activity(activityId: "b", taskName: "t", state: .processing, createdAt: 0, updatedAt: 0)))
-        m.committed(ActivityEvent(name: ActivityEvent.cancelRequested,
+        m.committed(ActivityEvent(name: .state(.processing), snapshot: Activity(activityId: "b", taskName: "t", state: .processing, createdAt: 0, updatedAt: 0)))
+        m.committed(ActivityEvent(name: .cancelRequested,
                                   snapshot: Activity(activityId: "b", taskName: "t", state: .processing, createdAt: 0, updatedAt: 0)))
         let text = m.render(worker: "worker=\"0\"", carrierUp: true, carrierIn: 7)
         XCTAssertTrue(text.contains("dispatch_activities_ended_total{worker=\"0\",state=\"completed\"} 1\n"), text)

@@ -83,7 +83,7 @@ final class NotifyCarrierShellTests: XCTestCase {
         XCTAssertTrue(s.written.last?.contains(#""status":"noticed""#) == true)
         XCTAssertEqual(pendingReads, [], "the notice carried the snapshot")
         XCTAssertEqual(cancels, 0)
-        carrier.notified(channel: Channel.events, payload: notice(13, "job", 5, ActivityEvent.cancelRequested, #"{"seq":5}"#))
+        carrier.notified(channel: Channel.events, payload: notice(13, "job", 5, EventName.cancelRequested.rawValue, #"{"seq":5}"#))
         XCTAssertEqual(cancels, 1, "a cancel request elsewhere wakes the webhook sender")
         XCTAssertEqual(eventIDs(s), ["3", "4", "5"])
     }

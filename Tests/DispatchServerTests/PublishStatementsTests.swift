@@ -7,7 +7,7 @@ import XCTest
 /// machine is told. A change applied iff a write returned its id; its position may be absent.
 final class PublishStatementsTests: XCTestCase {
     func event(_ id: String, seq: Int64) -> ActivityEvent {
-        ActivityEvent(name: "processing", snapshot: Activity(activityId: id, taskName: "t", state: .processing, seq: seq, createdAt: 1, updatedAt: 1))
+        ActivityEvent(name: .state(.processing), snapshot: Activity(activityId: id, taskName: "t", state: .processing, seq: seq, createdAt: 1, updatedAt: 1))
     }
 
     func change(_ id: String, seq: Int64) -> PublishBatch.Change {

@@ -448,9 +448,9 @@ final class AuthAndHostileInputTests: SharedServerTestCase {
         }
 
         // Garbage at the HTTP layer: answered with a 4xx (or 501 for an unknown method) and the
-        // connection closed, never a crash or a 2xx. These answers come from evhttp itself
-        // (400, 413, 501) with its HTML error page: libevent 2.1 has no hook to replace it, so
-        // only the route-level refusals below can be checked for the JSON error body.
+        // connection closed, never a crash or a 2xx. These answers come from the HTTP layer
+        // itself (HTTPConnection: 400, 413, 431, 501, a JSON body); the route-level refusals
+        // below are checked for their JSON error body.
         let junk: [(String, [UInt8])] = [
             ("garbage request line", Array("HELLO WORLD\r\n\r\n".utf8)),
             ("no version", Array("GET /healthz\r\n\r\n".utf8)),

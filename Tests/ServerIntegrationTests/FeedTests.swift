@@ -220,7 +220,7 @@ final class FeedTests: XCTestCase {
         next.seq += 1
         next.progress = 0.25
         next.updatedAt = Clock.nowMilliseconds()
-        let event = ActivityEvent(name: "processing", snapshot: next)
+        let event = ActivityEvent(name: .state(.processing), snapshot: next)
         let pg = try BlockingPG(a.conninfo)
         try pg.script("BEGIN")
         let change = try pg.query(ActivityRepository.updatesStatement([.init(event: event, expectedSeq: expectedSeq, endFingerprint: nil,
@@ -228,7 +228,7 @@ final class FeedTests: XCTestCase {
                                                                              staleTouch: nil)]))
         XCTAssertEqual(change.rows.count, 1)
         _ = try pg.query(ActivityRepository.positionLock)
-        let applied = ActivityRepository.Change(activityID: "held", seq: next.seq, event: event.name, data: String(decoding: next.json(), as: UTF8.self),
+        let applied = ActivityRepository.Change(activityID: "held", seq: next.seq, event: event.name.rawValue, data: String(decoding: next.json(), as: UTF8.self),
                                                 idempotencyKey: nil, createdMs: next.updatedAt, pushPriority: 5)
         let fin = try pg.query(ActivityRepository.finalizeStatement([applied], pushes: false, now: Clock.nowMilliseconds()))
         guard let heldPosition = fin.first?.int64("position") else { return XCTFail("no position drawn") }

@@ -156,7 +156,7 @@ public struct PublishMachine {
         guard var entry = cache[event.snapshot.activityId], entry.activity.seq < event.seq else { return }
         if event.snapshot.state.isTerminal { cache.remove(event.snapshot.activityId); return }
         entry.activity = event.snapshot
-        entry.lastEvent = event.name
+        entry.lastEvent = event.name.rawValue
         remember(entry)
     }
 
@@ -480,7 +480,7 @@ public struct PublishMachine {
             let json = event.snapshot.json()
             jsons.append(json)
             batch.changes.append(PublishBatch.Change(
-                activityID: op.activityID, seq: event.seq, event: event.name, data: String(decoding: json, as: UTF8.self),
+                activityID: op.activityID, seq: event.seq, event: event.name.rawValue, data: String(decoding: json, as: UTF8.self),
                 idempotencyKey: op.idempotencyKey, createdMs: event.snapshot.updatedAt,
                 pushPriority: event.pushPriority(previous: planned.previousState)))
             switch op.kind {
@@ -527,7 +527,7 @@ public struct PublishMachine {
         let event = planned.event
         if case .start(let cmd) = op.kind {
             if !event.snapshot.state.isTerminal {
-                remember(StoredActivity(activity: event.snapshot, lastEvent: event.name, ownerKeyID: op.ownerKeyID,
+                remember(StoredActivity(activity: event.snapshot, lastEvent: event.name.rawValue, ownerKeyID: op.ownerKeyID,
                                         startFingerprint: cmd.fingerprint, endFingerprint: nil,
                                         staleAfter: cmd.staleAfter ?? defaultStaleAfter))
             }

@@ -142,9 +142,11 @@ public struct PublishReplay: Equatable, Sendable {
     /// terminal state an end's, anything else an update's.
     public var call: PublishCallKind {
         if seq == 1 { return .start }
-        if event == ActivityEvent.cancelRequested { return .cancel }
-        if ActivityState(rawValue: event)?.isTerminal == true { return .end }
-        return .update
+        switch EventName(rawValue: event) {
+        case .cancelRequested: return .cancel
+        case .state(let state) where state.isTerminal: return .end
+        default: return .update
+        }
     }
 }
 

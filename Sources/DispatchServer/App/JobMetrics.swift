@@ -57,7 +57,7 @@ struct JobMetrics {
     /// A change this worker committed: an ending (with its duration), or a cancel request.
     mutating func committed(_ event: ActivityEvent) {
         carrierOut += 1
-        if event.name == ActivityEvent.cancelRequested { cancelRequests += 1; return }
+        if event.name == .cancelRequested { cancelRequests += 1; return }
         let a = event.snapshot
         guard a.state.isTerminal, let endedAt = a.endedAt else { return }
         ended[LabelPair(a: a.state.rawValue, b: machines.label(for: a.machine)), default: 0] += 1

@@ -380,7 +380,7 @@ extension Worker: PublisherDelegate, CarrierDelegate {
     /// After each commit here, before the publisher is answered.
     func publisherCommitted(_ event: ActivityEvent, json: [UInt8], position: Int64?) {
         metrics.jobs.committed(event)
-        if event.name == ActivityEvent.cancelRequested { webhooks?.kick() }
+        if event.name == .cancelRequested { webhooks?.kick() }
         carrier.committed(event, json: json)
     }
 

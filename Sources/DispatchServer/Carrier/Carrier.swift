@@ -80,12 +80,12 @@ final class HeardChanges {
 
     /// This worker committed `event`: its own streams have it at once.
     func committedHere(_ event: ActivityEvent, json: [UInt8]) {
-        streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name, json: String(decoding: json, as: UTF8.self))
+        streams.committed(activityID: event.snapshot.activityId, seq: event.seq, name: event.name.rawValue, json: String(decoding: json, as: UTF8.self))
     }
 
     /// A change itself (NOTIFY): its position, and its snapshot unless it was too large.
     func notified(_ notice: ChangeNotice) {
-        if notice.event == ActivityEvent.cancelRequested { delegate?.carrierHeardCancelRequest() }
+        if notice.event == EventName.cancelRequested.rawValue { delegate?.carrierHeardCancelRequest() }
         publisher.heard(notice)
         streams.notified(notice)
         feeds.notified(notice)
@@ -94,7 +94,7 @@ final class HeardChanges {
     /// A hint (NATS) that `activityID` changed, its newest seq at least `seq`: a hint is not a
     /// snapshot, so what the publisher cached older than it is dropped and read again when needed.
     func hinted(_ activityID: String, seq: Int64, event: String) {
-        if event == ActivityEvent.cancelRequested { delegate?.carrierHeardCancelRequest() }
+        if event == EventName.cancelRequested.rawValue { delegate?.carrierHeardCancelRequest() }
         if seq == 1 || publisher.isStale(activityID, seq: seq) { publisher.forget(activityID) }
         streams.hinted(activityID, seq: seq)
     }

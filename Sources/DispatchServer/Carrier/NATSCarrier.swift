@@ -157,7 +157,7 @@ final class NATSCarrier: Carrier, StreamInterest, FeedInterest, SequencerDelegat
     /// (once per loop turn, however many changes).
     func committed(_ event: ActivityEvent, json: [UInt8]) {
         changes.committedHere(event, json: json)
-        announce(activityID: event.snapshot.activityId, seq: event.seq, event: event.name)
+        announce(activityID: event.snapshot.activityId, seq: event.seq, event: event.name.rawValue)
     }
 
     /// The hint of a commit, without its snapshot.

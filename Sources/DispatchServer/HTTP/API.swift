@@ -43,8 +43,9 @@ final class API {
         guard let path = req.path else {
             return fail(req, DispatchError(.invalidField, "the path is not valid UTF-8"))
         }
-        // evhttp reads the first of several Content-Length headers; disagreeing ones mean the
-        // request's framing is ambiguous (request smuggling through a proxy): refuse it.
+        // Disagreeing Content-Length headers mean the request's framing is ambiguous (request
+        // smuggling through a proxy): refuse it. HTTPFraming refuses them before a request
+        // gets here; this stays as the route layer's own guard.
         if Set(req.headerValues("Content-Length")).count > 1 {
             return fail(req, DispatchError(.invalidField, "conflicting Content-Length headers"), headers: [("Connection", "close")])
         }
@@ -113,8 +114,8 @@ final class API {
 
     func fail(_ req: HTTPRequest, _ error: DispatchError, headers: [(String, String)] = []) {
         var h = headers
-        // A body over the route's limit ends the connection, as evhttp's own 413 does for one
-        // over its limit: the client is not worth reading further.
+        // A body over the route's limit ends the connection, as the HTTP layer's own 413 does
+        // for one over its limit: the client is not worth reading further.
         if error.code == .bodyTooLarge, !h.contains(where: { $0.0 == "Connection" }) { h.append(("Connection", "close")) }
         if let s = error.retryAfterSeconds { h.append(("Retry-After", String(s))) }
         if error.code == .unauthorized { h.append(("WWW-Authenticate", "Bearer")) }

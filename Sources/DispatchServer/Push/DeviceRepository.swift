@@ -31,12 +31,10 @@ enum DeviceRepository {
         let device = try vault.seal(r.deviceToken)
         let mac = Bytea.literal(device.mac)
         let key = String(keyID)
-        var pts: (mode: String, sealed: TokenVault.Sealed?) = ("keep", nil)
-        switch r.pushToStart {
-        case nil: break
-        case .forget?: pts = ("forget", nil)
-        case .set(let t)?: pts = ("set", try vault.seal(t))
-        }
+        // The stored push-to-start token stays unless the registration names one or null.
+        var pts: TokenVault.Sealed?
+        if case .set(let t)? = r.pushToStart { pts = try vault.seal(t) }
+        let keepsPushToStart = r.pushToStart == nil
         var queries = [PGQuery("SELECT \(AdvisoryLock.deviceKey.xactLock(perKey: "$1"))", [key], name: "device_key_lock")]
         queries.append(PGQuery("""
             INSERT INTO devices AS d (key_id, token_mac, token_sealed, token_hint, push_to_start_mac, push_to_start_sealed,
@@ -52,10 +50,10 @@ enum DeviceRepository {
               push_to_start_hint = CASE WHEN $7::text = 'keep' THEN d.push_to_start_hint ELSE EXCLUDED.push_to_start_hint END,
               push_to_start_at = CASE WHEN $7::text = 'keep' THEN d.push_to_start_at ELSE EXCLUDED.push_to_start_at END
             RETURNING d.id
-            """, [mac, Bytea.literal(device.sealed), device.hint, pts.sealed.map { Bytea.literal($0.mac) },
-                  pts.sealed.map { Bytea.literal($0.sealed) }, pts.sealed?.hint, pts.mode, key, String(maxDevices), r.environment?.rawValue],
+            """, [mac, Bytea.literal(device.sealed), device.hint, pts.map { Bytea.literal($0.mac) },
+                  pts.map { Bytea.literal($0.sealed) }, pts?.hint, keepsPushToStart ? "keep" : "replace", key, String(maxDevices), r.environment?.rawValue],
             name: "device_upsert"))
-        if pts.mode == "forget" {
+        if case .forget? = r.pushToStart {
             queries.append(PGQuery("""
                 DELETE FROM push_outbox WHERE kind = 'start' AND wanted_seq > sent_seq
                   AND device_id = (SELECT id FROM devices WHERE key_id = $2::bigint AND token_mac = $1::bytea)

@@ -283,7 +283,7 @@ struct ActivityRepository {
             SELECT activity_id FROM upd
             """, [PGArray.text(a.map(\.activityId)), PGArray.numbers(sorted.map(\.expectedSeq)), PGArray.text(a.map(\.state.rawValue)),
                   PGArray.text(a.map { $0.progress.map { "\($0)" } }), PGArray.text(a.map(\.status)), PGArray.numbers(a.map(\.attempt)),
-                  PGArray.numbers(a.map(\.seq)), PGArray.text(sorted.map(\.event.name)), PGArray.numbers(a.map(\.updatedAt)),
+                  PGArray.numbers(a.map(\.seq)), PGArray.text(sorted.map(\.event.name.rawValue)), PGArray.numbers(a.map(\.updatedAt)),
                   PGArray.numbers(a.map(\.endedAt)), PGArray.text(a.map(\.error)), PGArray.text(sorted.map(\.endFingerprint)),
                   PGArray.text(sorted.map(\.idempotencyKey)), PGArray.text(a.map { $0.cancelRequested ? "true" : "false" }),
                   PGArray.text(sorted.map(\.cancelReason)), PGArray.text(sorted.map { $0.webhook?.deliveryID }),

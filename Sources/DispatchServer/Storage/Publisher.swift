@@ -84,8 +84,9 @@ final class Publisher {
     /// than it takes it (or is dropped when the notice carries no snapshot).
     func heard(_ notice: ChangeNotice) {
         guard isStale(notice.activityID, seq: notice.seq) else { return }
-        if !notice.json.isEmpty, let value = try? JSONParser.parse(notice.json), let a = Activity.decode(value) {
-            observe(ActivityEvent(name: notice.event, snapshot: a))
+        if !notice.json.isEmpty, let name = EventName(rawValue: notice.event), let value = try? JSONParser.parse(notice.json),
+           let a = Activity.decode(value) {
+            observe(ActivityEvent(name: name, snapshot: a))
         } else if notice.json.isEmpty {
             forget(notice.activityID)
         }
