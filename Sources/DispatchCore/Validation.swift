@@ -32,8 +32,13 @@ public enum Validation {
 
     /// Parses a body that must be a JSON object with only the allowed keys.
     public static func object(_ body: [UInt8], allowed: Set<String>) throws(DispatchError) -> [String: JSONValue] {
-        guard body.count <= maxBodyBytes else {
-            throw DispatchError(.bodyTooLarge, "request body is larger than \(maxBodyBytes) bytes")
+        try fields(members(body, of: "a JSON object", limit: maxBodyBytes), allowed: allowed)
+    }
+
+    /// The members of a body that must be `shape` (a JSON object) of at most `limit` bytes.
+    static func members(_ body: [UInt8], of shape: String, limit: Int) throws(DispatchError) -> [(String, JSONValue)] {
+        guard body.count <= limit else {
+            throw DispatchError(.bodyTooLarge, "request body is larger than \(limit) bytes")
         }
         let value: JSONValue
         do {
@@ -42,9 +47,9 @@ public enum Validation {
             throw DispatchError(.invalidJSON, "body is not valid JSON: \(error.message) at byte \(error.offset)")
         }
         guard case .object(let members) = value else {
-            throw DispatchError(.invalidJSON, "body must be a JSON object")
+            throw DispatchError(.invalidJSON, "body must be \(shape)")
         }
-        return try fields(members, allowed: allowed)
+        return members
     }
 
     /// An object's members as a dictionary, when every key is allowed (the last of repeated keys wins).

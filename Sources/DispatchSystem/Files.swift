@@ -8,6 +8,14 @@ public enum Files {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
+        return readAll(fd)
+    }
+
+    /// Standard input up to its end (the CLI's `-` for a file); nil on a read error.
+    public static func readStandardInput() -> [UInt8]? { readAll(0) }
+
+    /// Everything `fd` gives up to its end; nil on a read error.
+    public static func readAll(_ fd: Int32) -> [UInt8]? {
         var bytes: [UInt8] = []
         var buf = [UInt8](repeating: 0, count: 65536)
         while true {

@@ -10,7 +10,7 @@ import DispatchCLIKit
 enum BatchCommand {
     static func run(_ o: CLIBatchOptions, client: Client) -> CLIExitCode {
         let input: [UInt8]?
-        if let path = o.path { input = Files.readBytes(path) } else { input = readStandardInput() }
+        if let path = o.path { input = Files.readBytes(path) } else { input = Files.readStandardInput() }
         guard let input else {
             Output.fail("batch", "cannot read \(o.path ?? "standard input")")
             return .usage
@@ -63,16 +63,5 @@ enum BatchCommand {
         }
         printLines(answered: [], upTo: sent)
         return CLIBatch.exitCode(refused: refused)
-    }
-
-    private static func readStandardInput() -> [UInt8]? {
-        var out: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let n = read(0, &buffer, buffer.count)
-            if n > 0 { out += buffer[..<n]; continue }
-            if n < 0 && errno == EINTR { continue }
-            return n == 0 ? out : nil
-        }
     }
 }

@@ -37,7 +37,7 @@ enum CancelCommands {
 
     /// Exit 0: the body is signed by the secret, recently enough; 1: it is not (or unreadable).
     static func verifyWebhook(_ o: CLIVerifyWebhookOptions) -> Int32 {
-        guard let body = o.bodyPath == "-" ? readStandardInput() : Files.readBytes(o.bodyPath) else {
+        guard let body = o.bodyPath == "-" ? Files.readStandardInput() : Files.readBytes(o.bodyPath) else {
             Output.fail("verify-webhook", "cannot read \(o.bodyPath): \(System.errorText(errno))")
             return 1
         }
@@ -50,17 +50,6 @@ enum CancelCommands {
         case .failure(let failure):
             Output.fail("verify-webhook", failure.message)
             return 1
-        }
-    }
-
-    private static func readStandardInput() -> [UInt8]? {
-        var out: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let n = read(0, &buffer, buffer.count)
-            if n > 0 { out += buffer[..<n]; continue }
-            if n < 0 && errno == EINTR { continue }
-            return n == 0 ? out : nil
         }
     }
 }

@@ -31,18 +31,7 @@ public enum ChangeBatch {
     /// entry per change in request order. `boundMachine`: the machine a non-admin key is bound to
     /// (its starts get it; naming another is 403). `newID` draws a start's id when it names none.
     public static func parse(_ body: [UInt8], boundMachine: String?, newID: () -> String) throws(DispatchError) -> [Result<Change, DispatchError>] {
-        guard body.count <= maxBodyBytes else {
-            throw DispatchError(.bodyTooLarge, "request body is larger than \(maxBodyBytes) bytes")
-        }
-        let value: JSONValue
-        do {
-            value = try JSONParser.parse(body)
-        } catch {
-            throw DispatchError(.invalidJSON, "body is not valid JSON: \(error.message) at byte \(error.offset)")
-        }
-        guard case .object(let members) = value else {
-            throw DispatchError(.invalidJSON, "body must be a JSON object: {\"changes\": [...]}")
-        }
+        let members = try Validation.members(body, of: "a JSON object: {\"changes\": [...]}", limit: maxBodyBytes)
         let top = try Validation.fields(members, allowed: ["changes"])
         guard let list = top["changes"] else { throw DispatchError(.missingField, "changes is required: an array of 1 to \(maxChanges) changes") }
         guard case .array(let items) = list else {
