@@ -93,7 +93,7 @@ final class CancelTests: XCTestCase {
         let before = try XCTUnwrap(Int64(try Kit.sql(s, "SELECT greatest(updated_ms, coalesce(touched_ms, 0)) + stale_after_s * 1000 FROM activities WHERE activity_id = 't1'")[0] ?? ""))
         let stream = try s.stream("t1")
         XCTAssertEqual(try stream.waitForEvents(1).count, 1)
-        usleep(20_000)
+        waitForNextMillisecond()
 
         let r = try pub1.request("POST", "/v1/activities/t1/touch")
         XCTAssertEqual(r.status, 204, r.text)

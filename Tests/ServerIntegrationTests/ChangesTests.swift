@@ -176,7 +176,7 @@ final class ChangesTests: XCTestCase {
         let starts = try f.wait(token: pts) { $0.contains { $0.status == 200 } }
         let ended = try f.wait(token: t) { $0.contains { $0.status == 200 && $0.event == "end" } }
         XCTAssertEqual(ended.filter { $0.status == 200 }.last?.seq, 3, "the end, with its seq")
-        usleep(300_000)  // room for a wrong push-to-start for the plain job
+        try waitForPushesSettled(s)
         XCTAssertEqual(try f.requests(token: pts).count, 1, "one push-to-start, for the start that asked: \(starts.map(\.event))")
     }
 

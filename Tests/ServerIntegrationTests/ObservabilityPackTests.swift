@@ -86,18 +86,24 @@ final class ObservabilityPackTests: XCTestCase {
         XCTAssertTrue(try waitUntil(30) { try query(api, "count(dispatch_webhook_outbox_pending) and count(dispatch_activities_live)") > 0 },
                       "the live count and the webhook outbox show in /metrics")
         for i in 3..<6 { XCTAssertEqual(try s.update("pack-\(i)", #"{"progress":0.6}"#).status, 200) }
-        usleep(3_000_000)
 
+        // Every panel and rule has data once Prometheus scraped those updates twice over: asked
+        // again until then (or 30 s).
         var empty: [String] = []
         var checked = 0
-        for expr in try dashboardQueries() {
-            checked += 1
-            if try query(api, expr) == 0 { empty.append("panel: " + expr) }
+        func look() throws {
+            empty = []
+            checked = 0
+            for expr in try dashboardQueries() {
+                checked += 1
+                if try query(api, expr) == 0 { empty.append("panel: " + expr) }
+            }
+            for expr in try ruleExpressions() {
+                checked += 1
+                if try query(api, Self.comparisonsAsBool(expr)) == 0 { empty.append("rule: " + expr) }
+            }
         }
-        for expr in try ruleExpressions() {
-            checked += 1
-            if try query(api, Self.comparisonsAsBool(expr)) == 0 { empty.append("rule: " + expr) }
-        }
+        _ = try waitUntil(30) { try look(); return empty.isEmpty }
         XCTAssertTrue(empty.isEmpty, "queries without data:\n" + empty.joined(separator: "\n"))
         XCTAssertGreaterThanOrEqual(checked, 40)
         // And Prometheus itself loaded and evaluated every rule without an error.

@@ -83,7 +83,7 @@ final class PushTests: XCTestCase {
         try s.startActivity("plain-job")
         try s.startActivity("live-job", extra: #","liveActivity":true,"machine":"shodan","systemImage":"arrow.down.circle.fill","status":"Starting download...""#)
         try f.wait(token: pts) { !self.delivered($0).isEmpty }
-        usleep(500_000)  // room for a wrong push to the plain job
+        try waitForPushesSettled(s)
         let got = try f.requests(token: pts)
         XCTAssertEqual(got.count, 1, "one start, for the activity that asked: \(got.map(\.bodyBytes).map { String(decoding: $0, as: UTF8.self) })")
         guard let start = got.first else { return }
@@ -117,13 +117,13 @@ final class PushTests: XCTestCase {
         defer { s.stop() }
         try s.startActivity("early")
         for i in 1...5 { try s.update("early", #"{"progress":\#(Double(i) / 10)}"#) }
-        usleep(300_000)
+        try waitForPushesSettled(s)
         XCTAssertEqual(try f.requests().count, 0, "no token, nothing sent")
         XCTAssertEqual(try count(s, "SELECT count(*) FROM push_outbox"), 0, "and nothing queued")
         let t = token(bytes: 80)
         try register(s, device: token(), tokens: [("early", t)])
         try f.wait(token: t) { !self.delivered($0).isEmpty }
-        usleep(600_000)
+        try waitForPushesSettled(s)
         let got = try f.requests(token: t)
         XCTAssertEqual(got.map(\.seq), [6], "the newest state, once")
         XCTAssertEqual(got.first?.event, "update")
@@ -234,7 +234,7 @@ final class PushTests: XCTestCase {
         try s.end("gone-job")
         let kept = try f.wait(token: back) { !self.delivered($0).isEmpty }
         XCTAssertEqual(kept.map(\.status), [410, 200], "a 410 older than the registration does not retire the token")
-        usleep(800_000)
+        try waitForPushesSettled(s)
         XCTAssertEqual(try f.requests(token: gone).count, 1, "nothing more to the retired token")
         XCTAssertTrue(s.log().contains("msg=push.token_retired"), "a log line per retirement")
         XCTAssertFalse(s.log().contains(gone), "never the token itself")
@@ -248,7 +248,7 @@ final class PushTests: XCTestCase {
         try f.wait(token: pts) { $0.contains { $0.status == 400 } }
         XCTAssertTrue(try waitUntil(5) { try self.count(s, "SELECT count(*) FROM devices WHERE push_to_start_mac IS NOT NULL") == 0 })
         try s.startActivity("live-2", extra: #","liveActivity":true"#)
-        usleep(600_000)
+        try waitForPushesSettled(s)
         XCTAssertEqual(try f.requests(token: pts).count, 2, "once in each environment, then nothing more")
     }
 
@@ -270,7 +270,7 @@ final class PushTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(got[1].time - got[0].time, 0.45, "backed off after the 429 (0.5-1 s)")
         XCTAssertGreaterThanOrEqual(got[2].time - got[1].time, 0.95, "longer after the 500 (1-2 s)")
         XCTAssertEqual(got.map(\.seq), [1, 2, 2], "the newest state each time; delivered once")
-        usleep(500_000)
+        try waitForPushesSettled(s)
         XCTAssertEqual(try f.requests(token: t).count, 3)
         XCTAssertEqual(try s.metric("dispatch_push_sent_total", labels: #"result="throttled""#), 1)
         XCTAssertEqual(try s.metric("dispatch_push_sent_total", labels: #"result="server_error""#), 1)
@@ -410,7 +410,7 @@ final class PushTests: XCTestCase {
         XCTAssertEqual(got.map(\.seq), [1, 1])
         XCTAssertEqual(delivered(got).count, 1, "delivered once")
         XCTAssertGreaterThanOrEqual((got.last?.time ?? 0) - claimedAt, 3.5, "only after the lease ran out")
-        usleep(500_000)
+        try waitForPushesSettled(b)
         XCTAssertEqual(try f.requests(token: t).count, 2)
     }
 
@@ -458,7 +458,7 @@ final class PushTests: XCTestCase {
         XCTAssertEqual(try count(s, "SELECT count(*) FROM push_outbox WHERE activity_id = 'drop'"), 0)
         let sentToDropped = try f.requests(token: t2).count
         try s.update("drop")
-        usleep(1_500_000)
+        try waitForPushesSettled(s)
         XCTAssertEqual(try f.requests(token: t2).count, sentToDropped, "nothing after it was forgotten")
         // The token registered before its activity existed is used once the activity starts.
         XCTAssertEqual(try count(s, "SELECT count(*) FROM activity_tokens WHERE activity_id = 'not-started-yet'"), 1)

@@ -75,7 +75,7 @@ final class PushTruthTests: XCTestCase {
         let shown = try XCTUnwrap(try decode(first).staleDate)
         // A touch at once moves the deadline by less than 5 s: nothing is pushed.
         XCTAssertEqual(try s.client.post("/v1/activities/kept/touch", "").status, 204)
-        usleep(1_200_000)
+        try waitForPushesSettled(s)
         XCTAssertEqual(try f.requests(token: update).count, 1, "a small move pushes nothing")
         // Half of staleAfter past what the phone shows: pushed, same content, new date, at 5.
         let due = Double(shown - 10 + 5 + 1) - Double(Clock.nowMilliseconds()) / 1000
@@ -192,7 +192,7 @@ final class PushTruthTests: XCTestCase {
         try s.startActivity("burst-6", extra: #","liveActivity":true"#)
         try f.wait(token: other) { !self.delivered($0).isEmpty }
         XCTAssertEqual(delivered(try f.requests(token: other)).count, 1)
-        usleep(300_000)
+        try waitForPushesSettled(s)
         XCTAssertEqual(delivered(try f.requests(token: pts)).count, 3, "still three for the spent device")
     }
 

@@ -72,7 +72,7 @@ final class StaleTests: XCTestCase {
         // is only when the sweeper looks next: moving it on every update would cost HOT).
         let deadline = "SELECT greatest(updated_ms, coalesce(touched_ms, 0)) + stale_after_s * 1000 FROM activities WHERE activity_id = 'busy'"
         let first = try XCTUnwrap(Int64(try Kit.sql(s, deadline)[0] ?? ""))
-        usleep(20_000)
+        waitForNextMillisecond()
         XCTAssertEqual(try s.update("busy").status, 200)
         let second = try XCTUnwrap(Int64(try Kit.sql(s, deadline)[0] ?? ""))
         XCTAssertGreaterThan(second, first)

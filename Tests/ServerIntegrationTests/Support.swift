@@ -100,3 +100,23 @@ func randomToken(bytes: Int = 32) -> String {
     var g = SystemRandomNumberGenerator()
     return (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &g)) }.joined()
 }
+
+/// Waits until neither push outbox holds a push still to make or in flight: every push the
+/// changes committed so far asked for has been answered, so what the fake APNs holds then is
+/// all it will get for them. (Pushes are marked in the commit's own transaction: a wrong one
+/// would be a row here first.) Instead of a pause that leaves "room for a wrong push".
+func waitForPushesSettled(_ s: TestServer, file: StaticString = #filePath, line: UInt = #line) throws {
+    let pending = """
+        SELECT (SELECT count(*) FROM push_outbox WHERE wanted_seq > sent_seq AND NOT failed)
+             + (SELECT count(*) FROM push_activity_outbox WHERE wanted_seq > sent_seq)
+        """
+    let settled = try waitUntil(15) { (try TestPostgres.shared().sql(s.conninfo, pending).first?.first ?? nil) == "0" }
+    XCTAssertTrue(settled, "the push outboxes settled", file: file, line: line)
+}
+
+/// Returns once the millisecond clock has moved on (at most a millisecond): a change made
+/// after it gets a later `updated_ms` than one made before it, on this machine's clock.
+func waitForNextMillisecond() {
+    let now = Clock.nowMilliseconds()
+    while Clock.nowMilliseconds() <= now { sched_yield() }
+}

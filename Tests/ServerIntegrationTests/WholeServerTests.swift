@@ -13,8 +13,8 @@ final class WholeServerTests: XCTestCase {
         let streams = try (0..<40).map { _ in try s.stream("WHOLE") }
         for st in streams { _ = try st.waitForEvents(1) }
         // Both workers hold streams (the kernel spreads connections), and both publish their
-        // state every second.
-        sleep(2)
+        // state every second: once a scrape counts all 40, every later one must.
+        XCTAssertTrue(try waitUntil(10) { try s.metric("dispatch_streams_active") == 40 }, "both workers' states published")
         var seen: Set<Double> = []
         for _ in 0..<20 { seen.insert(try s.metric("dispatch_streams_active")) }
         XCTAssertEqual(seen, [40], "successive scrapes disagree: \(seen)")
