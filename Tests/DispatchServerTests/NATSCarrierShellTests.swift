@@ -36,55 +36,35 @@ final class NATSCarrierShellTests: XCTestCase {
         func deliver(_ subject: String, _ payload: String) { onMessage?(subject, Array(payload.utf8)) }
     }
 
-    var loop: ManualLoop!
-    var scripted: ScriptedDatabase!
-    var streams: StreamService!
-    var feeds: FeedService!
+    var fx: CarrierFixture!
     var client: FakeClient!
     var carrier: NATSCarrier!
-    var metrics: Metrics!
     let subjects = CarrierSubjects(prefix: "dispatch")
+    var loop: ManualLoop { fx.loop }
+    var scripted: ScriptedDatabase { fx.scripted }
+    var streams: StreamService { fx.streams }
+    var feeds: FeedService { fx.feeds }
+    var metrics: Metrics { fx.metrics }
+    var pendingReads: [String] { fx.pendingReads }
 
     override func setUp() {
-        loop = ManualLoop()
-        metrics = Metrics(worker: 0)
-        scripted = ScriptedDatabase(loop: loop, metrics: metrics)
-        let log = Logger(level: .error)
-        let settings = StreamService.Settings(heartbeatSeconds: 4, maxBacklog: 64 * 1024, writeTimeout: 60)
-        streams = StreamService(loop: loop, activities: ActivityRepository(db: scripted.db), metrics: metrics, log: log, settings: settings)
-        feeds = FeedService(loop: loop, repository: FeedRepository(db: scripted.db), metrics: metrics, log: log, settings: settings)
+        fx = CarrierFixture()
         client = FakeClient()
-        let publisher = Publisher(db: scripted.db, log: log, metrics: metrics, defaultStaleAfter: 0, now: { 1 })
-        carrier = NATSCarrier(loop: loop, client: client, settings: CarrierSettings(servers: ["nats://127.0.0.1:4222"]), db: scripted.db,
-                              changes: HeardChanges(publisher: publisher, streams: streams, feeds: feeds), sequencer: nil, metrics: CarrierMetrics(), server: "host:1", log: log, name: "w0")
+        carrier = NATSCarrier(loop: fx.loop, client: client, settings: CarrierSettings(servers: ["nats://127.0.0.1:4222"]), db: fx.scripted.db,
+                              changes: fx.changes, sequencer: nil, metrics: CarrierMetrics(), server: "host:1", log: fx.log, name: "w0")
         XCTAssertNoThrow(try carrier.start())
     }
 
     override func tearDown() {
         carrier.close()
-        streams.shutdown()
-        feeds.shutdown()
-        scripted.answer(on: scripted.reader) { _ in PGResult() }
-        scripted.answer(on: scripted.feedReader) { _ in PGResult() }
-        scripted.db.close()
-        loop.runSoon()
-        XCTAssertEqual(scripted.violations, [])
+        fx.tearDown()
     }
 
-    var pendingReads: [String] { scripted.pending(on: scripted.reader) }
+    func history(_ rows: [(id: String, seq: Int64, event: String, data: String)]) -> PGResult { fx.history(rows) }
 
-    func history(_ rows: [(id: String, seq: Int64, event: String, data: String)]) -> PGResult {
-        PGResult(columns: ["activity_id", "seq", "event", "data", "created_ms"],
-                 rows: rows.map { [$0.id, String($0.seq), $0.event, $0.data, "5000"] })
-    }
-
-    /// A live status stream on `id` at `seq`.
+    /// A live status stream on `id` at `seq`, whose activity's subject is listened to.
     func liveStream(_ id: String, seq: Int64) -> ScriptedStream {
-        let s = ScriptedStream()
-        streams.open(s, activityID: id, lastEventID: nil, keyID: 1)
-        XCTAssertEqual(pendingReads, ["read_activity"])
-        scripted.answer(on: scripted.reader) { _ in activityRow(id, state: .processing, seq: seq) }
-        XCTAssertEqual(eventIDs(s), [String(seq)])
+        let s = fx.liveStream(id, seq: seq)
         XCTAssertTrue(client.subscribed.contains(subjects.activity(id)), "listens to what its streams follow")
         return s
     }

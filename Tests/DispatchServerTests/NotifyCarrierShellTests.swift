@@ -10,33 +10,25 @@ import XCTest
 /// malformed or forged notification, a session that stays connected but goes silent, a
 /// session lost, a timer after close.
 final class NotifyCarrierShellTests: XCTestCase {
-    var loop: ManualLoop!
-    var metrics: Metrics!
-    var scripted: ScriptedDatabase!
+    var fx: CarrierFixture!
     var listenSession: ScriptedSession!
     var listener: PGConnection!
-    var streams: StreamService!
-    var feeds: FeedService!
     var carrier: NotifyCarrier!
     var cancels = 0
     let pid: Int32 = 4242
+    var loop: ManualLoop { fx.loop }
+    var scripted: ScriptedDatabase { fx.scripted }
+    var metrics: Metrics { fx.metrics }
+    var pendingReads: [String] { fx.pendingReads }
 
     override func setUp() {
-        loop = ManualLoop()
-        metrics = Metrics(worker: 0)
-        scripted = ScriptedDatabase(loop: loop, metrics: metrics)
-        let log = Logger(level: .error)
+        fx = CarrierFixture()
         listenSession = ScriptedSession()
-        listener = PGConnection(loop: loop, driver: listenSession.driver, conninfo: "scripted", name: "listener", log: log)
+        listener = PGConnection(loop: fx.loop, driver: listenSession.driver, conninfo: "scripted", name: "listener", log: fx.log)
         listener.start()
         listenSession.driver.socketReady()
-        let settings = StreamService.Settings(heartbeatSeconds: 4, maxBacklog: 64 * 1024, writeTimeout: 60)
-        streams = StreamService(loop: loop, activities: ActivityRepository(db: scripted.db), metrics: metrics, log: log, settings: settings)
-        feeds = FeedService(loop: loop, repository: FeedRepository(db: scripted.db), metrics: metrics, log: log, settings: settings)
-        let publisher = Publisher(db: scripted.db, log: log, metrics: metrics, defaultStaleAfter: 0, now: { 1 })
-        let changes = HeardChanges(publisher: publisher, streams: streams, feeds: feeds)
-        changes.delegate = self
-        carrier = NotifyCarrier(loop: loop, db: scripted.db, listener: listener, changes: changes, metrics: metrics, log: log, pid: pid)
+        fx.changes.delegate = self
+        carrier = NotifyCarrier(loop: fx.loop, db: fx.scripted.db, listener: listener, changes: fx.changes, metrics: fx.metrics, log: fx.log, pid: pid)
         XCTAssertNoThrow(try carrier.start())
         loop.runSoon()
         XCTAssertTrue(listener.isReady)
@@ -44,27 +36,12 @@ final class NotifyCarrierShellTests: XCTestCase {
 
     override func tearDown() {
         carrier.close()
-        streams.shutdown()
-        feeds.shutdown()
-        scripted.answer(on: scripted.reader) { _ in PGResult() }
-        scripted.db.close()
         listener.close()
-        loop.runSoon()
-        XCTAssertEqual(scripted.violations, [])
+        fx.tearDown()
         XCTAssertEqual(listenSession.driver.violations, [])
     }
 
-    var pendingReads: [String] { scripted.pending(on: scripted.reader) }
-
-    /// A live status stream on `id` at `seq`.
-    func liveStream(_ id: String, seq: Int64) -> ScriptedStream {
-        let s = ScriptedStream()
-        streams.open(s, activityID: id, lastEventID: nil, keyID: 1)
-        XCTAssertEqual(pendingReads, ["read_activity"])
-        scripted.answer(on: scripted.reader) { _ in activityRow(id, state: .processing, seq: seq) }
-        XCTAssertEqual(eventIDs(s), [String(seq)])
-        return s
-    }
+    func liveStream(_ id: String, seq: Int64) -> ScriptedStream { fx.liveStream(id, seq: seq) }
 
     func notice(_ position: Int64, _ id: String, _ seq: Int64, _ event: String, _ json: String) -> String {
         "\(position)\n\(id)\n\(seq)\n\(event)\n\(json)"
@@ -93,7 +70,7 @@ final class NotifyCarrierShellTests: XCTestCase {
         carrier.notified(channel: Channel.events, payload: notice(12, "job", 4, "processing", ""))
         XCTAssertEqual(pendingReads, ["read_history"])
         scripted.answer(on: scripted.reader) { _ in
-            PGResult(columns: ["activity_id", "seq", "event", "data", "created_ms"], rows: [["job", "4", "processing", #"{"seq":4}"#, "5000"]])
+            fx.history([("job", 4, "processing", #"{"seq":4}"#)])
         }
         XCTAssertEqual(eventIDs(s), ["3", "4"])
     }
@@ -147,7 +124,7 @@ final class NotifyCarrierShellTests: XCTestCase {
         XCTAssertEqual(pendingReads.filter { $0 != "carrier_probe" }, ["read_history"])
         scripted.answer(on: scripted.reader) { name in
             name == "read_history"
-                ? PGResult(columns: ["activity_id", "seq", "event", "data", "created_ms"], rows: [["job", "4", "processing", #"{"seq":4}"#, "5000"]])
+                ? fx.history([("job", 4, "processing", #"{"seq":4}"#)])
                 : PGResult()
         }
         XCTAssertEqual(eventIDs(s), ["3", "4"])
