@@ -10,20 +10,33 @@ import XCTest
 final class NATSClientTests: XCTestCase {
     private let log = Logger(level: .error)
 
-    /// What one client saw, in order, on the loop.
-    final class Seen {
+    /// What one client saw, in order, on the loop (its delegate: the test keeps it alive).
+    final class Seen: NATSClientDelegate {
         var messages: [(subject: String, payload: String)] = []
         var statuses: [NATSClient.Status] = []
         var drops: [String] = []
+        /// A test's own handling, instead of recording.
+        var onMessage: ((String, [UInt8]) -> Void)?
+        var onStatus: ((NATSClient.Status) -> Void)?
         func count(_ subject: String) -> Int { messages.filter { $0.subject == subject }.count }
+
+        func natsReceived(_ subject: String, _ payload: [UInt8]) {
+            if let onMessage { return onMessage(subject, payload) }
+            messages.append((subject, String(decoding: payload, as: UTF8.self)))
+        }
+
+        func natsStatusChanged(_ status: NATSClient.Status) {
+            if let onStatus { return onStatus(status) }
+            statuses.append(status)
+        }
+
+        func natsDropped(_ reason: String) { drops.append(reason) }
     }
 
     private func client(_ loop: EventLoop, _ urls: [String], _ name: String, options: NATSClient.Options = .init()) -> (NATSClient, Seen) {
         let c = NATSClient(loop: loop, servers: urls, name: name, log: log, options: options)
         let seen = Seen()
-        c.onMessage = { seen.messages.append(($0, String(decoding: $1, as: UTF8.self))) }
-        c.onStatus = { seen.statuses.append($0) }
-        c.onDropped = { seen.drops.append($0) }
+        c.delegate = seen
         return (c, seen)
     }
 
@@ -71,7 +84,7 @@ final class NATSClientTests: XCTestCase {
         let (sub, seen) = client(loop, [cluster.urls[2]], "sub")
         let loopThread = pthread_self()
         var offLoop = 0
-        sub.onMessage = { s, p in
+        seen.onMessage = { s, p in
             if pthread_equal(pthread_self(), loopThread) == 0 { offLoop += 1 }
             seen.messages.append((s, String(decoding: p, as: UTF8.self)))
         }
@@ -211,14 +224,14 @@ final class NATSClientTests: XCTestCase {
         let topic = subject("flood")
         var after = 0
         var closedAt: Int?
-        sub.onMessage = { _, _ in
+        seen.onMessage = { _, _ in
             if closedAt != nil { after += 1; return }
             closedAt = seen.messages.count
             seen.messages.append(("", ""))
             sub.close()
             sub.close()
         }
-        sub.onStatus = { _ in if closedAt != nil { after += 1 } }
+        seen.onStatus = { _ in if closedAt != nil { after += 1 } }
         sub.subscribe(topic)
         witness.subscribe(topic)
         XCTAssertTrue(cluster.waitForInterest(0, topic, count: 2))
@@ -288,8 +301,10 @@ extension NATSClientTests {
         let sub = NATSClient(loop: loop, servers: cluster.urls, name: "roaming", log: Logger(level: .error), options: options)
         var statuses: [NATSClient.Status] = []
         var payloads: [String] = []
-        sub.onStatus = { statuses.append($0) }
-        sub.onMessage = { payloads.append(String(decoding: $1, as: UTF8.self)) }
+        let events = Seen()
+        sub.delegate = events
+        events.onStatus = { statuses.append($0) }
+        events.onMessage = { payloads.append(String(decoding: $1, as: UTF8.self)) }
         try sub.start()
         let topic = "test.failover." + CarrierSubjects.token("job:1")
         sub.subscribe(topic)
@@ -330,8 +345,11 @@ extension NATSClientTests {
         var owner: NATSClient? = NATSClient(loop: loop, servers: cluster.urls, name: "dropped", log: log)
         weak let released = owner
         var received = 0, witnessed = 0
-        owner!.onMessage = { _, _ in received += 1; owner = nil }
-        witness.onMessage = { _, _ in witnessed += 1 }
+        let ownerEvents = Seen(), witnessEvents = Seen()
+        owner!.delegate = ownerEvents
+        witness.delegate = witnessEvents
+        ownerEvents.onMessage = { _, _ in received += 1; owner = nil }
+        witnessEvents.onMessage = { _, _ in witnessed += 1 }
         try pub.start()
         try witness.start()
         try owner!.start()

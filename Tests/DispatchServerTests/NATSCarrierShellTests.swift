@@ -11,9 +11,7 @@ import XCTest
 /// reaches a client.
 final class NATSCarrierShellTests: XCTestCase {
     final class FakeClient: CarrierClient {
-        var onMessage: ((String, [UInt8]) -> Void)?
-        var onStatus: ((NATSClient.Status) -> Void)?
-        var onDropped: ((String) -> Void)?
+        weak var delegate: NATSClientDelegate?
         var isConnected = false
         var credentialsRefused = false
         var connectedServer: String? { "nats://127.0.0.1:4222" }
@@ -22,7 +20,7 @@ final class NATSCarrierShellTests: XCTestCase {
 
         func start() throws(SystemError) {
             isConnected = true
-            onStatus?(.connected)
+            delegate?.natsStatusChanged(.connected)
         }
         func close() { isConnected = false }
         func publish(_ subject: String, _ payload: [UInt8]) -> Bool {
@@ -33,7 +31,7 @@ final class NATSCarrierShellTests: XCTestCase {
         func unsubscribe(_ subject: String) { subscribed.remove(subject) }
 
         /// A message as NATS would deliver it.
-        func deliver(_ subject: String, _ payload: String) { onMessage?(subject, Array(payload.utf8)) }
+        func deliver(_ subject: String, _ payload: String) { delegate?.natsReceived(subject, Array(payload.utf8)) }
     }
 
     var fx: CarrierFixture!

@@ -96,12 +96,8 @@ public final class NATSClient {
     private let log: Logger
     private let options: Options
 
-    /// Called on the loop's thread only.
-    public var onMessage: ((_ subject: String, _ payload: [UInt8]) -> Void)?
-    public var onStatus: ((Status) -> Void)?
-    /// Messages were dropped for this client (slow consumer, or any async error): the caller
-    /// resyncs from the database.
-    public var onDropped: ((_ reason: String) -> Void)?
+    /// Told of messages, status changes and drops, on the loop's thread only.
+    public weak var delegate: NATSClientDelegate?
 
     /// As the loop has seen it: true from a successful connect or the `.connected` or
     /// `.reconnected` it delivered, false from `.disconnected` / `.closed`.
@@ -437,12 +433,12 @@ public final class NATSClient {
             if closed { break }
             switch event {
             case .message(let id, let subject, let payload):
-                if liveIDs.contains(id) { onMessage?(subject, payload) }
+                if liveIDs.contains(id) { delegate?.natsReceived(subject, payload) }
             case .status(let status):
                 deliver(status)
             case .dropped(let reason):
                 log.warning("nats.dropped", [("client", name), ("reason", reason)])
-                onDropped?(reason)
+                delegate?.natsDropped(reason)
             }
         }
         draining = false
@@ -467,7 +463,7 @@ public final class NATSClient {
             lastFailure = nil
             restarts = 0
         }
-        onStatus?(status)
+        delegate?.natsStatusChanged(status)
     }
 
     /// The library closed the connection by itself (refused credentials, or its reconnects
@@ -529,16 +525,14 @@ public final class NATSClient {
         return String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
-    /// Safe to call twice, and from inside onMessage/onStatus; after it no callback runs.
+    /// Safe to call twice, and from inside the delegate's calls; after it no call comes.
     /// Waits for the library's connection threads to stop (and up to 0.5 s for a flush).
     public func close() {
         guard !closed else { return }
         closed = true
         restartTimer?.cancel()
         restartTimer = nil
-        onMessage = nil
-        onStatus = nil
-        onDropped = nil
+        delegate = nil
         isConnected = false
         tearDown(closing: true)
     }
@@ -558,4 +552,13 @@ final class NATSSubscriptionTag: Sendable {
         self.mailbox = mailbox
         self.id = id
     }
+}
+
+/// What a NATS client tells its owner (the carrier), on the loop's thread only.
+public protocol NATSClientDelegate: AnyObject {
+    func natsReceived(_ subject: String, _ payload: [UInt8])
+    func natsStatusChanged(_ status: NATSClient.Status)
+    /// Messages were dropped for this client (slow consumer, or any async error): the owner
+    /// resyncs from the database.
+    func natsDropped(_ reason: String)
 }

@@ -16,7 +16,7 @@ import Glibc
 /// against the database finds what a lost hint did not bring (a process killed between its
 /// commit and its message, a partition) within a few seconds; a lost connection, dropped
 /// messages or a carrier that stops delivering (the liveness probe) re-read everything held.
-final class NATSCarrier: Carrier, StreamInterest, FeedInterest, SequencerDelegate {
+final class NATSCarrier: Carrier, StreamInterest, FeedInterest, SequencerDelegate, NATSClientDelegate {
     let loop: LoopScheduling
     let client: CarrierClient
     let subjects: CarrierSubjects
@@ -92,13 +92,7 @@ final class NATSCarrier: Carrier, StreamInterest, FeedInterest, SequencerDelegat
     private let sequencerSubject: String
 
     func start() throws(SystemError) {
-        client.onMessage = { [unowned self] subject, payload in self.received(subject, payload) }
-        client.onStatus = { [unowned self] status in self.statusChanged(status) }
-        client.onDropped = { [unowned self] reason in
-            self.metrics.dropped += 1
-            self.log.warning("carrier.dropped", [("reason", reason)])
-            self.resyncAll(.dropped)
-        }
+        client.delegate = self
         streams.interest = self
         feeds.interest = self
         client.subscribe(subjects.starts)
@@ -190,7 +184,13 @@ final class NATSCarrier: Carrier, StreamInterest, FeedInterest, SequencerDelegat
 
     // MARK: - In
 
-    private func received(_ subject: String, _ payload: [UInt8]) {
+    func natsDropped(_ reason: String) {
+        metrics.dropped += 1
+        log.warning("carrier.dropped", [("reason", reason)])
+        resyncAll(.dropped)
+    }
+
+    func natsReceived(_ subject: String, _ payload: [UInt8]) {
         metrics.messagesIn += 1
         metrics.bytesIn += payload.count
         if subject == subjects.feed {
@@ -219,7 +219,7 @@ final class NATSCarrier: Carrier, StreamInterest, FeedInterest, SequencerDelegat
         log.warning("carrier.malformed", [("subject", kind), ("bytes", payload.count)])
     }
 
-    private func statusChanged(_ status: NATSClient.Status) {
+    func natsStatusChanged(_ status: NATSClient.Status) {
         switch status {
         case .connected, .reconnected:
             let first = status == .connected
@@ -421,9 +421,7 @@ enum CarrierSQL {
 /// What the carrier needs of its NATS client: `NATSClient` in dispatchd, an in-memory fake in
 /// tests (`NATSCarrierShellTests`).
 protocol CarrierClient: AnyObject {
-    var onMessage: ((_ subject: String, _ payload: [UInt8]) -> Void)? { get set }
-    var onStatus: ((NATSClient.Status) -> Void)? { get set }
-    var onDropped: ((_ reason: String) -> Void)? { get set }
+    var delegate: NATSClientDelegate? { get set }
     var isConnected: Bool { get }
     var credentialsRefused: Bool { get }
     var connectedServer: String? { get }
