@@ -42,7 +42,10 @@ public final class H2Client: HTTPRequestSending {
         /// Seconds sent data may stay unacknowledged before the kernel drops the connection
         /// (TCP_USER_TIMEOUT); 0 leaves the kernel's default.
         public var tcpUserTimeout: Double = 20
-        /// Of the client's socket events on the loop.
+        /// Of the client's connections on the loop, set when each is made. Not lowered during a
+        /// flood as `CurlClient` does (`UrgencyGovernor`): libevent cannot move a bufferevent's
+        /// deferred callback that is already queued to another priority (it is then never run,
+        /// and the loop spins).
         public var priority = EventPriority.normal
 
         public init() {}
@@ -85,7 +88,6 @@ public final class H2Client: HTTPRequestSending {
     private var finished: [(Completion, Result<CurlClient.Response, HTTPClientFailure>)] = []
     private var flushScheduled = false
     private var tickTimer: Timer?
-    private(set) var urgency: UrgencyGovernor
 
     /// Connections open or being opened now.
     public internal(set) var openConnections = 0
@@ -109,7 +111,6 @@ public final class H2Client: HTTPRequestSending {
     public init(loop: EventLoop, options: Options = Options()) {
         self.loop = loop
         self.options = options
-        urgency = UrgencyGovernor(preferred: options.priority)
         let (ctx, problem) = H2Client.makeTLSContext(caFile: options.caFile)
         tls = ctx
         tlsProblem = problem
@@ -284,9 +285,6 @@ public final class H2Client: HTTPRequestSending {
         guard !finished.isEmpty else { return }
         let done = finished
         finished.removeAll()
-        if urgency.turn(completed: done.count) {
-            for pool in pools.values { for conn in pool.connections { conn.setPriority(urgency.priority) } }
-        }
         for (completion, result) in done { completion(result) }
     }
 

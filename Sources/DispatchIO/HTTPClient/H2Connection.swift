@@ -64,7 +64,7 @@ final class H2Connection {
         }
         bev = b
         bufferevent_openssl_set_allow_dirty_shutdown(b, 1)
-        _ = bufferevent_priority_set(b, client.urgency.priority.rawValue)
+        _ = bufferevent_priority_set(b, client.options.priority.rawValue)
         bufferevent_setcb(b, { _, arg in
             Unmanaged<H2Connection>.fromOpaque(arg!).takeUnretainedValue().readable()
         }, { _, arg in
@@ -224,10 +224,6 @@ final class H2Connection {
         } else if nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0 {
             client.connectionLost(self, "the HTTP/2 session ended")
         }
-    }
-
-    func setPriority(_ priority: EventPriority) {
-        if let bev { _ = bufferevent_priority_set(bev, priority.rawValue) }
     }
 
     // MARK: - Streams
