@@ -1,7 +1,7 @@
 # dispatchd and the dispatch CLI, built on the official Swift image, run on slim Debian.
 FROM swift:6.3-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends \
-      libevent-dev libh2o-evloop-dev libpq-dev libssl-dev libcurl4-openssl-dev libnats-dev && rm -rf /var/lib/apt/lists/*
+      libevent-dev libh2o-evloop-dev libpq-dev libssl-dev libcurl4-openssl-dev libnghttp2-dev libnats-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Package.swift ./
 COPY Sources ./Sources
@@ -16,7 +16,7 @@ RUN swift build -c release --product dispatchd && swift build -c release --produ
 
 FROM swift:6.3-bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends \
-      libevent-core-2.1-7 libevent-extra-2.1-7 libevent-pthreads-2.1-7 libh2o-evloop0.13 libpq5 libssl3 libcurl4 libnats3.4 \
+      libevent-core-2.1-7 libevent-extra-2.1-7 libevent-pthreads-2.1-7 libevent-openssl-2.1-7 libh2o-evloop0.13 libpq5 libssl3 libnghttp2-14 libcurl4 libnats3.4 \
     && rm -rf /var/lib/apt/lists/* && useradd --system --uid 10001 dispatch
 COPY --from=build /src/.build/release/dispatchd /src/.build/release/dispatch /usr/local/bin/
 ENV DISPATCH_LISTEN=0.0.0.0:8080

@@ -51,7 +51,7 @@ test-tsan: test-deps
 test-asan: test-deps
 	$(SWIFT) build --build-tests --build-path .build-asan -Xswiftc -sanitize=address
 	ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 $(SWIFT) test --skip-build --build-path .build-asan --disable-swift-testing \
-	  --filter 'HTTPServerWireTests|PGConnectionShellTests|EventPriorityTests|CurlHTTP1Tests|CurlHTTP2Tests'
+	  --filter 'HTTPServerWireTests|PGConnectionShellTests|EventPriorityTests|CurlHTTP1Tests|H2ClientTests|H2ClientNginxTests'
 
 bench: deps
 	./bench/run

@@ -14,7 +14,8 @@ import PackageDescription
 //     DispatchLiveActivity  the iOS app's ActivityAttributes for Live Activity pushes (no dependency)
 //   C, as system libraries: CLibevent, CLibpq, CCrypto (OpenSSL's libcrypto), CCurl, CNats (the
 //     NATS client, the carrier between servers), CPicoHTTPParser (the HTTP/1.1 request parser,
-//     from Debian's libh2o-evloop); and
+//     from Debian's libh2o-evloop), CNghttp2 and CTLS (HTTP/2 framing, and OpenSSL's libssl with
+//     libevent's TLS bufferevents: the APNs client); and
 //     CCurlDynamic, libcurl's header without linking it: the CLI loads libcurl with dlopen
 //     only when a URL is https:// (linking it slowed every start: docs/cli.md, Performance)
 //   Shells (thin layers that perform what the pure parts decide):
@@ -54,13 +55,15 @@ let package = Package(
         .systemLibrary(name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl"),
         .systemLibrary(name: "CCurlDynamic", path: "Sources/CCurlDynamic"),
         .systemLibrary(name: "CNats", path: "Sources/CNats"),
+        .systemLibrary(name: "CNghttp2", path: "Sources/CNghttp2", pkgConfig: "libnghttp2"),
+        .systemLibrary(name: "CTLS", path: "Sources/CTLS"),
         .systemLibrary(name: "CPicoHTTPParser", path: "Sources/CPicoHTTPParser"),
 
         // Shells.
         .target(name: "DispatchSystem"),
         .target(name: "DispatchCrypto", dependencies: ["CCrypto"]),
         .target(name: "DispatchBlockingHTTP", dependencies: ["DispatchCore", "DispatchSystem"]),
-        .target(name: "DispatchIO", dependencies: ["CLibevent", "CPicoHTTPParser", "CLibpq", "CCurl", "CNats", "PGCore", "DispatchCore", "DispatchSystem"]),
+        .target(name: "DispatchIO", dependencies: ["CLibevent", "CPicoHTTPParser", "CLibpq", "CCurl", "CNats", "CNghttp2", "CTLS", "PGCore", "DispatchCore", "DispatchSystem"]),
         .target(name: "DispatchServer", dependencies: ["DispatchCore", "PGCore", "DispatchIO", "DispatchSystem", "DispatchCrypto", "DispatchBlockingHTTP",
                                                        "DispatchWeb", "DispatchBuildInfo"],
                 exclude: ["EmbeddedMigrations.embed"], plugins: ["EmbedFiles"]),
@@ -81,7 +84,8 @@ let package = Package(
         // Fakes for shells' unit tests: a manually stepped loop and a scripted libpq driver
         // (in the spirit of swift-nio's NIOEmbedded); never linked into dispatchd.
         .target(name: "DispatchHarness", dependencies: ["DispatchIO"]),
-        .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore", "DispatchIO", "DispatchSystem", "DispatchBlockingHTTP"]),
+        .target(name: "DispatchTestSupport", dependencies: ["DispatchServer", "DispatchCore", "DispatchCrypto", "DispatchIO", "DispatchSystem",
+                                                           "DispatchBlockingHTTP"]),
         .testTarget(name: "DispatchCoreTests", dependencies: ["DispatchCore"]),
         .testTarget(name: "PGCoreTests", dependencies: ["PGCore", "DispatchCore"]),
         .testTarget(name: "DispatchCLIKitTests", dependencies: ["DispatchCLIKit", "DispatchCore"]),

@@ -7,7 +7,7 @@
 # Tests/tools/requirements.txt (Selenium, schemathesis).
 set -euo pipefail
 
-build=(libevent-dev libh2o-evloop-dev libpq-dev libssl-dev libcurl4-openssl-dev curl libnats-dev)
+build=(libevent-dev libh2o-evloop-dev libpq-dev libssl-dev libcurl4-openssl-dev libnghttp2-dev curl libnats-dev)
 tests=(nats-server prometheus nginx-light libnginx-mod-http-echo python3-h2 python3-cryptography python3-jwt openssl
        chromium chromium-driver python3-venv nodejs systemd)
 want=("${build[@]}")

@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchCrypto
 import DispatchSystem
 import Glibc
 
@@ -210,6 +211,20 @@ public final class FakeAPNs: @unchecked Sendable {
     /// Shortens (or lengthens) Apple's 20 minutes between provider token updates.
     public func setMinJWTInterval(_ seconds: Double) throws {
         _ = try control.post("/config", #"{"minJwtIntervalSeconds":\#(seconds)}"#)
+    }
+
+    /// A provider token (ES256 JWT) the fake accepts, issued now: for tests that speak to the
+    /// fake with an HTTP client of their own (its first accepted request raises the
+    /// connection's stream limit, as APNs does).
+    public func providerToken() throws -> String {
+        guard let pem = Files.read(pki + "/AuthKey_\(Self.keyID).p8") else { throw TestError("no test signing key in \(pki)") }
+        let signer = try ES256Signer(pem: pem)
+        var header = JSONWriter()
+        header.beginObject(); header.field("alg", "ES256"); header.field("kid", Self.keyID); header.endObject()
+        var claims = JSONWriter()
+        claims.beginObject(); claims.field("iss", Self.teamID); claims.field("iat", Int64(Clock.nowMilliseconds() / 1000)); claims.endObject()
+        let input = Base64.urlEncode(header.bytes) + "." + Base64.urlEncode(claims.bytes)
+        return input + "." + Base64.urlEncode(try signer.sign(Array(input.utf8)))
     }
 
     public func goawayAll() throws { _ = try control.post("/goaway-all", "{}") }

@@ -245,4 +245,27 @@ final class CurlHTTP1Tests: XCTestCase {
         XCTAssertTrue(c.closed)
         XCTAssertEqual(c.openConnections, 0)
     }
+
+    /// A server that answers before reading a body larger than its HTTP/2 window makes curl
+    /// 7.88 spin (100% CPU until the deadline: it waits to send the rest of a stream that is
+    /// already closed). Webhooks go to anyone's server, so they use HTTP/1.1, where the same
+    /// answer completes at once.
+    func testWebhooksUseHTTP1SoAnEarlyAnswerDoesNotSpin() throws {
+        let nginx = try NginxH2Server()
+        defer { nginx.stop() }
+        var o = CurlClient.Options.webhooks
+        o.allowPrivateAddresses = true
+        o.caFile = nginx.caFile
+        let c = CurlClient(loop: loop, options: o)
+        clients.append(c)
+        var result: Result<CurlClient.Response, HTTPClientFailure>?
+        let started = Clock.monotonic(), cpu = cpuSeconds()
+        c.send(.init(url: nginx.url("/early"), body: [UInt8](repeating: 0x61, count: 1_000_000), timeout: 3)) { result = $0 }
+        runLoop(loop, timeout: 10) { result != nil }
+        let r = try XCTUnwrap(result).get()
+        XCTAssertEqual(r.status, 200)
+        XCTAssertEqual(r.httpVersion, "1.1")
+        XCTAssertLessThan(Clock.monotonic() - started, 1)
+        XCTAssertLessThan(cpuSeconds() - cpu, 0.5)
+    }
 }

@@ -271,3 +271,14 @@ struct TestFailure: Error, CustomStringConvertible {
     let description: String
     init(_ d: String) { description = d }
 }
+
+/// User + system CPU seconds this process has used.
+func cpuSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+}
+
+enum ProcessInfoLite {
+    static func env(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
+}

@@ -40,7 +40,7 @@ final class EventPriorityTests: XCTestCase {
     /// The APNs client's sockets and timer are urgent: a push's answer is handled before a
     /// turn's other ready work (webhooks, with their slow receivers, stay normal).
     func testTheAPNsClientIsUrgentAndTheWebhookClientIsNot() {
-        XCTAssertEqual(CurlClient.Options.apns().priority, .urgent)
+        XCTAssertEqual(H2Client.Options.apns().priority, .urgent)
         XCTAssertEqual(CurlClient.Options.webhooks.priority, .normal)
     }
 

@@ -14,7 +14,7 @@ final class PushServiceShellTests: XCTestCase {
     var session: ScriptedSession!
     var sender: ScriptedSender!
     var service: PushService!
-    var options: CurlClient.Options?
+    var options: H2Client.Options?
     let vault = TokenVault(key: [UInt8](repeating: 7, count: 32))
     let settings = APNsSettings(keyFile: "AuthKey_KEY1234567.p8", keyID: "KEY1234567", teamID: "TEAM123456", topic: "com.example.dispatch")
     /// The provider token already in the database when the test starts (made a minute ago).
@@ -176,7 +176,7 @@ final class PushServiceShellTests: XCTestCase {
 
     func testAKickClaimsSendsWithTheProviderTokenAndMarksTheRowSent() throws {
         XCTAssertEqual(options?.maxHostConnections, 1, "one multiplexed HTTP/2 connection to APNs")
-        XCTAssertEqual(options?.preferHTTP2, true)
+        XCTAssertEqual(options?.pingIdleSeconds, 15, "idle connections PINGed after DISPATCH_APNS_IDLE")
         service.kick()
         XCTAssertEqual(session.pending, ["push_claim", "push_fanout_claim", "push_fanout_activities", "push_fanout_targets"])
         XCTAssertEqual(session.parameters(of: "push_claim"), ["500", "30000"], "a batch, leased for the lease")

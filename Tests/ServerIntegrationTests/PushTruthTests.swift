@@ -292,8 +292,8 @@ final class PushTruthTests: XCTestCase {
     // MARK: - 6. connections whose peer went silent, and apns-expiration
 
     /// An idle connection whose peer stopped answering (no FIN, no answers) is not the one the
-    /// next push waits on: the server closes it by itself once idle DISPATCH_APNS_IDLE seconds
-    /// (libcurl cannot PING an idle connection: `CurlIdlePingTests`).
+    /// next push waits on: idle DISPATCH_APNS_IDLE seconds it gets an HTTP/2 PING (the fake
+    /// counts it), no ACK comes, the server closes it with no push waiting.
     func testAnIdleConnectionWhosePeerWentSilentIsReplacedBeforeTheNextPush() throws {
         let f = try fake()
         let s = try server(f, ["DISPATCH_APNS_IDLE": "1"])
@@ -304,10 +304,12 @@ final class PushTruthTests: XCTestCase {
         let first = try XCTUnwrap(delivered(try f.wait(token: t) { !self.delivered($0).isEmpty }).first)
         try f.silenceAll()
         XCTAssertTrue(try waitUntil(10) {
-            try s.metric("dispatch_apns_connections_replaced_total", labels: "reason=\"idle\"") >= 1
+            try s.metric("dispatch_apns_connections_replaced_total", labels: "reason=\"unanswered_ping\"") >= 1
         }, "the silent connection was replaced with no push waiting")
         XCTAssertTrue(try waitUntil(5) { try f.stat("connectionsOpen") == 0 }, "and closed")
-        XCTAssertEqual(s.log().components(separatedBy: "msg=apns.idle_replaced").count - 1, 1,
+        XCTAssertGreaterThanOrEqual(try f.stat("pings"), 1, "after an HTTP/2 PING")
+        XCTAssertGreaterThanOrEqual(try s.metric("dispatch_apns_pings_total"), 1)
+        XCTAssertEqual(s.log().components(separatedBy: "msg=apns.idle_ping").count - 1, 1,
                        "said once per process, whatever the number of workers")
         let sent = Clock.monotonic()
         try s.update("quiet", #"{"state":"idle"}"#)
@@ -315,6 +317,24 @@ final class PushTruthTests: XCTestCase {
         let second = try XCTUnwrap(delivered(got).dropFirst().first, "delivered")
         XCTAssertLessThan(Clock.monotonic() - sent, 3, "never waited on the silent connection (its request would time out after 10 s)")
         XCTAssertNotEqual(second.connection, first.connection, "on a new connection")
+    }
+
+    /// A peer that answers its PINGs keeps its connection however long it idles: the next push
+    /// goes on the same one.
+    func testAnIdleConnectionWhosePeerAnswersPINGsIsKept() throws {
+        let f = try fake()
+        let s = try server(f, ["DISPATCH_APNS_IDLE": "1"])
+        defer { s.stop() }
+        let t = token(bytes: 80)
+        try s.startActivity("kept")
+        try register(s, #"{"deviceToken":"\#(token())","activityTokens":{"kept":"\#(t)"}}"#)
+        let first = try XCTUnwrap(delivered(try f.wait(token: t) { !self.delivered($0).isEmpty }).first)
+        XCTAssertTrue(try waitUntil(10) { try f.stat("pings") >= 2 }, "PINGed while idle")
+        XCTAssertEqual(try s.metric("dispatch_apns_connections_replaced_total", labels: "reason=\"unanswered_ping\""), 0)
+        try s.update("kept", #"{"state":"idle"}"#)
+        let got = try f.wait(token: t) { self.delivered($0).count >= 2 }
+        let second = try XCTUnwrap(delivered(got).dropFirst().first, "delivered")
+        XCTAssertEqual(second.connection, first.connection, "on the same connection")
     }
 
     /// A push that timed out on a connection whose peer went silent mid-use: the retry goes on a

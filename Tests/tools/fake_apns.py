@@ -630,7 +630,10 @@ class APNsConnection(asyncio.Protocol):
             log.info("connection %d closed", self.id)
 
     def data_received(self, data):
-        if not self.serving or self.silent:
+        if self.silent and self.serving:
+            self.count_pings_only(data)
+            return
+        if not self.serving:
             return
         try:
             events = self.h2.receive_data(data)
@@ -644,6 +647,15 @@ class APNsConnection(asyncio.Protocol):
                 return
             self.on_event(event)
         self.flush()
+
+    def count_pings_only(self, data):
+        """A silent peer still counts the PINGs that reach it (h2 queues their ACKs, which
+        are never sent); nothing else is acted on."""
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            return
+        self.fake.pings += sum(1 for event in events if type(event) is h2.events.PingReceived)
 
     def on_event(self, event):
         kind = type(event)

@@ -1,8 +1,8 @@
 import CCurl
 
 extension CurlClient {
-    /// Settings shared by every request of one client. APNs wants one multiplexed HTTP/2
-    /// connection per host (`.apns`); webhooks want HTTP/1.1 or 2 to anyone public (`.webhooks`).
+    /// Settings shared by every request of one client. Webhooks want HTTP/1.1 to anyone public
+    /// (`.webhooks`); APNs is `H2Client`'s.
     public struct Options: Sendable {
         /// Ask for HTTP/2 over TLS (ALPN), HTTP/1.1 for plain http (CURL_HTTP_VERSION_2TLS);
         /// false: HTTP/1.1 everywhere. Only for servers we trust: curl 7.88 busy-loops until
@@ -41,48 +41,10 @@ extension CurlClient {
         public var maxResponseBytes = 4096
         /// Of the client's socket and timer events on the loop.
         public var priority = EventPriority.normal
-        /// Seconds a connection may sit idle and still be reused (CURLOPT_MAXAGE_CONN, and
-        /// replaced by the client's upkeep timer before a request needs it). 0: curl's default
-        /// (118 s), checked only when a request comes. A peer that went away without a FIN (a
-        /// NAT that forgot the flow, a host gone) is never the connection a request waits on
-        /// after a quiet spell.
+        /// Seconds a connection may sit idle and still be reused (CURLOPT_MAXAGE_CONN), checked
+        /// when a request comes. 0: curl's default (118 s).
         public var maxIdleSeconds = 0
-        /// Seconds of quiet after which, and between which, idle HTTP/2 connections get a PING
-        /// (`ConnectionUpkeep`); one that sends nothing back within `pingAnswerSeconds` is
-        /// replaced before a request needs it. 0: no PING. Only where libcurl can send one
-        /// (`CurlClient.canPingIdleConnections`, no release yet); otherwise connections idle
-        /// this long are replaced instead (as if `maxIdleSeconds` were this).
-        public var pingIdleSeconds: Double = 0
-        public var pingAnswerSeconds: Double = 5
-        /// Whether the libcurl in use can PING (tests set true to see what it does).
-        public var pingAvailable = CurlClient.canPingIdleConnections
-        /// A request that timed out makes every connection suspect (curl times out the
-        /// stream, never the multiplexed connection under it, so the next request would wait
-        /// on the same dead peer): the next request that starts with nothing in flight gets
-        /// new connections (`connectionsReplaced`).
-        public var replaceAfterTimeout = false
-
         public init() {}
-
-        /// One multiplexed HTTP/2 connection per host, private addresses allowed (APNs, or a
-        /// local stand-in for it in tests). Connections idle `idleSeconds` are replaced before
-        /// the next push needs them; where libcurl can PING (none yet), they would get a PING
-        /// instead (and be replaced when it goes unanswered for min(`idleSeconds` / 2, 5) s,
-        /// at least 0.5 s, or once idle 10 minutes, or `idleSeconds` if longer).
-        public static func apns(caFile: String? = nil, idleSeconds: Int = 15) -> Options {
-            var o = Options()
-            o.pingIdleSeconds = Double(idleSeconds)
-            o.pingAnswerSeconds = min(max(Double(idleSeconds) / 2, 0.5), 5)
-            o.maxIdleSeconds = max(600, idleSeconds)
-            o.replaceAfterTimeout = true
-            o.maxHostConnections = 1
-            o.maxInFlight = 1000
-            // A push's answer is a few bytes: handle it before the turn's other ready work.
-            o.priority = .urgent
-            o.caFile = caFile
-            o.allowPrivateAddresses = true
-            return o
-        }
 
         /// Users' URLs: public addresses only, a few connections per host, HTTP/1.1 (a hostile
         /// HTTP/2 server could make curl 7.88 spin, see `preferHTTP2`; one request per

@@ -5,13 +5,13 @@ import CLibevent
 import Glibc
 
 /// An asynchronous HTTP client: libcurl's multi-socket interface driven by our libevent loop
-/// (the shape of curl's docs/examples/hiperfifo.c). Carries APNs pushes (many HTTP/2 streams
-/// on one connection) and webhooks (any public http or https URL).
+/// (the shape of curl's docs/examples/hiperfifo.c). Carries webhooks (any public http or https
+/// URL); APNs pushes go through `H2Client`, which can PING idle HTTP/2 connections.
 ///
 /// Single-threaded: use it on its loop's thread only. Completions always run on a later turn
 /// of the loop, never inside `send` and never while curl is in the middle of a call, and each
 /// exactly once. `close()` must be called before the last reference goes away.
-/// What sends HTTP requests for a shell: `CurlClient` in the server, a scripted sender in
+/// What sends HTTP requests for a shell: `CurlClient` or `H2Client` in the server, a scripted sender in
 /// shells' unit tests. `completion` runs exactly once; `close` cancels what is unanswered.
 public protocol HTTPRequestSending: AnyObject {
     func send(_ request: CurlClient.Request, completion: @escaping CurlClient.Completion)
@@ -39,26 +39,6 @@ public final class CurlClient: HTTPRequestSending {
     public private(set) var openConnections = 0
     /// Sockets opened since the client started.
     public private(set) var connectionsOpened = 0
-    /// Times every connection was replaced after a request timed out (`Options.replaceAfterTimeout`).
-    public private(set) var connectionsReplaced = 0
-    /// Times idle connections were sent a PING (`Options.pingIdleSeconds`), and replaced because
-    /// one sent nothing back in time, or because they sat idle too long.
-    public private(set) var pingsSent = 0
-    public private(set) var replacedUnansweredPing = 0
-    public private(set) var replacedIdle = 0
-    /// Idle connections get PINGs (`Options.pingIdleSeconds` set and libcurl can).
-    public let pinging: Bool
-    /// Seconds a connection may sit idle and be reused, as applied (0: curl's default).
-    let maxIdleSeconds: Int
-    /// When to PING or replace idle connections, and the timer that asks it.
-    private var upkeep: ConnectionUpkeep?
-    private var upkeepTimer: OpaquePointer?
-    /// The easy handle `curl_easy_upkeep` is called with (briefly added to the multi handle).
-    private var upkeepHandle: UnsafeMutableRawPointer?
-    /// Sockets curl opened and has not closed.
-    private var sockets: Set<curl_socket_t> = []
-    /// A request timed out since the connections were last replaced.
-    private var suspect = false
     /// Connections the SSRF check refused since the client started.
     public private(set) var refusedConnections = 0
     public private(set) var closed = false
@@ -74,17 +54,6 @@ public final class CurlClient: HTTPRequestSending {
         return String(cString: v)
     }()
 
-    /// Whether libcurl can send an HTTP/2 PING on an idle connection: no release can yet.
-    /// Before 8.10, curl_easy_upkeep reaches only the connections of its own handle's
-    /// curl_easy_perform, never a multi handle's. From 8.10 it reaches the connections of the
-    /// cache its handle uses (a shared one, or that of the multi handle it is in) and submits a
-    /// PING on each, but the frame stays in the connection's send buffer (lib/http2.c
-    /// `http2_send_ping` only hands it to nghttp2, whose send callback buffers it; nothing
-    /// flushes an idle connection): it leaves with the connection's next request, or when the
-    /// connection is closed. Checked with 8.14.1 (`CurlIdlePingTests` watches for the day it
-    /// changes). So idle connections are replaced (`Options.pingIdleSeconds`).
-    public static let canPingIdleConnections = false
-
     /// curl_global_init is not thread-safe and must run once per process, before any handle.
     private static let globalInit: Void = {
         let code = dispatch_curl_global_init()
@@ -96,40 +65,12 @@ public final class CurlClient: HTTPRequestSending {
         self.loop = loop
         self.options = options
         urgency = UrgencyGovernor(preferred: options.priority)
-        pinging = options.pingIdleSeconds > 0 && options.pingAvailable
-        var maxIdle = Double(options.maxIdleSeconds)
-        if options.pingIdleSeconds > 0 && !pinging {
-            // No PING: what it would check is done by replacing the connection instead.
-            maxIdle = maxIdle > 0 ? min(maxIdle, options.pingIdleSeconds) : options.pingIdleSeconds
-        }
-        maxIdleSeconds = maxIdle > 0 ? max(1, Int(maxIdle.rounded(.up))) : 0
-        if pinging || maxIdle > 0 {
-            upkeep = ConnectionUpkeep(pingInterval: pinging ? options.pingIdleSeconds : 0, answerTimeout: options.pingAnswerSeconds,
-                                      maxIdle: maxIdle, now: Clock.monotonic())
-        }
         multi = makeMulti()
         let me = Unmanaged.passUnretained(self).toOpaque()
         timerEvent = event_new(loop.base, -1, 0, { _, _, arg in
             Unmanaged<CurlClient>.fromOpaque(arg!).takeUnretainedValue().drive(CURL_SOCKET_TIMEOUT, 0)
         }, me)
         if let timerEvent { event_priority_set(timerEvent, urgency.priority.rawValue) }
-        if let upkeep {
-            if pinging, let h = curl_easy_init() {
-                // We decide when to PING (`ConnectionUpkeep`): curl is to send one on every
-                // connection whenever asked.
-                _ = dispatch_curl_easy_setopt_long(h, CURLOPT_UPKEEP_INTERVAL_MS, 1)
-                _ = dispatch_curl_easy_setopt_long(h, CURLOPT_NOSIGNAL, 1)
-                upkeepHandle = h
-            }
-            upkeepTimer = event_new(loop.base, -1, Int16(EV_PERSIST), { _, _, arg in
-                Unmanaged<CurlClient>.fromOpaque(arg!).takeUnretainedValue().upkeepTick()
-            }, me)
-            if let upkeepTimer {
-                let period = upkeep.tickInterval
-                var tv = timeval(tv_sec: Int(period), tv_usec: Int((period - period.rounded(.down)) * 1_000_000))
-                event_add(upkeepTimer, &tv)
-            }
-        }
     }
 
     /// A multi handle with the client's callbacks and limits.
@@ -153,63 +94,6 @@ public final class CurlClient: HTTPRequestSending {
         return m
     }
 
-    /// Closes every connection (nothing is in flight) and starts over with a new multi handle:
-    /// the next request connects afresh (`Options.replaceAfterTimeout`, `ConnectionUpkeep`).
-    @discardableResult
-    private func replaceConnections() -> Bool {
-        guard let old = multi, transfers.isEmpty else { return false }
-        // Closes the cached connections: curl reports their sockets removed and closed.
-        curl_multi_cleanup(old)
-        for (_, watched) in socketEvents { event_free(watched.event) }
-        socketEvents.removeAll()
-        if let timerEvent { event_del(timerEvent) }
-        multi = makeMulti()
-        upkeep?.replaced(now: Clock.monotonic())
-        return true
-    }
-
-    // MARK: - Idle connections (PING, replacement)
-
-    /// The upkeep timer: PINGs idle connections, or replaces them, as `ConnectionUpkeep` says.
-    private func upkeepTick() {
-        guard !closed, var machine = upkeep else { return }
-        var pending: [Int32: Int] = [:]
-        for fd in sockets {
-            // Bytes the kernel holds for curl: an idle connection is not read until it is used,
-            // so a PING's ACK (or anything else the peer sent) shows here.
-            var n: Int32 = 0
-            pending[fd] = ioctl(fd, UInt(FIONREAD), &n) == 0 ? Int(n) : 0
-        }
-        let action = machine.tick(now: Clock.monotonic(), pending: pending)
-        upkeep = machine
-        switch action {
-        case .none:
-            break
-        case .ping:
-            ping()
-        case .replace(let reason):
-            guard replaceConnections() else { return }
-            switch reason {
-            case .unansweredPing: replacedUnansweredPing += 1
-            case .idle: replacedIdle += 1
-            }
-        }
-    }
-
-    /// Asks curl for an HTTP/2 PING on every connection of the multi handle: curl_easy_upkeep
-    /// reaches the connections of the multi handle its easy handle is in (libcurl 8.10+), so the
-    /// handle joins it for the call and leaves before curl could start it. (A shared connection
-    /// cache, CURLSH with CURL_LOCK_DATA_CONNECT, would reach them too, but curl 8.14 applies
-    /// CURLMOPT_MAX_HOST_CONNECTIONS only to a multi handle's own cache: a burst would open a
-    /// connection per stream APNs allows before the first push authenticated.) Only used where
-    /// the PING is really written (`canPingIdleConnections`).
-    private func ping() {
-        guard let multi, let h = upkeepHandle else { return }
-        guard curl_multi_add_handle(multi, h) == CURLM_OK else { return }
-        if curl_easy_upkeep(h) == CURLE_OK { pingsSent += 1 }
-        curl_multi_remove_handle(multi, h)
-    }
-
     deinit {
         precondition(closed, "CurlClient released without close(): its events and curl handles would leak")
     }
@@ -231,10 +115,6 @@ public final class CurlClient: HTTPRequestSending {
 
     /// Hands `request` to curl.
     private func start(_ request: Request, completion: @escaping Completion) {
-        if suspect && transfers.isEmpty {
-            suspect = false
-            if replaceConnections() { connectionsReplaced += 1 }
-        }
         guard let multi else {
             return fail(completion, HTTPClientFailure(.cancelled, message: "client closed"))
         }
@@ -253,7 +133,6 @@ public final class CurlClient: HTTPRequestSending {
             return fail(completion, HTTPClientFailure(.other, message: "curl_multi_add_handle: " + String(cString: curl_multi_strerror(code))))
         }
         transfers[easy] = transfer
-        upkeep?.busy()
     }
 
     private func fail(_ completion: @escaping Completion, _ failure: HTTPClientFailure) {
@@ -304,11 +183,6 @@ public final class CurlClient: HTTPRequestSending {
         socketEvents.removeAll()
         if let timerEvent { event_free(timerEvent) }
         timerEvent = nil
-        if let upkeepTimer { event_free(upkeepTimer) }
-        upkeepTimer = nil
-        if let upkeepHandle { curl_easy_cleanup(upkeepHandle) }
-        upkeepHandle = nil
-        upkeep = nil
         let failure = HTTPClientFailure(.cancelled, message: "client closed")
         let completions = cancelled.map(\.completion) + queue[queueHead...].map(\.completion)
         queue.removeAll()
@@ -372,14 +246,12 @@ public final class CurlClient: HTTPRequestSending {
             let code = message.pointee.data.result
             guard let transfer = transfers.removeValue(forKey: easy) else { continue }
             let result = transfer.outcome(code)
-            if options.replaceAfterTimeout, case .failure(let f) = result, f.kind == .timeout { suspect = true }
             curl_multi_remove_handle(multi, easy)
             transfer.release()
             finished.append((transfer.completion, result))
         }
         // Queued requests go first, before completions can send more.
         if !closed && options.maxInFlight > 0 { startQueued(expired: &finished) }
-        if transfers.isEmpty { upkeep?.idle(now: Clock.monotonic()) }
         if urgency.turn(completed: finished.count) {
             // An event that is ready right now keeps its priority until it has run.
             if let timerEvent { event_priority_set(timerEvent, urgency.priority.rawValue) }
@@ -410,7 +282,6 @@ public final class CurlClient: HTTPRequestSending {
         guard fd >= 0 else { return CURL_SOCKET_BAD }
         openConnections += 1
         connectionsOpened += 1
-        sockets.insert(fd)
         if options.tcpUserTimeout > 0 {
             // A connection that died silently (a middlebox forgot it) would otherwise take
             // every multiplexed request's deadline in turn: curl times out streams, not the
@@ -428,7 +299,6 @@ public final class CurlClient: HTTPRequestSending {
         // when the number is reused.
         if let watched = socketEvents.removeValue(forKey: fd) { event_free(watched.event) }
         openConnections -= 1
-        sockets.remove(fd)
         return Glibc.close(fd)
     }
 

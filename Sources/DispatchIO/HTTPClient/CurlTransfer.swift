@@ -76,7 +76,7 @@ final class CurlTransfer {
         long(CURLOPT_TCP_KEEPALIVE, 1)
         long(CURLOPT_TCP_KEEPIDLE, 30)
         long(CURLOPT_TCP_KEEPINTVL, 10)
-        if client.maxIdleSeconds > 0 { long(CURLOPT_MAXAGE_CONN, client.maxIdleSeconds) }
+        if options.maxIdleSeconds > 0 { long(CURLOPT_MAXAGE_CONN, options.maxIdleSeconds) }
         str(CURLOPT_USERAGENT, options.userAgent)
         if let ca = options.caFile { str(CURLOPT_CAINFO, ca) }
         set(dispatch_curl_easy_setopt_ptr(easy, CURLOPT_ERRORBUFFER, errorBuffer))

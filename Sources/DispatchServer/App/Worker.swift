@@ -292,7 +292,7 @@ public final class Worker {
         // turn's other ready work, as its APNs connection's answers are.
         let sender = PushService(loop: loop, driver: LibpqDriver(loop: loop, priority: .urgent), conninfo: conninfo, settings: apns, signer: try apns.loadSigner(),
                                  vault: vault, dismissalSeconds: config.pushDismissalSeconds, leaseSeconds: config.pushLeaseSeconds, log: log,
-                                 makeClient: { [loop] in CurlClient(loop: loop, options: $0) })
+                                 makeClient: { [loop] in H2Client(loop: loop, options: $0) })
         push = sender
         metrics.push = sender.metrics
         publisher.pushes = true

@@ -27,9 +27,9 @@ public struct APNsSettings: Equatable, Sendable {
     /// Push-to-start pushes per device in any hour (contract §5.2): APNs keeps an undocumented,
     /// small budget per device and answers 200 to starts past it that the phone never shows.
     public var pushToStartLimit = 8
-    /// Seconds an APNs connection may sit idle; then it is closed and the next push opens a new
-    /// one (`CurlClient.Options.apns`). Apple advises an HTTP/2 PING instead, which no libcurl
-    /// can send on an idle connection (`CurlClient.canPingIdleConnections`).
+    /// Seconds of quiet after which, and between which, an idle APNs connection gets an HTTP/2
+    /// PING; one that does not answer is closed, and the next push opens a new one
+    /// (`H2Client.Options.apns`).
     public var idleSeconds = 15
 
     public var apnsTopic: String { topic + ".push-type.liveactivity" }
@@ -69,7 +69,7 @@ public struct APNsSettings: Equatable, Sendable {
         .init(env: "DISPATCH_PUSH_DISMISSAL", flag: "--push-dismissal", help: "seconds an ended Live Activity stays on the Lock Screen, 0-14400 (default 14400)"),
         .init(env: "DISPATCH_PUSH_PACE", flag: "--push-pace", help: "seconds between progress-only pushes of one activity to a phone, 0-60 (default 1; state changes and ends go at once)"),
         .init(env: "DISPATCH_PUSH_TO_START_LIMIT", flag: "--push-to-start-limit", help: "push-to-start pushes per device in any hour, 0-1000 (default 8); starts past it are not sent to that device"),
-        .init(env: "DISPATCH_APNS_IDLE", flag: "--apns-idle", help: "seconds an idle APNs connection is kept for the next push; then it is closed and the next push opens a new one, 1-3600 (default 15)"),
+        .init(env: "DISPATCH_APNS_IDLE", flag: "--apns-idle", help: "seconds of quiet after which an idle APNs connection gets an HTTP/2 PING (and again every as many seconds); one that does not answer is closed, 1-3600 (default 15)"),
         .init(env: "DISPATCH_PUSH_LEASE", flag: "--push-lease", help: "seconds a claimed push stays reserved for its sender before another may send it, 4-600 (default 60)"),
     ]
 

@@ -16,10 +16,12 @@ final class PushMetrics {
     private var broadcastLatencyCount = 0
     /// Open connections to APNs, read when rendered.
     var connections: () -> Int = { 0 }
-    /// Times every APNs connection was closed before the next push, by reason (`idle`: quiet
-    /// for DISPATCH_APNS_IDLE seconds; `timeout`: a push timed out), read when rendered.
+    /// Times an APNs connection was closed because it did not answer a PING, by why the PING
+    /// was sent (`ConnectionUpkeep.Reason`), read when rendered.
     var replaced: () -> [String: Int] = { [:] }
-    static let replacementReasons = ["idle", "timeout"]
+    static let replacementReasons = ConnectionUpkeep.Reason.allCases.map(\.rawValue)
+    /// HTTP/2 PINGs sent to APNs, read when rendered.
+    var pings: () -> Int = { 0 }
     static let bounds: [Double] = [0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
                                    1, 2.5, 5, 10, 30, 60, 300]
     private var buckets = [Int](repeating: 0, count: bounds.count)
@@ -48,7 +50,9 @@ final class PushMetrics {
         s += "# HELP dispatch_apns_connections Connections to APNs open now.\n# TYPE dispatch_apns_connections gauge\n"
         s += "dispatch_apns_connections{\(w)} \(connections())\n"
         let replacements = replaced()
-        s += "# HELP dispatch_apns_connections_replaced_total Times every APNs connection was closed before the next push, by reason.\n"
+        s += "# HELP dispatch_apns_pings_total HTTP/2 PINGs sent to APNs (idle connections, and after a push timed out).\n"
+        s += "# TYPE dispatch_apns_pings_total counter\ndispatch_apns_pings_total{\(w)} \(pings())\n"
+        s += "# HELP dispatch_apns_connections_replaced_total Times an APNs connection was closed because it did not answer a PING, by reason.\n"
         s += "# TYPE dispatch_apns_connections_replaced_total counter\n"
         for r in Self.replacementReasons { s += "dispatch_apns_connections_replaced_total{\(w),reason=\"\(r)\"} \(replacements[r] ?? 0)\n" }
         s += "# HELP dispatch_push_latency_seconds Change committed to APNs answered, per delivered push.\n"

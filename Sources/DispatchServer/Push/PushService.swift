@@ -6,7 +6,7 @@ import Synchronization
 
 /// The push sender of one worker: performs what `PushSenderMachine` decides, with its own
 /// database session (claims and marks never queue behind publishing or reads) and one
-/// multiplexed HTTP/2 connection to APNs (`CurlClient.Options.apns`).
+/// multiplexed HTTP/2 connection to APNs (`H2Client.Options.apns`).
 ///
 /// What wakes it: this worker's commits that marked the outbox (`kick`), and a poll every
 /// `pollInterval` for everything else (retries coming due, other processes' marks, leases of
@@ -63,12 +63,12 @@ final class PushService {
     private var wakeAt: Double?
 
     /// `driver` carries the sender's own database session (`LibpqDriver` on the worker's loop),
-    /// `makeClient` builds the APNs client from its options (`CurlClient` on that loop), and
+    /// `makeClient` builds the APNs client from its options (`H2Client` on that loop), and
     /// `clock` tells the time in Unix seconds; unit tests pass a scripted driver and sender
     /// and a manual loop's clock.
     init(loop: LoopScheduling, driver: PGDriver, conninfo: String, settings: APNsSettings, signer: ES256Signer, vault: TokenVault,
          dismissalSeconds: Int, leaseSeconds: Int, log: Logger, clock: @escaping () -> Double = PushService.wallClock,
-         makeClient: (CurlClient.Options) -> HTTPRequestSending) {
+         makeClient: (H2Client.Options) -> HTTPRequestSending) {
         self.loop = loop
         self.clock = clock
         self.settings = settings
@@ -92,30 +92,22 @@ final class PushService {
         broadcasts.onPaused = { [unowned self] until in
             self.perform(self.machine.pausedByBroadcasts(until: Double(until), now: self.now()))
         }
-        // Open HTTP/2 connections are the curl client's to count (a scripted one has none).
-        metrics.connections = { [client] in (client as? CurlClient)?.openConnections ?? 0 }
+        // Open HTTP/2 connections are the HTTP/2 client's to count (a scripted one has none).
+        metrics.connections = { [client] in (client as? H2Client)?.openConnections ?? 0 }
         metrics.replaced = { [client] in
-            guard let c = client as? CurlClient else { return [:] }
-            return ["idle": c.replacedIdle + c.replacedUnansweredPing, "timeout": c.connectionsReplaced]
+            guard let c = client as? H2Client else { return [:] }
+            return Dictionary(uniqueKeysWithValues: c.replaced.map { ($0.key.rawValue, $0.value) })
         }
+        metrics.pings = { [client] in (client as? H2Client)?.pingsSent ?? 0 }
     }
 
     /// Whether this process already said how its idle APNs connections are checked.
     private static let upkeepAnnounced = Mutex(false)
 
-    /// Says once per process whether idle APNs connections get HTTP/2 PINGs or, as long as
-    /// libcurl cannot send one on an idle connection (`CurlClient.canPingIdleConnections`), are
-    /// replaced instead.
+    /// Says once per process how idle APNs connections are checked (HTTP/2 PING).
     private func announceUpkeep() {
-        guard let c = client as? CurlClient, Self.upkeepAnnounced.withLock({ done in defer { done = true }; return !done }) else { return }
-        let o = c.options
-        if c.pinging {
-            log.info("apns.idle_ping", [("libcurl", CurlClient.libcurlVersion), ("ping_after_s", settings.idleSeconds),
-                                        ("answer_within_s", o.pingAnswerSeconds), ("replaced_after_idle_s", o.maxIdleSeconds)])
-        } else {
-            log.info("apns.idle_replaced", [("libcurl", CurlClient.libcurlVersion), ("replaced_after_idle_s", settings.idleSeconds),
-                                            ("why", "libcurl cannot send HTTP/2 PING on an idle connection (curl_easy_upkeep leaves it in the send buffer until the next request)")])
-        }
+        guard let c = client as? H2Client, Self.upkeepAnnounced.withLock({ done in defer { done = true }; return !done }) else { return }
+        log.info("apns.idle_ping", [("ping_after_s", settings.idleSeconds), ("answer_within_s", c.options.pingAnswerSeconds)])
     }
 
     /// Settings of the sender's session, sent before anything else on each (re)connection.
