@@ -8,7 +8,7 @@ import Glibc
 /// queue, a read buffer from the server's pool only while unparsed bytes exist, and one request
 /// at a time: the next pipelined request is parsed only after this one is answered, so answers
 /// go out in order. Exactly one path closes it (`close`), which tells an attached stream.
-final class HTTPConnection {
+final class HTTPConnection: StreamCork {
     enum Phase {
         /// Waiting for (the rest of) a request's head.
         case head
@@ -143,8 +143,16 @@ final class HTTPConnection {
         }
     }
 
+    /// Starts collecting writes (a stream's answer from the database: `HTTPStream.cork`);
+    /// false when already collecting or bytes wait for the socket.
+    func cork() -> Bool {
+        guard isOpen, !corked, unsent == 0 else { return false }
+        corked = true
+        return true
+    }
+
     /// Sends what was collected while corked (what does not fit waits for the write event).
-    private func uncork() {
+    func uncork() {
         guard corked else { return }
         corked = false
         guard isOpen, unsent > 0 else { return }
