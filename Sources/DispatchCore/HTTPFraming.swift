@@ -24,10 +24,15 @@ public enum HTTPFraming {
 
         /// The limits for one request target: its path's own body limit, if it has one.
         public func forTarget(_ target: Substring) -> Limits {
-            guard !largeBodies.isEmpty, let larger = largeBodies[String(target.prefix { $0 != "?" })] else { return self }
-            var l = self
-            l.maxBodyBytes = max(maxBodyBytes, larger)
-            return l
+            guard !largeBodies.isEmpty else { return self }
+            // Compared in place (no String made per request): the path is the target up to `?`.
+            let path = target.utf8.prefix { $0 != UInt8(ascii: "?") }
+            for (p, larger) in largeBodies where path.elementsEqual(p.utf8) {
+                var l = self
+                l.maxBodyBytes = max(maxBodyBytes, larger)
+                return l
+            }
+            return self
         }
     }
 

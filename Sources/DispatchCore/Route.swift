@@ -86,7 +86,8 @@ public enum Route: Equatable, Sendable {
 
     /// Maps a decoded path and a method to an endpoint.
     public static func match(method: HTTPMethod?, path: String) -> Match {
-        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
+        // Substrings of the path: only an id the route keeps becomes a String of its own.
+        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
         guard let route = route(parts) else { return .notFound }
         let allowed = route.methods
         if method == .options { return .preflight(route) }
@@ -112,7 +113,8 @@ public enum Route: Equatable, Sendable {
     /// The files of the Activities view served at the top level (besides `/`).
     public static let pageFiles: Set<String> = ["app.js", "detail.js", "symbols.js", "dispatch.js", "style.css", "favicon.svg"]
 
-    private static func route(_ parts: [String]) -> Route? {
+    private static func route(_ all: ArraySlice<Substring>) -> Route? {
+        let parts = Parts(all)
         switch parts.count {
         case 1:
             switch parts[0] {
@@ -121,7 +123,7 @@ public enum Route: Equatable, Sendable {
             case "metrics": return .metrics
             case "openapi.json": return .openAPI
             case "", "index.html": return .page("index.html")
-            case let name where pageFiles.contains(name): return .page(name)
+            case let name where pageFiles.contains(String(name)): return .page(String(name))
             default: return nil
             }
         case 2 where parts[0] == "v1":
@@ -135,13 +137,13 @@ public enum Route: Equatable, Sendable {
             default: return nil
             }
         case 3 where parts[0] == "v1" && parts[1] == "activity-tokens":
-            return .forgetDevice(parts[2])
+            return .forgetDevice(String(parts[2]))
         case 3 where parts[0] == "v1" && parts[1] == "activities":
-            return parts[2] == "start" ? .startActivity : .activity(parts[2])
+            return parts[2] == "start" ? .startActivity : .activity(String(parts[2]))
         case 3 where parts[0] == "v1" && parts[1] == "keys":
-            return .key(parts[2])
+            return .key(String(parts[2]))
         case 4 where parts[0] == "v1" && parts[1] == "activities":
-            let id = parts[2]
+            let id = String(parts[2])
             switch parts[3] {
             case "update": return .update(id)
             case "end": return .end(id)
@@ -155,5 +157,13 @@ public enum Route: Equatable, Sendable {
         default:
             return nil
         }
+    }
+
+    /// The path's segments after the leading slash, indexed from 0.
+    private struct Parts {
+        let slice: ArraySlice<Substring>
+        init(_ slice: ArraySlice<Substring>) { self.slice = slice }
+        var count: Int { slice.count }
+        subscript(i: Int) -> Substring { slice[slice.startIndex + i] }
     }
 }

@@ -64,3 +64,22 @@ extension HTTPConnection {
         out.append(0x0D); out.append(0x0A)
     }
 }
+
+/// Reading a head the parser refused.
+extension HTTPConnection {
+    /// Line feeds in the first `n` bytes at `p`, up to the end of the head.
+    static func lines(_ p: UnsafeMutableRawPointer, _ n: Int) -> Int {
+        let b = p.assumingMemoryBound(to: UInt8.self)
+        var count = 0
+        var i = 0
+        while i < n {
+            if b[i] == 0x0A {
+                count += 1
+                if i >= 2 && b[i - 1] == 0x0D && b[i - 2] == 0x0A { break }
+                if i >= 1 && b[i - 1] == 0x0A { break }
+            }
+            i += 1
+        }
+        return count
+    }
+}

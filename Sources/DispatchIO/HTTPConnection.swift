@@ -8,7 +8,7 @@ import Glibc
 /// queue, a read buffer from the server's pool only while unparsed bytes exist, and one request
 /// at a time: the next pipelined request is parsed only after this one is answered, so answers
 /// go out in order. Exactly one path closes it (`close`), which tells an attached stream.
-final class HTTPConnection {
+final class HTTPConnection: StreamCork {
     enum Phase {
         /// Waiting for (the rest of) a request's head.
         case head
@@ -30,7 +30,9 @@ final class HTTPConnection {
 
     enum WriteResult { case written, queued, failed }
 
-    unowned let server: HTTPServer
+    /// The server owns its connections and closes them all before it goes: no reference
+    /// counting on the hot path (`unowned` checked every access).
+    unowned(unsafe) let server: HTTPServer
     let fd: Int32
     /// In the server's table.
     var index: Int
@@ -67,6 +69,10 @@ final class HTTPConnection {
 
     private var output: [UInt8] = []
     private var outputStart = 0
+    /// While the bytes a read causes are being written (`readable`), they collect in `output`
+    /// and go out in one `send` at its end: a finished stream's headers, retry, final event
+    /// and terminal chunk, or a live stream's headers and snapshot, are one packet, not four.
+    private var corked = false
     private var closeAfterFlush = false
     private var lingerAfterFlush = false
     /// The server stops parsing pipelined requests while this much of its answers wait.
@@ -96,7 +102,9 @@ final class HTTPConnection {
         return true
     }
 
-    var backlog: Int { output.count - outputStart }
+    /// Bytes queued for the socket (not those collected while corked: they go out at its end).
+    var backlog: Int { corked ? 0 : output.count - outputStart }
+    private var unsent: Int { output.count - outputStart }
 
     // MARK: - Reading
 
@@ -127,8 +135,38 @@ final class HTTPConnection {
             // what it sends meanwhile waits, up to a bound (the read watermark).
             if inputEnd - inputStart >= (streaming ? maxStreamInput : inputCapacity) { pauseReading() }
         case .head, .body, .chunked:
+            // Nothing waits for the socket: what the requests answer now goes out in one send.
+            guard unsent == 0 else { return process() }
+            corked = true
             process()
+            uncork()
         }
+    }
+
+    /// Starts collecting writes (a stream's answer from the database: `HTTPStream.cork`);
+    /// false when already collecting or bytes wait for the socket.
+    func cork() -> Bool {
+        guard isOpen, !corked, unsent == 0 else { return false }
+        corked = true
+        return true
+    }
+
+    /// Sends what was collected while corked (what does not fit waits for the write event).
+    func uncork() {
+        guard corked else { return }
+        corked = false
+        guard isOpen, unsent > 0 else { return }
+        let n = output.withUnsafeBytes { send(fd, $0.baseAddress! + outputStart, $0.count - outputStart, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
+        if n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { return failSoon() }
+        outputStart += max(n, 0)
+        if outputStart == output.count {
+            output = []  // an idle stream holds no buffer
+            outputStart = 0
+            if closeAfterFlush { flushedForClose() }
+            return
+        }
+        lastWrite = server.loop.now
+        armWrite()
     }
 
     private func peerSentFIN() {
@@ -152,7 +190,7 @@ final class HTTPConnection {
             case .answering, .lingering:
                 return
             case .head:
-                if backlog > HTTPConnection.outputHighWater { return }  // resumed when it drains
+                if unsent > HTTPConnection.outputHighWater { return }  // resumed when it drains
                 if available == 0 {
                     releaseInputIfEmpty()
                     if peerFinished { close(notify: false) }
@@ -289,22 +327,6 @@ final class HTTPConnection {
         return true
     }
 
-    /// Line feeds in the first `n` bytes at `p`, up to the end of the head.
-    private static func lines(_ p: UnsafeMutableRawPointer, _ n: Int) -> Int {
-        let b = p.assumingMemoryBound(to: UInt8.self)
-        var count = 0
-        var i = 0
-        while i < n {
-            if b[i] == 0x0A {
-                count += 1
-                if i >= 2 && b[i - 1] == 0x0D && b[i - 2] == 0x0A { break }
-                if i >= 1 && b[i - 1] == 0x0A { break }
-            }
-            i += 1
-        }
-        return count
-    }
-
     private func sendContinue() {
         let line: StaticString = "HTTP/1.1 100 Continue\r\n\r\n"
         _ = write(UnsafeRawBufferPointer(start: line.utf8Start, count: line.utf8CodeUnitCount))
@@ -364,7 +386,8 @@ final class HTTPConnection {
         lastRead = now
         if close {
             closeAfterFlush = true
-            if backlog == 0 { flushedForClose() }
+            // Corked: `uncork` sends what was collected, then closes.
+            if unsent == 0 { flushedForClose() }
             return
         }
         phase = .head
@@ -413,6 +436,16 @@ final class HTTPConnection {
     /// A failed socket is closed on a later loop turn, never inside the caller's call.
     func write(_ bytes: UnsafeRawBufferPointer) -> WriteResult {
         guard isOpen, !bytes.isEmpty else { return isOpen ? .written : .failed }
+        if corked {
+            if output.capacity == 0 { output.reserveCapacity(max(1024, bytes.count)) }
+            output.append(contentsOf: bytes)
+            // A large answer goes out now; corking stays on only while everything was sent.
+            if unsent >= HTTPConnection.outputHighWater {
+                uncork()
+                corked = isOpen && unsent == 0
+            }
+            return .written
+        }
         if backlog > 0 {
             output.append(contentsOf: bytes)
             return .queued

@@ -31,6 +31,11 @@ public protocol HTTPStreamDelegate: AnyObject {
     func streamDrained(_ tag: Int)
 }
 
+/// A connection collecting what is written to it (`StreamTransport.cork`) until `uncork`.
+public protocol StreamCork: AnyObject {
+    func uncork()
+}
+
 /// What a server-sent-events session writes to: `HTTPStream` in dispatchd, DispatchHarness's
 /// `ScriptedStream` in unit tests (no socket).
 public protocol StreamTransport: AnyObject {
@@ -49,6 +54,14 @@ public protocol StreamTransport: AnyObject {
     func respond(status: Int, headers: [(String, String)], body: [UInt8])
     func end()
     func abort()
+    /// From now until the returned cork's `uncork`, what is written (this stream's bytes, and
+    /// an answer on its connection after it ended) collects and goes out in one send; nil when
+    /// nothing is collected (no connection, or one already corked or with bytes waiting).
+    func cork() -> StreamCork?
+}
+
+extension StreamTransport {
+    public func cork() -> StreamCork? { nil }
 }
 
 /// A long-lived streamed response (SSE): a connection whose answer never ends. The status line
@@ -127,6 +140,11 @@ public final class HTTPStream: StreamTransport {
             self.drainScheduled = false
             if self.isOpen { self.delegate?.streamDrained(self.tag) }
         }
+    }
+
+    public func cork() -> StreamCork? {
+        guard isOpen, !aborting, let connection, connection.cork() else { return nil }
+        return connection
     }
 
     /// Gives the connection back (keep-alive or a plain answer) and forgets it.

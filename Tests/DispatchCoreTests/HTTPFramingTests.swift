@@ -73,6 +73,8 @@ final class HTTPFramingTests: XCTestCase {
         XCTAssertEqual(limits.forTarget("/v1/changes").maxBodyBytes, 2 << 20)
         XCTAssertEqual(limits.forTarget("/v1/changes?x=1").maxBodyBytes, 2 << 20, "the query does not change the path")
         XCTAssertEqual(limits.forTarget("/v1/changes/").maxBodyBytes, 64 * 1024)
+        XCTAssertEqual(limits.forTarget("/v1/change").maxBodyBytes, 64 * 1024, "a prefix of the path is another path")
+        XCTAssertEqual(limits.forTarget("/v1/changesX?x").maxBodyBytes, 64 * 1024)
         XCTAssertEqual(limits.forTarget("/v1/activities/start").maxBodyBytes, 64 * 1024)
         func decide(_ target: Substring, length: Int) -> Result<HTTPFraming.Head, HTTPFraming.Refusal> {
             HTTPFraming.decide(minorVersion: 1, headBytes: 100, targetBytes: target.utf8.count, contentLength: [String(length)],

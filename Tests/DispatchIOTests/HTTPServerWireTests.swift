@@ -55,6 +55,15 @@ final class HTTPServerWireTests: XCTestCase {
             s.attach(req)
             s.begin(headers: [("Content-Type", "text/event-stream")], writeTimeout: 1)
             _ = s.write(StreamPayload(Array("data: one\n\n".utf8)), maxBacklog: 1 << 20)
+        case "/finished":
+            // Head, frame and end within the handler: collected while the read is handled.
+            let s = HTTPStream(loop: loop)
+            s.attach(req)
+            s.begin(headers: [("Content-Type", "text/event-stream")], writeTimeout: 1)
+            _ = s.write(StreamPayload(Array("data: last\n\n".utf8)), maxBacklog: 1 << 20)
+            s.end()
+        case "/big":
+            req.respond(status: 200, body: [UInt8](repeating: UInt8(ascii: "x"), count: 200_000))
         default:
             let q = req.query.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: "&")
             req.respond(status: 200, headers: [("X-Method", req.method?.rawValue ?? "other"), ("X-Path", req.path ?? "nil"), ("X-Query", q),
@@ -354,6 +363,27 @@ final class HTTPServerWireTests: XCTestCase {
         send(fd, "GET /echo?next=1 HTTP/1.1\r\n\r\n")
         XCTAssertTrue(read(fd) { $0.contains("\r\n\r\n") }.text.contains("X-Query: next=1"))
         XCTAssertEqual(recorder.peerClosed, [], "an ended stream is not told of a close")
+    }
+
+    /// What a read's requests answer goes out together at the end of the read; a large answer
+    /// is sent at once, and the order of pipelined answers holds either way.
+    func testAnswersCollectedDuringAReadGoOutWholeAndInOrder() throws {
+        try start()
+        let fd = try connect()
+        defer { close(fd) }
+        send(fd, "GET /finished HTTP/1.1\r\nHost: x\r\n\r\nGET /big HTTP/1.1\r\n\r\nGET /finished HTTP/1.1\r\n\r\nGET /echo?n=4 HTTP/1.1\r\n\r\n")
+        let r = read(fd) { $0.contains("X-Query: n=4") && $0.hasSuffix("\r\n\r\n") }
+        XCTAssertFalse(r.closed)
+        XCTAssertEqual(answers(r.text), 4, String(r.text.prefix(400)))
+        let stream = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+        XCTAssertTrue(r.text.hasPrefix(stream), String(r.text.prefix(400)))
+        let parts = r.text.components(separatedBy: "HTTP/1.1 200 OK\r\n")
+        XCTAssertEqual(parts.count, 5)
+        XCTAssertTrue(parts[1].hasSuffix("\r\n\r\nc\r\ndata: last\n\n\r\n0\r\n\r\n"), parts[1])
+        XCTAssertTrue(parts[2].contains("Content-Length: 200000\r\n") && parts[2].hasSuffix(String(repeating: "x", count: 200_000)))
+        XCTAssertTrue(parts[3].hasSuffix("c\r\ndata: last\n\n\r\n0\r\n\r\n"), parts[3])
+        XCTAssertTrue(parts[4].contains("X-Query: n=4"), parts[4])
+        XCTAssertEqual(server.connectionsOpen, 1)
     }
 
     func testAnHTTP10StreamIsRawAndEndsWithTheClose() throws {

@@ -13,6 +13,8 @@ final class SSEConnection {
         ("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"),
     ]
     static let retryMilliseconds = 3000
+    /// `retry: 3000`, framed once for every stream (a payload is immutable once made).
+    nonisolated(unsafe) static let retryPayload = StreamPayload(SSE.retry(milliseconds: retryMilliseconds))
 
     let http: StreamTransport
     private let loop: LoopScheduling
@@ -84,7 +86,7 @@ final class SSEConnection {
     func begin() {
         guard !http.started else { return }
         http.begin(headers: SSEConnection.headers + extraHeaders, writeTimeout: writeTimeout, maxInputBuffer: 4096)
-        _ = http.write(StreamPayload(SSE.retry(milliseconds: SSEConnection.retryMilliseconds)), maxBacklog: maxBacklog)
+        _ = http.write(SSEConnection.retryPayload, maxBacklog: maxBacklog)
     }
 
     /// Offers one payload (a live event, a heartbeat, a control event), counted against the

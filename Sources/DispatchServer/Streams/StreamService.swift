@@ -222,6 +222,10 @@ final class StreamService: SSESessionsOwner {
             case .readSnapshot(let topic, let generation):
                 activities.read(topic) { [weak self] result in
                     guard let self else { return }
+                    // What the answer sends each subscriber (headers, retry, snapshot, maybe the
+                    // end) goes out in one send per connection.
+                    let corks = self.hub.subscribers(of: topic).compactMap { self.sessions[$0]?.connection.http.cork() }
+                    defer { for c in corks { c.uncork() } }
                     switch result {
                     case .failure:
                         self.perform(self.hub.readFailed(topic: topic, generation: generation))
