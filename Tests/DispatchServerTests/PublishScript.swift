@@ -19,6 +19,53 @@ enum PublishScript {
         return PGResult(columns: columns, rows: [columns.map { values[$0] }])
     }
 
+    /// Whether `name` is a read for publish: one activity (`read_for_publish`) or several in
+    /// one statement (`read_for_publish_many`, what one turn of the publisher asks for).
+    static func isRead(_ name: String) -> Bool { name == "read_for_publish" || name == "read_for_publish_many" }
+
+    /// The activities a read for publish asks for, with each one's Idempotency-Key.
+    static func readIDs(_ name: String, _ params: [String?]) -> [(id: String, key: String?)] {
+        guard name == "read_for_publish_many" else { return [(params[0]!, params.count > 1 ? params[1] : nil)] }
+        return zip(elements(params[0]!), elements(params[1]!)).map { ($0!, $1) }
+    }
+
+    /// The answer to a read for publish: `row(id, key)` for each activity it asks for (nil:
+    /// no such activity), numbered by `ord` as the many form's rows are.
+    static func answerRead(_ name: String, _ params: [String?], _ row: (String, String?) -> PGResult?) -> PGResult {
+        let asked = readIDs(name, params)
+        guard name == "read_for_publish_many" else { return row(asked[0].id, asked[0].key) ?? PGResult(columns: ["activity_id"], rows: []) }
+        var columns: [String] = []
+        var rows: [[String?]] = []
+        for (index, read) in asked.enumerated() {
+            guard let result = row(read.id, read.key), let first = result.first else { continue }
+            columns = ["ord"] + result.columns.names
+            rows.append([String(index + 1)] + result.columns.names.map { first[$0] })
+        }
+        return PGResult(columns: columns.isEmpty ? ["ord"] : columns, rows: rows)
+    }
+
+    /// The elements of a text array literal as `PGArray.text` writes it.
+    static func elements(_ literal: String) -> [String?] {
+        var out: [String?] = []
+        var chars = Array(literal.dropFirst().dropLast())[...]
+        while !chars.isEmpty {
+            if chars.first == "\"" {
+                chars.removeFirst()
+                var value = ""
+                while let c = chars.popFirst(), c != "\"" {
+                    value.append(c == "\\" ? chars.removeFirst() : c)
+                }
+                out.append(value)
+            } else {
+                let raw = String(chars.prefix { $0 != "," })
+                chars.removeFirst(raw.count)
+                out.append(raw == "NULL" ? nil : raw)
+            }
+            if chars.first == "," { chars.removeFirst() }
+        }
+        return out
+    }
+
     /// A batch that committed: its writes return `applied`, the finalize gives each applied
     /// change a position (from `firstPosition`; none when sequenced) and says `pushes` marked.
     static func commit(applied: [String], firstPosition: Int64 = 41, pushes: Int = 0) -> (String, [String?]) -> PGResult {

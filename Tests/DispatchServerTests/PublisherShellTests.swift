@@ -74,11 +74,10 @@ final class PublisherShellTests: XCTestCase {
     /// Answers every read waiting on the reader (each its own round trip): each activity in
     /// `seqs` at its seq, the others absent.
     func answerReads(_ seqs: [String: Int64]) {
-        XCTAssertEqual(reader.pending.first, "read_for_publish", "a read was waiting")
-        while reader.pending.first == "read_for_publish" {
-            reader.answerNext { _, params in
-                guard let id = params.first ?? nil, let seq = seqs[id] else { return PGResult(columns: ["activity_id"], rows: []) }
-                return PublishScript.stored(id, seq: seq)
+        XCTAssertTrue(reader.pending.first.map(PublishScript.isRead) ?? false, "a read was waiting")
+        while let name = reader.pending.first, PublishScript.isRead(name) {
+            reader.answerNext { name, params in
+                PublishScript.answerRead(name, params) { id, _ in seqs[id].map { PublishScript.stored(id, seq: $0) } }
             }
         }
         loop.runSoon()
@@ -160,7 +159,8 @@ final class PublisherShellTests: XCTestCase {
     func testARequestOfSeveralChangesIsOneBatchAndOneCompletionInTheOpsOrder() {
         var outcomes: [[String]] = []
         publisher.submitAll([update("x", 0.1), start("n"), update("ghost", 0.2)]) { outcomes.append($0.map(Self.describe)) }
-        XCTAssertEqual(reader.pending, ["read_for_publish", "read_for_publish"], "both updates read afresh (this process may not have heard of another's commit yet)")
+        XCTAssertEqual(reader.pending, ["read_for_publish_many"], "both updates read afresh (this process may not have heard of another's commit yet), in one statement")
+        XCTAssertEqual(reader.parameters(of: "read_for_publish_many"), [#"{"x","ghost"}"#, "{NULL,NULL}"])
         XCTAssertEqual(writer.pending, [], "the start waits for the request's reads")
         answerReads(["x": 3])
         XCTAssertEqual(writer.pending, ["publish_updates", "publish_starts", "position_lock", "publish_finalize"])

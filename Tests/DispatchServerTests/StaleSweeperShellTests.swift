@@ -65,9 +65,11 @@ final class StaleSweeperShellTests: XCTestCase {
     /// Answers every read for publish waiting on the reader (each its own round trip): each
     /// activity at `seq`, touched at `touched`, unless `rows` says otherwise.
     func answerReads(seq: Int64 = 3, touched: Int64 = 0, _ rows: ((String) -> PGResult)? = nil) {
-        XCTAssertEqual(reader.pending.first, "read_for_publish", "a read was waiting")
-        while reader.pending.first == "read_for_publish" {
-            reader.answerNext { _, params in rows?(params[0]!) ?? PublishScript.stored(params[0]!, seq: seq, touchedMs: touched) }
+        XCTAssertTrue(reader.pending.first.map(PublishScript.isRead) ?? false, "a read was waiting")
+        while let name = reader.pending.first, PublishScript.isRead(name) {
+            reader.answerNext { name, params in
+                PublishScript.answerRead(name, params) { id, _ in rows?(id) ?? PublishScript.stored(id, seq: seq, touchedMs: touched) }
+            }
         }
         loop.runSoon()
     }

@@ -437,8 +437,9 @@ final class StreamEdgeTests: XCTestCase {
         XCTAssertTrue(try first.waitForEnd())
         XCTAssertEqual(first.events.map(\.event), ["completed"])
         let pg = try TestPostgres.shared()
-        _ = try pg.sql(s.conninfo, "DELETE FROM activity_events WHERE activity_id = 'reused'")
+        // An operator's DELETE: the activity's history goes with it (Migrations/0022).
         _ = try pg.sql(s.conninfo, "DELETE FROM activities WHERE activity_id = 'reused'")
+        XCTAssertEqual(try pg.sql(s.conninfo, "SELECT count(*) FROM activity_events WHERE activity_id = 'reused'").first?.first, "0")
         try s.startActivity("reused")
         let second = try s.stream("reused")
         XCTAssertEqual(try second.waitForEvents(1).first?.event, "processing")
