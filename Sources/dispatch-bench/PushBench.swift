@@ -213,7 +213,9 @@ final class PushRun {
         return String(repeating: "0", count: 24 - d.count) + d + String(repeating: "0", count: 40 - a.count) + a
     }
 
-    /// Starts the activities and registers an update token for each on `devices` phones.
+    /// Starts the activities and registers an update token for each on `devices` phones. A phone
+    /// keeps at most 64 activity tokens (DISPATCH_MAX_ACTIVITY_TOKENS_PER_DEVICE), so each 64
+    /// activities get phones of their own: one device token per (phone, 64 activities).
     func setUp(_ t: Target, prefix: String, activities: Int, devices: Int) throws {
         let names = (0..<activities).map { "\(prefix)-\($0)" }
         try orchestrator.batch(t, t.createRequests(names), what: "creating activities")
@@ -222,7 +224,7 @@ final class PushRun {
             for chunk in stride(from: 0, to: activities, by: 64) {
                 let pairs = (chunk..<min(activities, chunk + 64)).map { #""\#(names[$0])":"\#(Self.token(device: d, activity: $0))""# }
                 registrations.append(("POST", "/v1/activity-tokens",
-                                      #"{"deviceToken":"\#(Self.token(device: d, activity: 0xFFFFFF))","activityTokens":{\#(pairs.joined(separator: ","))}}"#))
+                                      #"{"deviceToken":"\#(Self.token(device: d, activity: 0xFFFFFF - chunk / 64))","activityTokens":{\#(pairs.joined(separator: ","))}}"#))
             }
         }
         try orchestrator.batch(t, registrations, what: "registering tokens")
