@@ -36,9 +36,7 @@ final class PublishMachineTests: XCTestCase {
     }
 
     func committed(_ applied: Set<String>, pushes: Int64 = 0) -> PublishBatchResult {
-        var positions: [String: Int64] = [:]
-        for (i, id) in applied.sorted().enumerated() { positions[id] = Int64(100 + i) }
-        return .committed(applied: applied, positions: positions, pushesMarked: pushes)
+        .committed(applied: applied, pushesMarked: pushes)
     }
 
     /// A machine whose writer is up, with `cached` live rows learnt by a read each.
@@ -63,8 +61,8 @@ final class PublishMachineTests: XCTestCase {
                 let starts = batch.starts.map { "start \($0.event.snapshot.activityId)" }
                 let updates = batch.updates.map { "update \($0.event.snapshot.activityId)@\($0.expectedSeq)" }
                 return "write \(b): " + (starts + updates).joined(separator: ", ")
-            case .announce(let e, _, let position):
-                return "announce \(e.snapshot.activityId) \(e.seq) \(e.name)" + (position.map { " @\($0)" } ?? " @-")
+            case .announce(let e, _):
+                return "announce \(e.snapshot.activityId) \(e.seq) \(e.name)"
             case .answer(let op, let outcome): return "answer \(op) " + render(outcome)
             case .kickPushes: return "kick pushes"
             case .casMissed(let id): return "cas missed \(id)"
@@ -107,10 +105,10 @@ final class PublishMachineTests: XCTestCase {
         let (u1, a3) = m.submitted(update("a", 0.5), now: now)
         XCTAssertEqual(render(a3), [], "a is busy: the update waits for its start")
         XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
-                       ["announce a 1 processing @100", "answer \(s1) created 1", "write 2: start b, update a@1"],
+                       ["announce a 1 processing", "answer \(s1) created 1", "write 2: start b, update a@1"],
                        "the update is planned on the committed start (no read) and batched with b")
         XCTAssertEqual(render(m.batchFinished(2, committed(["a", "b"]), now: now)),
-                       ["announce b 1 processing @101", "answer \(s2) created 1", "announce a 2 processing @100", "answer \(u1) committed 2"])
+                       ["announce b 1 processing", "answer \(s2) created 1", "announce a 2 processing", "answer \(u1) committed 2"])
         XCTAssertTrue(m.isIdle)
     }
 
@@ -121,9 +119,9 @@ final class PublishMachineTests: XCTestCase {
         let (u2, a2) = m.submitted(update("a", 0.2), now: now)
         XCTAssertEqual(render(a2), [])
         XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
-                       ["announce a 5 processing @100", "answer \(u1) committed 5", "write 2: update a@5"])
+                       ["announce a 5 processing", "answer \(u1) committed 5", "write 2: update a@5"])
         let done = m.batchFinished(2, committed(["a"]), now: now)
-        XCTAssertEqual(render(done), ["announce a 6 processing @100", "answer \(u2) committed 6"])
+        XCTAssertEqual(render(done), ["announce a 6 processing", "answer \(u2) committed 6"])
         XCTAssertEqual(m.cached("a")?.activity.progress, 0.2, "the cache follows this worker's commits")
     }
 
@@ -149,10 +147,10 @@ final class PublishMachineTests: XCTestCase {
         XCTAssertEqual(render(a2), ["write 1: start z"], "another publisher's change does not wait for the request")
         XCTAssertEqual(render(m.readLoaded(ids[1], read(stored("x", seq: 2)), now: now)), [], "one batch in flight")
         XCTAssertEqual(render(m.batchFinished(1, committed(["z"]), now: now)),
-                       ["announce z 1 processing @100", "answer \(z) created 1", "write 2: start a, update c@4, update x@2"])
+                       ["announce z 1 processing", "answer \(z) created 1", "write 2: start a, update c@4, update x@2"])
         XCTAssertEqual(render(m.batchFinished(2, committed(["a", "c", "x"]), now: now)),
-                       ["announce a 1 processing @100", "answer \(ids[0]) created 1", "announce c 5 processing @101",
-                        "answer \(ids[2]) committed 5", "announce x 3 processing @102", "answer \(ids[1]) committed 3"])
+                       ["announce a 1 processing", "answer \(ids[0]) created 1", "announce c 5 processing",
+                        "answer \(ids[2]) committed 5", "announce x 3 processing", "answer \(ids[1]) committed 3"])
         XCTAssertTrue(m.isIdle)
     }
 
@@ -161,11 +159,11 @@ final class PublishMachineTests: XCTestCase {
         let (ids, a1) = m.submittedAll([start("a"), update("a", 0.5), end("a")], now: now)
         XCTAssertEqual(render(a1), ["write 1: start a"])
         XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
-                       ["announce a 1 processing @100", "answer \(ids[0]) created 1", "write 2: update a@1"],
+                       ["announce a 1 processing", "answer \(ids[0]) created 1", "write 2: update a@1"],
                        "the update sees the start")
         XCTAssertEqual(render(m.batchFinished(2, committed(["a"]), now: now)),
-                       ["announce a 2 processing @100", "answer \(ids[1]) committed 2", "write 3: update a@2"])
-        XCTAssertEqual(render(m.batchFinished(3, committed(["a"]), now: now)), ["announce a 3 completed @100", "answer \(ids[2]) committed 3"])
+                       ["announce a 2 processing", "answer \(ids[1]) committed 2", "write 3: update a@2"])
+        XCTAssertEqual(render(m.batchFinished(3, committed(["a"]), now: now)), ["announce a 3 completed", "answer \(ids[2]) committed 3"])
         XCTAssertTrue(m.isIdle)
     }
 
@@ -280,7 +278,7 @@ final class PublishMachineTests: XCTestCase {
         XCTAssertEqual(update?.cancelReason, "user")
         XCTAssertTrue(update?.webhook?.body.contains("\"reason\":\"user\"") == true, update?.webhook?.body ?? "")
         XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
-                       ["announce a 3 cancel_requested @100", "answer \(c1) committed 3"])
+                       ["announce a 3 cancel_requested", "answer \(c1) committed 3"])
         let (c2, again) = m.submitted(cancel, now: now)
         XCTAssertEqual(render(again), ["answer \(c2) ok 3"], "already requested (the cache saw the commit)")
     }
@@ -294,7 +292,7 @@ final class PublishMachineTests: XCTestCase {
         XCTAssertEqual(render(m.batchFinished(1, committed([]), now: now)), ["cas missed a", "read \(u) a"],
                        "someone else changed it first: a fresh read, never the cache")
         XCTAssertEqual(render(m.readLoaded(u, read(stored("a", seq: 3)), now: now)), ["write 2: update a@3"])
-        XCTAssertEqual(render(m.batchFinished(2, committed(["a"]), now: now)), ["announce a 4 processing @100", "answer \(u) committed 4"])
+        XCTAssertEqual(render(m.batchFinished(2, committed(["a"]), now: now)), ["announce a 4 processing", "answer \(u) committed 4"])
     }
 
     func testTwentyOneMissesAnswerConcurrentChanges() {
@@ -352,14 +350,14 @@ final class PublishMachineTests: XCTestCase {
         let (ub, _) = m.submitted(update("b", 0.5), now: now)
         let (uc, _) = m.submitted(update("c", 0.5), now: now)
         XCTAssertEqual(render(m.batchFinished(1, committed(["x"]), now: now)),
-                       ["announce x 1 processing @100", "answer \(x) created 1", "write 2: update a@1, update b@1, update c@1"])
+                       ["announce x 1 processing", "answer \(x) created 1", "write 2: update a@1, update b@1, update c@1"])
         XCTAssertEqual(render(m.batchFinished(2, .rolledBack("b broke it"), now: now)),
                        ["log batch of 3 rolled back", "write 3: update a@1"])
         XCTAssertEqual(render(m.batchFinished(3, committed(["a"]), now: now)),
-                       ["announce a 2 processing @100", "answer \(ua) committed 2", "write 4: update b@1"])
+                       ["announce a 2 processing", "answer \(ua) committed 2", "write 4: update b@1"])
         XCTAssertEqual(render(m.batchFinished(4, .rolledBack("b broke it"), now: now)),
                        ["log b failed", "answer \(ub) failed internal", "write 5: update c@1"])
-        XCTAssertEqual(render(m.batchFinished(5, committed(["c"]), now: now)), ["announce c 2 processing @100", "answer \(uc) committed 2"])
+        XCTAssertEqual(render(m.batchFinished(5, committed(["c"]), now: now)), ["announce c 2 processing", "answer \(uc) committed 2"])
     }
 
     func testWithTheWriterDownEverythingQueuedFailsUnavailable() {
@@ -425,7 +423,6 @@ final class PublishMachineTests: XCTestCase {
                        "without APNs nothing is woken")
     }
 
-    /// Applied is what the writes returned; the feed position may come later (a sequencer).
     /// Starts the statement refused, one for each per-key limit: each answered with its own
     /// code, the finished one with Retry-After until its oldest counted end leaves the window;
     /// nothing announced.
@@ -437,9 +434,9 @@ final class PublishMachineTests: XCTestCase {
         let (c, _) = m.submitted(start("c", key: 3), now: now)
         let (d, _) = m.submitted(start("d", key: 4), now: now)
         XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
-                       ["announce a 1 processing @100", "answer \(a) created 1", "write 2: start b, start c, start d"])
+                       ["announce a 1 processing", "answer \(a) created 1", "write 2: start b, start c, start d"])
         let freeAt = now - KeyRules.finishedWindowMs + 90_500  // leaves the window in 90.5 s
-        let actions = m.batchFinished(2, .committed(applied: [], positions: [:], pushesMarked: 0, overLimit: ["b"],
+        let actions = m.batchFinished(2, .committed(applied: [], pushesMarked: 0, overLimit: ["b"],
                                                     overFinished: ["c": freeAt, "d": 0]), now: now)
         XCTAssertEqual(render(actions), ["answer \(b) failed too_many_live_activities",
                                          "answer \(c) failed too_many_finished_activities", "answer \(d) failed too_many_finished_activities"])
@@ -458,7 +455,7 @@ final class PublishMachineTests: XCTestCase {
         var m = machine()
         let (first, _) = m.submitted(start("a", key: 3), now: now)
         let freeAt = now - KeyRules.finishedWindowMs + 600_000  // ten minutes until a start passes
-        XCTAssertEqual(render(m.batchFinished(1, .committed(applied: [], positions: [:], pushesMarked: 0, overFinished: ["a": freeAt]), now: now)),
+        XCTAssertEqual(render(m.batchFinished(1, .committed(applied: [], pushesMarked: 0, overFinished: ["a": freeAt]), now: now)),
                        ["answer \(first) failed too_many_finished_activities"])
 
         let (again, reading) = m.submitted(start("b", key: 3), now: now + 1_000)
@@ -482,20 +479,13 @@ final class PublishMachineTests: XCTestCase {
         XCTAssertEqual(render(laterActions), ["write 3: start d"], "a minute later the database counts again")
 
         // A refusal whose end leaves the window within the minute is rechecked then.
-        _ = m.batchFinished(3, .committed(applied: [], positions: [:], pushesMarked: 0,
+        _ = m.batchFinished(3, .committed(applied: [], pushesMarked: 0,
                                           overFinished: ["d": now + PublishMachine.finishedRecheckMs - KeyRules.finishedWindowMs + 5_000]),
                             now: now + PublishMachine.finishedRecheckMs)
         _ = later
         let (soon, soonActions) = m.submitted(start("e", key: 3), now: now + PublishMachine.finishedRecheckMs + 5_000)
         XCTAssertEqual(render(soonActions), ["write 4: start e"])
         _ = soon
-    }
-
-    func testAChangeWithoutAPositionIsStillCommitted() {
-        var m = machine()
-        let (s, _) = m.submitted(start("a"), now: now)
-        XCTAssertEqual(render(m.batchFinished(1, .committed(applied: ["a"], positions: [:], pushesMarked: 0), now: now)),
-                       ["announce a 1 processing @-", "answer \(s) created 1"])
     }
 
     func testTheBatchCarriesWhatTheStatementsNeed() {

@@ -204,7 +204,7 @@ final class StaleSweeperShellTests: XCTestCase {
 }
 
 extension StaleSweeperShellTests: PublisherDelegate {
-    func publisherCommitted(_ event: ActivityEvent, json: [UInt8], position: Int64?) {
+    func publisherCommitted(_ event: ActivityEvent, json: [UInt8]) {
         announced.append("\(event.snapshot.activityId) \(event.snapshot.state.rawValue) \(event.snapshot.error ?? "")")
     }
 

@@ -31,8 +31,8 @@ public struct PublishMachine {
         /// Send the batch as one transaction; answer `batchFinished(batch, …)`. Counts a batch.
         case write(BatchID, PublishBatch)
         /// A change committed: tell streams and the carrier (before its publisher is answered).
-        /// The position is nil when the feed numbers it later. Counts a published event.
-        case announce(ActivityEvent, json: [UInt8], position: Int64?)
+        /// Counts a published event.
+        case announce(ActivityEvent, json: [UInt8])
         /// Call the op's completion.
         case answer(OpID, PublishOp.Outcome)
         /// The committed batch marked the push outbox: wake the push sender.
@@ -255,7 +255,7 @@ public struct PublishMachine {
                 cache.remove(planned.pending.op.activityID)
                 finish(planned.pending, .failed(.unavailable), now: now, &actions)
             }
-        case .committed(let applied, let positions, let pushesMarked, let overLimit, let overFinished):
+        case .committed(let applied, let pushesMarked, let overLimit, let overFinished):
             writesRefused = false
             for (planned, json) in zip(batch.changes, batch.jsons) {
                 let id = planned.pending.op.activityID
@@ -273,7 +273,7 @@ public struct PublishMachine {
                     finish(planned.pending, .failed(KeyRules.tooManyLive(max: maxLivePerKey)), now: now, &actions)
                     continue
                 }
-                settle(planned, applied: applied.contains(id), json: json, position: positions[id], now: now, &actions)
+                settle(planned, applied: applied.contains(id), json: json, now: now, &actions)
             }
             if marksPushes && pushesMarked > 0 { actions.append(.kickPushes) }
         case .refused(let error):
@@ -509,7 +509,7 @@ public struct PublishMachine {
     /// One change of a committed batch: announced and answered if it applied; planned again
     /// on a fresh read if someone else changed the activity first (or this request was already
     /// applied), up to `maxAttempts` times.
-    private mutating func settle(_ planned: Planned, applied: Bool, json: [UInt8], position: Int64?, now: Int64,
+    private mutating func settle(_ planned: Planned, applied: Bool, json: [UInt8], now: Int64,
                                  _ actions: inout [Action]) {
         var pending = planned.pending
         let op = pending.op
@@ -534,7 +534,7 @@ public struct PublishMachine {
         } else {
             observe(event)
         }
-        actions.append(.announce(event, json: json, position: position))
+        actions.append(.announce(event, json: json))
         finish(pending, .committed(json: json, created: op.callKind == .start), now: now, &actions)
     }
 }

@@ -259,13 +259,11 @@ public struct PublishBatch: Equatable, Sendable {
 /// How a batch's round trip ended, as the machine needs to know it.
 public enum PublishBatchResult: Equatable, Sendable {
     /// Committed. `applied`: the activities whose writes took (the writes' RETURNING listed
-    /// them); the others missed their compare-and-set. `positions`: the feed position each
-    /// applied change got, when the finalize numbered it (a sequencer may number it later).
-    /// `pushesMarked`: push outbox rows the finalize marked. `overLimit`: starts refused because
+    /// them); the others missed their compare-and-set. `pushesMarked`: push outbox rows the finalize marked. `overLimit`: starts refused because
     /// their key already holds its most live activities (nothing of them was written).
     /// `overFinished`: starts refused because their key finished its most activities in the
     /// window, each with when one more start may pass (ms; 0 when unknown).
-    case committed(applied: Set<String>, positions: [String: Int64], pushesMarked: Int64, overLimit: Set<String> = [],
+    case committed(applied: Set<String>, pushesMarked: Int64, overLimit: Set<String> = [],
                    overFinished: [String: Int64] = [:])
     /// The database refuses writes (read-only, a standby, out of space): the batch rolled back.
     case refused(String)

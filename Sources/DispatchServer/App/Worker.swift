@@ -378,7 +378,7 @@ public final class Worker {
 
 extension Worker: PublisherDelegate, CarrierDelegate {
     /// After each commit here, before the publisher is answered.
-    func publisherCommitted(_ event: ActivityEvent, json: [UInt8], position: Int64?) {
+    func publisherCommitted(_ event: ActivityEvent, json: [UInt8]) {
         metrics.jobs.committed(event)
         if event.name == .cancelRequested { webhooks?.kick() }
         carrier.committed(event, json: json)

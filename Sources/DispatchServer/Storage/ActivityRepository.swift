@@ -328,10 +328,10 @@ struct ActivityRepository {
     /// back instead of leaving the session in an aborted transaction), so a batch is at most
     /// four statements however many changes it carries. `writes`: how many statements lead
     /// (their RETURNING lists the activities whose change applied).
-    /// `sequenced`: the NATS carrier's sequencer numbers the changes after the commit, so no
+    /// `numbering`: with `.bySequencer` the changes are numbered after the commit, so no
     /// position lock is taken (see `finalizeStatement`).
     static func publishStatements(_ batch: PublishBatch, maxLivePerKey: Int, maxFinishedPerKey: Int = KeyRules.defaultMaxFinished,
-                                  sequenced: Bool) -> (queries: [PGQuery], writes: Int) {
+                                  numbering: FeedNumbering) -> (queries: [PGQuery], writes: Int) {
         var queries: [PGQuery] = []
         // Changes to existing activities first: an end the batch carries frees its key's place
         // for a start in the same batch (the live quota counts what this transaction wrote),
@@ -339,8 +339,8 @@ struct ActivityRepository {
         if !batch.updates.isEmpty { queries.append(updatesStatement(batch.updates)) }
         if !batch.starts.isEmpty { queries.append(startsStatement(batch.starts, maxLivePerKey: maxLivePerKey, maxFinishedPerKey: maxFinishedPerKey, now: batch.now)) }
         let writes = queries.count
-        if !sequenced { queries.append(positionLock) }
-        queries.append(finalizeStatement(batch.changes, pushes: batch.marksPushes, now: batch.now, sequenced: sequenced))
+        if numbering == .atCommit { queries.append(positionLock) }
+        queries.append(finalizeStatement(batch.changes, pushes: batch.marksPushes, now: batch.now, numbering: numbering))
         return (queries, writes)
     }
 
@@ -366,11 +366,7 @@ struct ActivityRepository {
                 }
             }
         }
-        var positions: [String: Int64] = [:]
-        for row in finalize.rows {
-            if let id = row["activity_id"], let position = row.int64("position") { positions[id] = position }
-        }
-        return .committed(applied: applied, positions: positions, pushesMarked: finalize.first?.int64("pushes") ?? 0, overLimit: overLimit,
+        return .committed(applied: applied, pushesMarked: finalize.first?.int64("pushes") ?? 0, overLimit: overLimit,
                           overFinished: overFinished)
     }
 
@@ -399,10 +395,11 @@ struct ActivityRepository {
     /// look-ups are LATERAL subqueries or EXISTS probes (index probes per change): as plain
     /// joins, the generic plan of this prepared statement scanned whole tables on every batch.
     ///
-    /// With the NATS carrier (`sequenced`), the history rows are written without a position
+    /// With the NATS carrier (`.bySequencer`), the history rows are written without a position
     /// and nothing is notified: the sequencer numbers them after the commit (see
     /// `SequencerMachine`), and the worker announces the changes on NATS itself.
-    static func finalizeStatement(_ changes: [Change], pushes: Bool, now: Int64, sequenced: Bool = false) -> PGQuery {
+    static func finalizeStatement(_ changes: [Change], pushes: Bool, now: Int64, numbering: FeedNumbering = .atCommit) -> PGQuery {
+        let sequenced = numbering == .bySequencer
         let marks = pushes ? """
             , marks AS (
               INSERT INTO push_activity_outbox AS o (activity_id, wanted_seq, priority, pending_since_ms)

@@ -172,14 +172,14 @@ final class Publisher {
         case .write(let id, let batch):
             metrics.publishBatches += 1
             let (queries, writes) = ActivityRepository.publishStatements(batch, maxLivePerKey: maxLivePerKey, maxFinishedPerKey: maxFinishedPerKey,
-                                                                               sequenced: numbering == .bySequencer)
+                                                                               numbering: numbering)
             db.writer.execute(queries) { [weak self] result in
                 guard let self else { return }
                 self.perform(self.machine.batchFinished(id, ActivityRepository.publishResult(result, writes: writes), now: self.now()))
             }
-        case .announce(let event, let json, let position):
+        case .announce(let event, let json):
             metrics.eventsPublished += 1
-            delegate?.publisherCommitted(event, json: json, position: position)
+            delegate?.publisherCommitted(event, json: json)
         case .answer(let id, let outcome):
             completions.removeValue(forKey: id)?(outcome)
         case .kickPushes:
@@ -198,9 +198,9 @@ final class Publisher {
 
 /// Who hears what the publisher did, besides the publishers it answers.
 protocol PublisherDelegate: AnyObject {
-    /// After each commit, with the event and its feed position (nil with the NATS carrier: the
-    /// sequencer numbers it later), before the publisher is answered.
-    func publisherCommitted(_ event: ActivityEvent, json: [UInt8], position: Int64?)
+    /// After each commit, before the publisher is answered. (Feed positions reach readers
+    /// from the database, through the carrier, never from here.)
+    func publisherCommitted(_ event: ActivityEvent, json: [UInt8])
     /// After a batch that marked the push outbox was committed (wakes the push sender).
     func publisherMarkedPushes()
 }
