@@ -230,7 +230,7 @@ public final class Worker {
         streams.shutdown(alongside: feedCount)
         feeds.shutdown(alongside: streamCount)
         streams.memory?.shutdown()
-        auth.flushUsed()
+        auth.stop()
         staleSweeper?.stop()
         webhooks?.stop()
         push?.shutdown()

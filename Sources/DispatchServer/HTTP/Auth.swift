@@ -29,13 +29,26 @@ final class Auth {
     /// When the sessions holding streams are next written down as in use.
     var streamSessionsTouchDue: Double = 0
 
-    init(db: Database, loop: EventLoop, log: Logger, ttl: Double = 10, publishRate: Double) {
+    /// Monotonic seconds (the loop's clock; a test's own).
+    private let now: () -> Double
+
+    init(db: Database, loop: LoopScheduling, log: Logger, ttl: Double = 10, publishRate: Double,
+         now: @escaping () -> Double = Clock.monotonic) {
         self.db = db
         self.ttl = ttl
         self.log = log
         self.publishRate = publishRate
+        self.now = now
         publishes = PerKeyRate(rate: publishRate)
         touchTimer = loop.timer(after: 30, repeating: true) { [weak self] in self?.flushUsed() }
+    }
+
+    /// At shutdown, before the database closes: the keys used since the last flush are
+    /// written down, and no flush runs after it.
+    func stop() {
+        flushUsed()
+        touchTimer?.cancel()
+        touchTimer = nil
     }
 
     /// Bumped by every invalidation: a lookup that was in flight across one (it may have read
@@ -89,7 +102,7 @@ final class Auth {
         }
         // Cached by secret (process memory only), so the hot path hashes nothing; the
         // database only ever sees and stores the SHA-256.
-        let now = Clock.monotonic()
+        let now = self.now()
         if let hit = cache[secret], now - hit.fetched < ttl {
             return finish(hit.key)
         }
@@ -120,10 +133,10 @@ final class Auth {
                 if startedIn == self.generation {
                     if key == nil {
                         if self.refused.count >= Auth.maxCached { self.refused.removeAll() }
-                        self.refused[secret] = Clock.monotonic()
+                        self.refused[secret] = self.now()
                     } else {
                         if self.cache.count >= Auth.maxCached { self.cache.removeAll() }
-                        self.cache[secret] = (key, Clock.monotonic())
+                        self.cache[secret] = (key, self.now())
                     }
                 }
                 finish(key)
@@ -149,20 +162,20 @@ final class Auth {
     func takeSignIn(client: String, perMinute: Double) -> Double? {
         guard perMinute > 0 else { return nil }
         if signInsByClient == nil { signInsByClient = PerClientRate(rate: perMinute / 60, burst: perMinute) }
-        return signInsByClient!.take(client, now: Clock.monotonic())
+        return signInsByClient!.take(client, now: now())
     }
 
     /// One sign-in with the key `keyID`, once the key is known good.
     func takeSignIn(keyID: Int64, perMinute: Double) -> Double? {
         guard perMinute > 0 else { return nil }
         if signInsByKey == nil { signInsByKey = PerClientRate(rate: perMinute / 60, burst: perMinute) }
-        return signInsByKey!.take(String(keyID), now: Clock.monotonic())
+        return signInsByKey!.take(String(keyID), now: now())
     }
 
     /// Per-key publish rate; admin keys are not limited. Returns a refusal with Retry-After.
     func checkRate(_ key: APIKey) -> DispatchError? {
         guard publishRate > 0, !key.isAdmin else { return nil }
-        guard let wait = publishes.take(key.id, now: Clock.monotonic()) else { return nil }
+        guard let wait = publishes.take(key.id, now: now()) else { return nil }
         var e = DispatchError(.rateLimited, "publish rate limit of \(publishRate)/s for key \(key.name) exceeded")
         e.retryAfterSeconds = max(1, Int(wait.rounded(.up)))
         return e
