@@ -269,9 +269,15 @@ def main():
 
     # Stalled: a threshold in the URL (default 2 minutes); `train` has not moved for seconds.
     driver.get(BASE + "/#/?stall=2")
-    wait("a stalled row is highlighted", lambda: "stalled" in row("iso").get_attribute("class")
-         and part("iso", "stall").startswith("stalled "), 10)
-    check("stalled highlight: " + part("iso", "stall"), "No update for" in row("iso").find_element(By.CSS_SELECTOR, ".stall").get_attribute("title"))
+    # Class, text and title read at once from one element: separate WebDriver reads of "the
+    # iso row" straddle the list's redraws (it recycles row elements), and a loaded run once
+    # failed between two of them, the text read before and the title after.
+    stall = lambda: js("const r = document.querySelector('.row[data-id=iso]:not([hidden])'); if (!r) return null;"
+                       " const s = r.querySelector('.stall'); return [r.classList.contains('stalled'), s.textContent, s.title]")
+    v, _ = wait("a stalled row is highlighted, its hint titled",
+                lambda: (v := stall()) and v[0] and v[1].startswith("stalled ") and v[2].startswith("No update for") and v, 10,
+                lambda: f"class, text, title: {stall()!r}")
+    check("stalled highlight: " + v[1] + " / " + v[2], True)
     check("a queued job waits its turn: never flagged stalled", "stalled" not in row("train").get_attribute("class"))
     Select(driver.find_element(By.ID, "f-show")).select_by_value("stalled")
     wait("stalled only", lambda: in_section("iso", "active") and not in_section("train", "active") and not in_section("old", "finished"), 5)
