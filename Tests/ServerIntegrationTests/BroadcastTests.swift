@@ -185,8 +185,10 @@ final class BroadcastTests: XCTestCase {
         try s.update("expiring", #"{"progress":0.2}"#)
         try f.wait { rs in rs.contains { $0.channel == "push" && $0.status == 200 } }
         try f.setMinJWTInterval(0)
-        try f.setMaxJWTAge(1)
-        sleep(2)
+        // Older than 3 s is expired: the JWT in use is (4 s have passed), a fresh one is not,
+        // even when its whole-second iat and a loaded machine's delay add up to over 1 s.
+        try f.setMaxJWTAge(3)
+        sleep(4)
         try f.clearRequests()
         try s.update("expiring", #"{"state":"idle"}"#)
         let got = try f.wait(timeout: 15) { rs in rs.contains { $0.channel == "push" && $0.status == 200 } }

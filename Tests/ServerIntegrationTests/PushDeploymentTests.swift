@@ -131,8 +131,10 @@ extension PushTests {
         try register(s, device: token(), tokens: Array(zip(ids, tokens.map { Optional($0) })))
         try f.wait { self.delivered($0).count >= 5 }
         // APNs calls the token expired; the renewal is too soon for APNs' 20 minutes.
-        try f.setMaxJWTAge(1)
-        sleep(2)
+        // Older than 3 s is expired: the JWT in use is (4 s have passed), a fresh one is not,
+        // even when its whole-second iat and a loaded machine's delay add up to over 1 s.
+        try f.setMaxJWTAge(3)
+        sleep(4)
         try f.clearRequests()
         try s.update(ids[0], #"{"progress":0.9}"#)
         let refused = try f.wait { rs in rs.contains { $0.reason == "TooManyProviderTokenUpdates" } }

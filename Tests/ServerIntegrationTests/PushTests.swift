@@ -328,8 +328,10 @@ final class PushTests: XCTestCase {
         // APNs now calls that JWT expired: a new one, and the push again (APNs called it
         // expired, so the 20 minutes between updates are not waited for: the fake's are cut).
         try f.setMinJWTInterval(0)
-        try f.setMaxJWTAge(1)
-        sleep(2)
+        // Older than 3 s is expired: the JWT in use is (4 s have passed), a fresh one is not,
+        // even when its whole-second iat and a loaded machine's delay add up to over 1 s.
+        try f.setMaxJWTAge(3)
+        sleep(4)
         try f.clearRequests()
         try s.update("jwt0", #"{"progress":0.9}"#)
         let last = try f.wait(token: tokens[0]) { !self.delivered($0).isEmpty }
