@@ -41,6 +41,9 @@ enum BenchMain {
       --scenarios LIST            comma-separated subset of: idle, fanout, throughput, batch, terminal,
                                   restart, nodes, replay, feed (default all; restart needs a
                                   server this run starts, nodes, replay and feed need dispatchd)
+      --idle-counts LIST          idle scenario steps in streams, e.g. 10000 or 1000,10000,100000
+                                  (default 1000,10000; full: up to 50000)
+      --idle-activities N         live activities the idle streams spread over (default 1000)
       --replay-streams N          streams of the replay storm, half never reading (default 2000)
       --replay-events N           events in each replayed history (default 1000)
       --feed-sizes AxR,...        feed runs: A live activities, R readers (default 10000x200,100000x10)
@@ -103,6 +106,11 @@ enum BenchMain {
                 guard !list.isEmpty, Set(list).isSubset(of: ["notify", "nats"]) else { log(usage); return 64 }
                 c.nodeCarriers = list
             case "--throughput-seconds": c.throughputSeconds = max(1, Double(value() ?? "") ?? c.throughputSeconds)
+            case "--idle-counts":
+                let counts = (value() ?? "").split(separator: ",").compactMap { Int($0) }.filter { $0 >= 1 }
+                guard !counts.isEmpty else { log(usage); return 64 }
+                c.idleCounts = counts
+            case "--idle-activities": c.idleActivities = max(1, Int(value() ?? "") ?? c.idleActivities)
             case "--replay-streams": c.replayStreams = max(2, Int(value() ?? "") ?? c.replayStreams)
             case "--replay-events": c.replayEvents = max(10, Int(value() ?? "") ?? c.replayEvents)
             case "--feed-sizes":
