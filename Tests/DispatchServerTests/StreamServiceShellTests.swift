@@ -30,8 +30,16 @@ final class StreamServiceShellTests: XCTestCase {
     }
 
     var reader: ScriptedPGDriver { scripted.reader }
-    var pendingStatements: [String] { scripted.pending(on: reader) }
-    func answerReader(_ rows: (String) -> PGResult) { scripted.answer(on: reader, rows) }
+    /// Statements sent so far, once the loop turn's deferred work ran (snapshots are read at
+    /// the end of the turn their streams connected in).
+    var pendingStatements: [String] {
+        loop.runSoon()
+        return scripted.pending(on: reader)
+    }
+    func answerReader(_ rows: (String) -> PGResult) {
+        loop.runSoon()
+        scripted.answer(on: reader, rows)
+    }
 
     func ids(_ s: ScriptedStream) -> [String] { eventIDs(s) }
 
@@ -67,6 +75,40 @@ final class StreamServiceShellTests: XCTestCase {
         XCTAssertEqual(caughtUp.ending, .responded(204))
     }
 
+    /// Streams that connect in one loop turn for live activities are checked against the
+    /// database in one statement (`read_activities`, the ids as one array), one read per
+    /// activity however many streams follow it; each is answered as a read of its own would
+    /// be (snapshot, final event, not found). A stream of a later turn alone reads alone.
+    func testSnapshotsOfOneTurnAreReadInOneStatement() {
+        let a1 = ScriptedStream(), a2 = ScriptedStream(), b = ScriptedStream(), c = ScriptedStream()
+        service.open(a1, activityID: "job-a", lastEventID: nil, keyID: 1)
+        service.open(b, activityID: "job-b", lastEventID: nil, keyID: 1)
+        service.open(a2, activityID: "job-a", lastEventID: nil, keyID: 1)
+        service.open(c, activityID: "job-c", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(scripted.pending(on: reader), [], "nothing is read before the turn ends")
+        XCTAssertEqual(pendingStatements, ["read_activities"])
+        XCTAssertEqual(scripted.sessions[1].parameters(of: "read_activities"), ["{\"job-a\",\"job-b\",\"job-c\"}"])
+        answerReader { _ in
+            let live = activityRow("job-a", state: .processing, seq: 2), done = activityRow("job-c", state: .completed, seq: 4)
+            return PGResult(rows: live.rows + done.rows, columns: live.columns)
+        }
+        XCTAssertEqual(ids(a1), ["2"])
+        XCTAssertEqual(ids(a2), ["2"])
+        XCTAssertTrue(a1.isOpen && a2.isOpen)
+        XCTAssertEqual(ids(b), ["0"], "job-b has no row: not found")
+        XCTAssertTrue(b.written.contains { $0.contains("event: not_found") }, "\(b.written)")
+        XCTAssertFalse(b.isOpen)
+        XCTAssertEqual(ids(c), ["4"])
+        XCTAssertEqual(c.ending, .ended, "a finished activity's stream ends at its final event")
+        XCTAssertEqual(service.openStreams, 2)
+
+        let d = ScriptedStream()
+        service.open(d, activityID: "job-d", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activity"], "one stream in a turn: the one-row statement")
+        answerReader { _ in activityRow("job-d", state: .processing, seq: 7) }
+        XCTAssertEqual(ids(d), ["7"])
+    }
+
     /// A resuming client gets the history after its Last-Event-ID, then live changes, with
     /// no gap and no duplicate even when a change commits while the history is read.
     func testAResumeReadsTheHistoryThenGoesLiveWithoutAGap() {
@@ -88,6 +130,7 @@ final class StreamServiceShellTests: XCTestCase {
     func testTheDatabaseLostBeforeTheSnapshotAnswers503() {
         let client = ScriptedStream()
         service.open(client, activityID: "job-3", lastEventID: nil, keyID: 1)
+        loop.runSoon()
         reader.breakConnection()
         loop.runSoon()
         XCTAssertEqual(client.ending, .responded(503))

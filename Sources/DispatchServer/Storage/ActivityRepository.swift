@@ -53,6 +53,27 @@ struct ActivityRepository {
         }
     }
 
+    /// `read` for many activities in one statement (the snapshots of the status streams that
+    /// connected in one loop turn): the activities found, by id; an id missing (or whose row
+    /// breaks the schema's rules) is not found. LATERAL look-ups: an index probe per id
+    /// whatever plan the prepared statement settles on.
+    func readMany(_ ids: [String], _ completion: @escaping (Result<[String: StoredActivity], DispatchError>) -> Void) {
+        db.read(PGQuery("""
+            SELECT a.* FROM unnest($1::text[]) AS k(activity_id)
+            CROSS JOIN LATERAL (SELECT \(Self.columns) FROM activities a WHERE a.activity_id = k.activity_id) a
+            """, [PGArray.text(ids)], name: "read_activities")) { result in
+            completion(result.map { r in
+                var out: [String: StoredActivity] = [:]
+                out.reserveCapacity(r.rows.count)
+                for row in r.rows {
+                    guard let s = StoredActivity(row: row) else { continue }
+                    out[s.activity.activityId] = s
+                }
+                return out
+            })
+        }
+    }
+
     /// Stored events after `after`, oldest first: at most `limit`, and no more than about
     /// `maxBytes` of event data (the first event always comes, whatever its size).
     func history(_ id: String, after: Int64, limit: Int64, maxBytes: Int = Int(Int32.max),

@@ -220,26 +220,7 @@ final class StreamService: SSESessionsOwner {
         for action in actions {
             switch action {
             case .readSnapshot(let topic, let generation):
-                activities.read(topic) { [weak self] result in
-                    guard let self else { return }
-                    // What the answer sends each subscriber (headers, retry, snapshot, maybe the
-                    // end) goes out in one send per connection.
-                    let corks = self.hub.subscribers(of: topic).compactMap { self.sessions[$0]?.connection.http.cork() }
-                    defer { for c in corks { c.uncork() } }
-                    switch result {
-                    case .failure:
-                        self.perform(self.hub.readFailed(topic: topic, generation: generation))
-                    case .success(nil):
-                        self.perform(self.hub.snapshotLoaded(topic: topic, generation: generation, nil))
-                        self.beginLiveSubscribers(of: topic)
-                    case .success(let s?):
-                        let e = WireEvent(seq: s.activity.seq, name: s.lastEvent, terminal: s.activity.state.isTerminal,
-                                          json: String(decoding: s.activity.json(), as: UTF8.self))
-                        if e.isTerminal { self.rememberTerminal(topic, e) }
-                        self.perform(self.hub.snapshotLoaded(topic: topic, generation: generation, e))
-                        self.beginLiveSubscribers(of: topic)
-                    }
-                }
+                queueSnapshot(topic, generation: generation)
             case .readTopicHistory(let topic, let generation, let after):
                 metrics.resyncs += 1
                 queueResync(topic, generation: generation, after: after)
@@ -265,6 +246,54 @@ final class StreamService: SSESessionsOwner {
             case .drop(let s, let why):
                 close(s, reason: why.closeReason)
             }
+        }
+    }
+
+    /// Snapshots asked for during this loop turn: read at its end in one statement (one per
+    /// stream cost PostgreSQL about 18 µs of CPU and dispatchd a round trip's bookkeeping each;
+    /// a connect burst's turn holds dozens).
+    private var snapshotBatch: [(topic: String, generation: UInt64)] = []
+
+    private func queueSnapshot(_ topic: String, generation: UInt64) {
+        snapshotBatch.append((topic, generation))
+        if snapshotBatch.count == 1 { loop.soon { [weak self] in self?.readSnapshots() } }
+    }
+
+    private func readSnapshots() {
+        let batch = snapshotBatch
+        snapshotBatch = []
+        guard batch.count > 1 else {
+            guard let r = batch.first else { return }
+            activities.read(r.topic) { [weak self] result in
+                self?.snapshotRead(r.topic, generation: r.generation, result)
+            }
+            return
+        }
+        activities.readMany(batch.map(\.topic)) { [weak self] result in
+            guard let self else { return }
+            for r in batch {
+                self.snapshotRead(r.topic, generation: r.generation, result.map { $0[r.topic] })
+            }
+        }
+    }
+
+    private func snapshotRead(_ topic: String, generation: UInt64, _ result: Result<StoredActivity?, DispatchError>) {
+        // What the answer sends each subscriber (headers, retry, snapshot, maybe the end) goes
+        // out in one send per connection.
+        let corks = hub.subscribers(of: topic).compactMap { sessions[$0]?.connection.http.cork() }
+        defer { for c in corks { c.uncork() } }
+        switch result {
+        case .failure:
+            perform(hub.readFailed(topic: topic, generation: generation))
+        case .success(nil):
+            perform(hub.snapshotLoaded(topic: topic, generation: generation, nil))
+            beginLiveSubscribers(of: topic)
+        case .success(let s?):
+            let e = WireEvent(seq: s.activity.seq, name: s.lastEvent, terminal: s.activity.state.isTerminal,
+                              json: String(decoding: s.activity.json(), as: UTF8.self))
+            if e.isTerminal { rememberTerminal(topic, e) }
+            perform(hub.snapshotLoaded(topic: topic, generation: generation, e))
+            beginLiveSubscribers(of: topic)
         }
     }
 
