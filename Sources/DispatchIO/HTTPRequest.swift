@@ -62,8 +62,14 @@ public final class HTTPRequest {
 
     /// Query parameters, decoded (`+` is a space); the first value wins for repeated names,
     /// and a parameter without `=` is ignored.
-    public lazy var query: [String: String] = {
-        guard let q = rawQuery, !q.isEmpty else { return [:] }
+    public lazy var query: [String: String] = HTTPRequest.queryDictionary(rawQuery)
+
+    /// One query parameter, read from the bytes without building `query` (a status stream's
+    /// connect reads two): the value `query[name]` would give.
+    public func queryParameter(_ name: String) -> String? { HTTPRequest.queryParameter(name, in: rawQuery) }
+
+    static func queryDictionary(_ raw: ArraySlice<UInt8>?) -> [String: String] {
+        guard let q = raw, !q.isEmpty else { return [:] }
         var out: [String: String] = [:]
         for part in q.split(separator: UInt8(ascii: "&")) {
             guard let eq = part.firstIndex(of: UInt8(ascii: "=")) else { continue }
@@ -73,7 +79,42 @@ public final class HTTPRequest {
             if out[k] == nil { out[k] = v }
         }
         return out
-    }()
+    }
+
+    /// The first `name=value` whose decoded name equals `name` as Swift compares strings
+    /// (canonical equivalence, as the dictionary's keys): bytes first, a string only when
+    /// either side is not ASCII.
+    static func queryParameter(_ name: String, in raw: ArraySlice<UInt8>?) -> String? {
+        guard let q = raw, !q.isEmpty else { return nil }
+        let wanted = name.utf8
+        let wantedIsASCII = wanted.allSatisfy { $0 < 0x80 }
+        func matches(_ rawKey: ArraySlice<UInt8>) -> Bool {
+            let needsDecoding = rawKey.contains { $0 == UInt8(ascii: "%") || $0 == UInt8(ascii: "+") }
+            if !needsDecoding {
+                if rawKey.elementsEqual(wanted) { return true }
+                if wantedIsASCII && rawKey.allSatisfy({ $0 < 0x80 }) { return false }
+                return String(decoding: rawKey, as: UTF8.self) == name
+            }
+            let key = HTTPRequest.percentDecode(rawKey, plusIsSpace: true)
+            if key.elementsEqual(wanted) { return true }
+            if wantedIsASCII && key.allSatisfy({ $0 < 0x80 }) { return false }
+            return String(decoding: key, as: UTF8.self) == name
+        }
+        var start = q.startIndex
+        while start < q.endIndex {
+            var end = start
+            var eq: Int?
+            while end < q.endIndex && q[end] != UInt8(ascii: "&") {
+                if eq == nil && q[end] == UInt8(ascii: "=") { eq = end }
+                end += 1
+            }
+            if let eq, eq > start, matches(q[start..<eq]) {
+                return String(decoding: HTTPRequest.percentDecode(q[(eq + 1)..<end], plusIsSpace: true), as: UTF8.self)
+            }
+            start = end + 1
+        }
+        return nil
+    }
 
     /// The address of the connection's other end (a proxy, when there is one), as text.
     public var peerAddress: String? { connection.isOpen ? HTTPServer.peerAddress(connection.fd) : nil }

@@ -62,6 +62,8 @@ final class HTTPServerWireTests: XCTestCase {
             s.begin(headers: [("Content-Type", "text/event-stream")], writeTimeout: 1)
             _ = s.write(StreamPayload(Array("data: last\n\n".utf8)), maxBacklog: 1 << 20)
             s.end()
+        case "/param":
+            req.respond(status: 200, headers: [("X-Param", req.queryParameter("access_token") ?? "nil")], body: [])
         case "/big":
             req.respond(status: 200, body: [UInt8](repeating: UInt8(ascii: "x"), count: 200_000))
         default:
@@ -141,6 +143,53 @@ final class HTTPServerWireTests: XCTestCase {
             XCTAssertFalse(r.closed)
         }
         XCTAssertEqual(server.connectionsOpen, 1)
+    }
+
+    /// `queryParameter` (one name read from the bytes, a status stream's `access_token` and
+    /// `lastEventId`) gives what `query[name]` gives, over generated targets full of the cases
+    /// that differ: repeats, `+`, `%XX` (good, broken, at the end), empty names and values,
+    /// parameters without `=`, non-ASCII and invalid UTF-8 bytes, canonically equivalent
+    /// names (a Kelvin sign `%E2%84%AA` is `K`); then once on the wire.
+    func testOneQueryParameterIsReadAsTheDictionaryReadsIt() throws {
+        let pieces: [[UInt8]] = ["a", "b", "K", "_", "access_token", "lastEventId", "=", "=", "&", "&", "+", "%", "%2", "%41",
+                                 "%2B", "%3D", "%26", "%E2%84%AA", "%C3%A9", "e%CC%81", "\u{E9}", "%FF", "%zz", "1", "x y"].map { Array($0.utf8) }
+            + [[0xFF], [0xC3], [0xE2, 0x84, 0xAA]]
+        let keys: [[UInt8]] = ["a", "b", "K", "%E2%84%AA", "%4B", "access_token", "access%5Ftoken", "lastEventId", "%C3%A9", "e%CC%81",
+                               "\u{E9}", "a+b", "a%20b", "%2B", "%3D", "%26", "", "%", "a%3Db"].map { Array($0.utf8) }
+        let names = ["a", "b", "K", "ab", "a b", "+", "access_token", "lastEventId", "\u{E9}", "=", "%", "", "a=b", "&"]
+        var rng = SplitMix(seed: 34)
+        var checked = 0, found = 0
+        for _ in 0..<20_000 {
+            var q: [UInt8] = []
+            for _ in 0..<Int(rng.next() % 6) {
+                if !q.isEmpty || rng.next() % 4 == 0 { q += rng.next() % 4 == 0 ? Array("&&".utf8) : Array("&".utf8) }
+                if rng.next() % 2 == 0 {
+                    q += keys[Int(rng.next() % UInt64(keys.count))]
+                } else {
+                    for _ in 0..<Int(rng.next() % 4) { q += pieces[Int(rng.next() % UInt64(pieces.count))] }
+                }
+                if rng.next() % 8 != 0 { q.append(UInt8(ascii: "=")) }
+                for _ in 0..<Int(rng.next() % 4) { q += pieces[Int(rng.next() % UInt64(pieces.count))] }
+            }
+            let dictionary = HTTPRequest.queryDictionary(q[...])
+            for name in names {
+                let got = HTTPRequest.queryParameter(name, in: q[...])
+                XCTAssertEqual(got, dictionary[name], "\(name) in \(q)")
+                checked += 1
+                if got != nil { found += 1 }
+            }
+        }
+        XCTAssertGreaterThan(found, checked / 20, "the corpus finds names often enough to compare values")
+        XCTAssertNil(HTTPRequest.queryParameter("a", in: nil))
+        XCTAssertEqual(HTTPRequest.queryParameter("K", in: Array("%E2%84%AA=kelvin&K=k".utf8)[...]), "kelvin")
+        XCTAssertEqual(HTTPRequest.queryParameter("a", in: Array("a&a=&a=2".utf8)[...]), "")
+
+        try start()
+        let fd = try connect()
+        defer { close(fd) }
+        send(fd, "GET /param?x=1&access_token=se+cr%2Bt&access_token=no HTTP/1.1\r\nHost: x\r\n\r\n")
+        let r = read(fd) { $0.contains("\r\n\r\n") }
+        XCTAssertTrue(r.text.contains("X-Param: se cr+t\r\n"), r.text)
     }
 
     func testPipelinedRequestsAreAnsweredInOrder() throws {
@@ -441,5 +490,18 @@ final class HTTPServerWireTests: XCTestCase {
         XCTAssertTrue(read(fd).closed)
         XCTAssertEqual(recorder.peerClosed, [])
         XCTAssertEqual(server.connectionsOpen, 0)
+    }
+}
+
+/// A small seeded generator (SplitMix64): the same corpus every run.
+struct SplitMix {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 }

@@ -137,7 +137,7 @@ extension API {
             if req.method == .head {
                 return self.reply(req, 200, [], contentType: "text/event-stream", headers: [("Cache-Control", "no-cache")])
             }
-            let lastEventID = Validation.lastEventID(req.header("Last-Event-ID") ?? req.query["lastEventId"])
+            let lastEventID = Validation.lastEventID(req.header("Last-Event-ID") ?? req.queryParameter("lastEventId"))
             self.streams.open(req, activityID: id, lastEventID: lastEventID, keyID: key.id, sessionHash: key.sessionHash, extraHeaders: self.corsHeaders(req))
         }
     }

@@ -74,7 +74,7 @@ final class Auth {
             if parts.count == 2, parts[0].lowercased() == "bearer" { return String(parts[1]) }
             return nil
         }
-        if allowQuery { return req.query["access_token"] }
+        if allowQuery { return req.queryParameter("access_token") }
         return nil
     }
 
