@@ -227,6 +227,25 @@ public enum Validation {
         return Int64(header)
     }
 
+    /// Whether a `Content-Type` value says JSON: `application/json` in any case, with spaces or
+    /// tabs around it and parameters (`; charset=utf-8`) allowed. Read from the bytes, with no
+    /// string split, trimmed or lowercased (it runs on every publish).
+    public static func isJSONContentType<C: Collection>(_ value: C?) -> Bool where C.Element == UInt8 {
+        guard let value else { return false }
+        let want: StaticString = "application/json"
+        var i = value.startIndex
+        func skipBlanks() { while i != value.endIndex, value[i] == 0x20 || value[i] == 0x09 { value.formIndex(after: &i) } }
+        skipBlanks()
+        for k in 0..<want.utf8CodeUnitCount {
+            guard i != value.endIndex else { return false }
+            let b = value[i]
+            guard (b >= 0x41 && b <= 0x5A ? b | 0x20 : b) == want.utf8Start[k] else { return false }
+            value.formIndex(after: &i)
+        }
+        skipBlanks()
+        return i == value.endIndex || value[i] == UInt8(ascii: ";")
+    }
+
     /// Small positive integers from the query string (`limit`, `after`).
     public static func integer(_ text: String?, name: String, range: ClosedRange<Int64>, default def: Int64) throws(DispatchError) -> Int64 {
         guard let text else { return def }

@@ -5,6 +5,50 @@ import XCTest
 final class ValidationTests: XCTestCase {
     func r(_ c: Character, _ n: Int) -> String { String(repeating: c, count: n) }
 
+    /// `Content-Type` of a JSON body, read as bytes: one line per case, and each agrees with
+    /// the string reading it replaced (split at `;`, trim blanks, lowercase, compare).
+    func testJSONContentType() {
+        let table: [(String?, Bool)] = [
+            ("application/json", true),
+            ("Application/JSON", true),
+            ("APPLICATION/JSON", true),
+            ("application/json; charset=utf-8", true),
+            ("application/json;charset=UTF-8", true),
+            ("application/json ; charset=utf-8", true),
+            (" \tapplication/json\t ", true),
+            ("application/json;", true),
+            ("application/json;;", true),
+            (nil, false),
+            ("", false),
+            (" ", false),
+            (";", false),
+            ("application/jso", false),
+            ("application/jsonx", false),
+            ("application/json x", false),
+            ("application/json-seq", false),
+            ("application/problem+json", false),
+            ("text/json", false),
+            ("application /json", false),
+            ("application/ json", false),
+            ("xapplication/json", false),
+            ("application\u{2215}json", false),
+            ("application/json\u{0}", false),
+            ("; application/json", false),
+            ("text/plain; a=application/json", false),
+            ("application/jsoN", true),
+        ]
+        func stringReading(_ h: String?) -> Bool {
+            let value = (h ?? "").split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false)[0]
+            let type = value.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed()
+            return String(type).lowercased() == "application/json"
+        }
+        for (value, want) in table {
+            XCTAssertEqual(Validation.isJSONContentType(value?.utf8), want, "\(value.debugDescription)")
+            XCTAssertEqual(stringReading(value), want, "the string reading of \(value.debugDescription)")
+        }
+        XCTAssertTrue(Validation.isJSONContentType(Array("application/json".utf8)[...]), "any byte collection")
+    }
+
     func testActivityID() {
         let table: [(String, String?)] = [
             (#"{"taskName":"x","activityId":"TEST-RTORRENT-01"}"#, nil),

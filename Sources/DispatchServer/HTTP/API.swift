@@ -170,9 +170,7 @@ final class API {
 
     /// A JSON body must say so: `application/json`, parameters (`; charset=utf-8`) allowed.
     static func requireJSON(_ req: HTTPRequest) -> DispatchError? {
-        let value = (req.header("Content-Type") ?? "").split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false)[0]
-        let type = value.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed()
-        guard String(type).lowercased() == "application/json" else {
+        guard Validation.isJSONContentType(req.header("Content-Type")?.utf8) else {
             return DispatchError(.unsupportedMediaType, "send the body as Content-Type: application/json")
         }
         return nil
