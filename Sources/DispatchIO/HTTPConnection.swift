@@ -78,8 +78,10 @@ final class HTTPConnection: StreamCork {
     /// The server stops parsing pipelined requests while this much of its answers wait.
     static let outputHighWater = 64 * 1024
 
-    /// Weak: its owner may free the stream while the connection tells it of a close.
-    weak var stream: HTTPStream?
+    /// The stream this connection carries. Not counted (a weak reference cost a side table per
+    /// stream and an atomic load per drain): a stream cannot be freed while it is attached
+    /// (`HTTPStream.deinit` checks), and `close` holds it while it tells it.
+    unowned(unsafe) var stream: HTTPStream?
     private var streaming = false
     private var streamWriteTimeout: Double = 60
     private var maxStreamInput = 4096

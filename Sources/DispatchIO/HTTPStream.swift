@@ -80,8 +80,10 @@ public final class HTTPStream: StreamTransport {
     private var aborting = false
     /// Told when the peer goes away (FIN, RST, write timeout; not after end or abort) and when
     /// queued output drained below `drainMark` (a delegate and a tag rather than closures: two
-    /// fewer allocations per stream).
-    public weak var delegate: HTTPStreamDelegate?
+    /// fewer allocations per stream). Not counted: its owner clears it when it lets the stream
+    /// go (`SSEConnection.detach`), and a stream cannot outlive an owner while it is open (it
+    /// must be ended first, `deinit`).
+    public unowned(unsafe) var delegate: HTTPStreamDelegate?
     public var tag = 0
     public var drainMark = 32 * 1024
     public var priority = EventPriority.normal
@@ -93,7 +95,7 @@ public final class HTTPStream: StreamTransport {
         self.loop = loop
     }
 
-    /// The connection points at this object (weakly) while it streams: it must be ended first.
+    /// The connection points at this object (uncounted) while it streams: it must be ended first.
     deinit { precondition(connection == nil, "HTTPStream released while its connection is open") }
 
     /// Watches the request's connection from now on, before anything is answered: a client
@@ -135,8 +137,7 @@ public final class HTTPStream: StreamTransport {
     func drained() {
         guard !drainScheduled, delegate != nil, backlog < drainMark else { return }
         drainScheduled = true
-        loop.soon(priority) { [weak self] in
-            guard let self else { return }
+        loop.soon(priority) { [self] in
             self.drainScheduled = false
             if self.isOpen { self.delegate?.streamDrained(self.tag) }
         }

@@ -11,8 +11,9 @@ final class SSESessions<Session: KeyedStream>: HTTPStreamDelegate {
     private var table = StreamTable<Session>()
     private let heartbeatSeconds: Double
     private var heartbeatTimer: Timer?
-    /// The service these sessions belong to.
-    weak var owner: (any SSESessionsOwner<Session>)?
+    /// The service these sessions belong to, which alone holds them: not counted (a weak
+    /// load on every delivery cost more than the delivery's bookkeeping).
+    unowned(unsafe) var owner: (any SSESessionsOwner<Session>)?
 
     /// Database reads retried while it comes back: at most this many attempts.
     static var maxRetries: Int { 60 }
