@@ -36,7 +36,12 @@ final class CarrierFixture {
         XCTAssertEqual(scripted.violations, [], file: file, line: line)
     }
 
-    var pendingReads: [String] { scripted.pending(on: scripted.reader) }
+    /// Statements sent on the reader, once the turn's deferred work ran (a status stream's
+    /// snapshot is read at the end of the turn it connected in).
+    var pendingReads: [String] {
+        loop.runSoon()
+        return scripted.pending(on: scripted.reader)
+    }
 
     /// Rows of `read_history`.
     func history(_ rows: [(id: String, seq: Int64, event: String, data: String)]) -> PGResult {
