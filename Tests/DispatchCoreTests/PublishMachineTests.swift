@@ -64,6 +64,7 @@ final class PublishMachineTests: XCTestCase {
             case .announce(let e, _):
                 return "announce \(e.snapshot.activityId) \(e.seq) \(e.name)"
             case .answer(let op, let outcome): return "answer \(op) " + render(outcome)
+            case .wake(let w, let ms): return "wake \(w) after \(ms) ms"
             case .kickPushes: return "kick pushes"
             case .casMissed(let id): return "cas missed \(id)"
             case .log(.writesRefused): return "log writes refused"
@@ -501,5 +502,98 @@ final class PublishMachineTests: XCTestCase {
         XCTAssertEqual(c.pushPriority, 10)
         XCTAssertEqual(c.createdMs, now)
         XCTAssertEqual(c.data, text(u.event.snapshot.json()))
+    }
+
+    // MARK: - The commit window
+
+    /// A machine with a 4 ms window whose first batch (a, lone) is in flight and b and c are
+    /// queued behind it: the lone batch opens no window, the batch of b and c (two publishers) does.
+    func loaded() -> Machine {
+        var m = machine()
+        m.commitWindowMs = 4
+        _ = m.submitted(start("a"), now: now)
+        _ = m.submitted(start("b"), now: now)
+        _ = m.submitted(start("c"), now: now)
+        return m
+    }
+
+    func testTheWindowOpensAfterABatchOfSeveralPublishersAndNotAfterALoneOne() {
+        var m = loaded()
+        XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
+                       ["announce a 1 processing", "answer 1 created 1", "write 2: start b, start c"],
+                       "a lone publisher's batch opens no window: what waited goes at once")
+        XCTAssertFalse(m.isWindowOpen)
+        XCTAssertEqual(render(m.batchFinished(2, committed(["b", "c"]), now: now + 1)),
+                       ["announce b 1 processing", "answer 2 created 1", "announce c 1 processing", "answer 3 created 1",
+                        "wake 1 after 4 ms"], "two publishers in one batch: load; the next batch waits")
+        XCTAssertTrue(m.isWindowOpen)
+        XCTAssertEqual(render(m.submitted(start("d"), now: now + 2).actions), [], "held in the window")
+        XCTAssertEqual(render(m.submitted(start("e"), now: now + 3).actions), [])
+        XCTAssertFalse(m.isIdle)
+        XCTAssertEqual(render(m.windowElapsed(1, now: now + 5)), ["write 3: start d, start e"])
+        XCTAssertFalse(m.isWindowOpen)
+        XCTAssertEqual(render(m.windowElapsed(1, now: now + 6)), [], "the window is closed: a late wake does nothing")
+    }
+
+    func testAWindowThatGatheredNothingClosesAndTheNextLonePublisherGoesAtOnce() {
+        var m = loaded()
+        _ = m.batchFinished(1, committed(["a"]), now: now)
+        XCTAssertEqual(render(m.batchFinished(2, committed(["b", "c"]), now: now)).last, "wake 1 after 4 ms")
+        XCTAssertEqual(render(m.windowElapsed(1, now: now + 4)), [], "nothing gathered: nothing to write")
+        XCTAssertTrue(m.isIdle)
+        XCTAssertEqual(render(m.submitted(start("d"), now: now + 100).actions), ["write 3: start d"], "not held")
+        XCTAssertEqual(render(m.batchFinished(3, committed(["d"]), now: now + 101)), ["announce d 1 processing", "answer 4 created 1"],
+                       "a lone change opens no window")
+        XCTAssertFalse(m.isWindowOpen)
+    }
+
+    func testAFullWindowGoesAtOnceAndItsLateWakeDoesNothing() {
+        var m = loaded()
+        _ = m.batchFinished(1, committed(["a"]), now: now)
+        _ = m.batchFinished(2, committed(["b", "c"]), now: now)
+        for i in 0..<(Machine.windowFull - 1) {
+            XCTAssertEqual(render(m.submitted(start("f\(i)"), now: now).actions), [], "change \(i + 1) of \(Machine.windowFull) waits")
+        }
+        let (_, full) = m.submitted(start("last"), now: now)
+        XCTAssertEqual(batch(full)?.starts.count, Machine.windowFull, "the window is full: the batch goes without waiting")
+        XCTAssertFalse(m.isWindowOpen)
+        XCTAssertEqual(render(m.windowElapsed(1, now: now + 4)), [], "the full batch closed the window")
+        let applied = Set((0..<(Machine.windowFull - 1)).map { "f\($0)" } + ["last"])
+        let done = render(m.batchFinished(3, committed(applied), now: now + 5))
+        XCTAssertFalse(done.contains { $0.hasPrefix("wake") }, "a batch of \(Machine.windowFull) opens no window")
+        XCTAssertTrue(m.isIdle)
+    }
+
+    func testARequestOfManyChangesIsOnePublisherAndOpensNoWindow() {
+        var m = machine()
+        m.commitWindowMs = 4
+        let (ids, a1) = m.submittedAll([start("a"), start("b"), start("c")], now: now)
+        XCTAssertEqual(render(a1), ["write 1: start a, start b, start c"])
+        let done = render(m.batchFinished(1, committed(["a", "b", "c"]), now: now))
+        XCTAssertEqual(done.count, 6, "announced and answered, no wake")
+        XCTAssertEqual(render(m.submittedAll([start("d")], now: now + 1).actions), ["write 2: start d"],
+                       "the same publisher's next request goes at once")
+        _ = ids
+    }
+
+    func testWithTheWindowOffEveryBatchGoesAsSoonAsTheLastCommitted() {
+        var m = loaded()
+        m.commitWindowMs = 0
+        _ = m.batchFinished(1, committed(["a"]), now: now)
+        XCTAssertEqual(render(m.batchFinished(2, committed(["b", "c"]), now: now)).filter { $0.hasPrefix("wake") }, [])
+        XCTAssertEqual(render(m.submitted(start("d"), now: now).actions), ["write 3: start d"])
+    }
+
+    func testLosingTheWriterInAnOpenWindowFailsWhatWaitsAtOnce() {
+        var m = loaded()
+        _ = m.batchFinished(1, committed(["a"]), now: now)
+        _ = m.batchFinished(2, committed(["b", "c"]), now: now)
+        let (d, held) = m.submitted(start("d"), now: now)
+        XCTAssertEqual(render(held), [])
+        m.writerLost()
+        XCTAssertFalse(m.isWindowOpen)
+        XCTAssertEqual(render(m.submitted(start("e"), now: now).actions), ["answer \(d) failed database_unavailable", "answer 5 failed database_unavailable"])
+        XCTAssertEqual(render(m.windowElapsed(1, now: now + 4)), [])
+        XCTAssertTrue(m.isIdle)
     }
 }

@@ -20,7 +20,7 @@ final class CarrierFixture {
         let settings = StreamService.Settings(heartbeatSeconds: 4, maxBacklog: 64 * 1024, writeTimeout: 60)
         streams = StreamService(loop: loop, activities: ActivityRepository(db: scripted.db), metrics: metrics, log: log, settings: settings)
         feeds = FeedService(loop: loop, repository: FeedRepository(db: scripted.db), metrics: metrics, log: log, settings: settings)
-        let publisher = Publisher(db: scripted.db, log: log, metrics: metrics, defaultStaleAfter: 0, now: { 1 })
+        let publisher = Publisher(loop: loop, db: scripted.db, log: log, metrics: metrics, defaultStaleAfter: 0, now: { 1 })
         changes = HeardChanges(publisher: publisher, streams: streams, feeds: feeds)
     }
 

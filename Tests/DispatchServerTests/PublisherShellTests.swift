@@ -27,7 +27,7 @@ final class PublisherShellTests: XCTestCase {
         metrics = Metrics(worker: 0)
         scripted = ScriptedDatabase(loop: loop, metrics: metrics)
         loop.runSoon()
-        publisher = Publisher(db: scripted.db, log: Logger(level: .error), metrics: metrics, defaultStaleAfter: 0,
+        publisher = Publisher(loop: loop, db: scripted.db, log: Logger(level: .error), metrics: metrics, defaultStaleAfter: 0,
                               now: { [unowned self] in self.clockMs })
         // As the worker wires it.
         scripted.db.writer.onReady = { [unowned self] in self.publisher.writerReady() }
@@ -242,10 +242,63 @@ final class PublisherShellTests: XCTestCase {
         XCTAssertEqual(metrics.eventsPublished, 0)
     }
 
+    // MARK: - The commit window
+
+    /// The loop's timers besides the window's (the sessions' own).
+    var timers = 0
+
+    /// a goes alone; b and c (two publishers) go together behind it, and their commit opens
+    /// a 4 ms window.
+    func openTheWindow() {
+        publisher.commitWindowMs = 4
+        timers = loop.pendingTimers
+        submit(start("a"))
+        submit(start("b"))
+        submit(start("c"))
+        answerCommit(applied: ["a"], firstPosition: 1)
+        XCTAssertEqual(writer.pending, ["publish_starts", "position_lock", "publish_finalize"], "a lone batch opens no window: b and c go at once")
+        XCTAssertEqual(loop.pendingTimers, timers)
+        answerCommit(applied: ["b", "c"], firstPosition: 2)
+        XCTAssertEqual(loop.pendingTimers, timers + 1, "two publishers' batch: the window opened")
+    }
+
+    func testTheWindowOpensAfterABatchOfSeveralPublishersAndHoldsTheNextUntilItsTime() {
+        openTheWindow()
+        submit(start("d"))
+        submit(start("e"))
+        XCTAssertEqual(writer.pending, [], "held in the window")
+        loop.advance(by: 0.003)
+        XCTAssertEqual(writer.pending, [], "3 ms: still held")
+        loop.advance(by: 0.0015)
+        XCTAssertEqual(writer.pending, ["publish_starts", "position_lock", "publish_finalize"], "4 ms: d and e in one batch")
+        answerCommit(applied: ["d", "e"], firstPosition: 4)
+        XCTAssertEqual(journal.suffix(4), ["announce d 1", "answer d created", "announce e 1", "answer e created"])
+        submit(start("f"))
+        XCTAssertEqual(writer.pending, [], "d and e were two publishers too: another window")
+        loop.advance(by: 0.005)
+        answerCommit(applied: ["f"], firstPosition: 6)
+        XCTAssertEqual(loop.pendingTimers, timers, "a lone change opens no window")
+        submit(start("g"))
+        XCTAssertEqual(writer.pending, ["publish_starts", "position_lock", "publish_finalize"], "the next lone publisher goes at once")
+        answerCommit(applied: ["g"], firstPosition: 7)
+        XCTAssertEqual(metrics.publishBatches, 5)
+        XCTAssertTrue(publisher.isIdle)
+    }
+
+    func testAWindowTimerFiringAfterStopDoesNothing() {
+        openTheWindow()
+        submit(start("d"))
+        publisher.stop()
+        XCTAssertEqual(loop.pendingTimers, timers, "stop cancels the window's timer")
+        loop.advance(by: 0.01)
+        XCTAssertEqual(writer.pending, [], "nothing is sent after stop")
+        XCTAssertEqual(metrics.publishBatches, 2)
+    }
+
     // MARK: - Failure paths
 
     func testBeforeTheWriterIsReadyAChangeFailsAtOnceAndNothingIsSent() {
-        let fresh = Publisher(db: scripted.db, log: Logger(level: .error), metrics: metrics, defaultStaleAfter: 0, now: { 1 })
+        let fresh = Publisher(loop: loop, db: scripted.db, log: Logger(level: .error), metrics: metrics, defaultStaleAfter: 0, now: { 1 })
         var outcome: String?
         fresh.submit(start("a")) { outcome = Self.describe($0) }
         XCTAssertEqual(outcome, "database_unavailable")
@@ -356,7 +409,7 @@ final class PublisherShellTests: XCTestCase {
     func testAPublisherReleasedWithAReadInFlightIgnoresTheLateAnswer() {
         weak var released: Publisher?
         do {
-            let p = Publisher(db: scripted.db, log: Logger(level: .error), metrics: metrics, defaultStaleAfter: 0, now: { 1 })
+            let p = Publisher(loop: loop, db: scripted.db, log: Logger(level: .error), metrics: metrics, defaultStaleAfter: 0, now: { 1 })
             p.writerReady()
             p.delegate = self
             p.submit(update("y", 0.5)) { [unowned self] _ in self.journal.append("answer") }

@@ -27,7 +27,7 @@ final class StaleSweeperShellTests: XCTestCase {
         scripted = ScriptedDatabase(loop: loop, metrics: metrics)
         loop.runSoon()
         let log = Logger(level: .error)
-        publisher = Publisher(db: scripted.db, log: log, metrics: metrics, defaultStaleAfter: 0, now: { [unowned self] in self.clockMs })
+        publisher = Publisher(loop: loop, db: scripted.db, log: log, metrics: metrics, defaultStaleAfter: 0, now: { [unowned self] in self.clockMs })
         scripted.db.writer.onReady = { [unowned self] in self.publisher.writerReady() }
         scripted.db.writer.onLost = { [unowned self] _ in self.publisher.writerLost() }
         publisher.writerReady()

@@ -197,6 +197,60 @@ final class ChangesTests: XCTestCase {
         XCTAssertEqual(stored.map { $0[0] ?? "" }, (1...n).map { "step \($0)" })
     }
 
+    /// Single publishes from 17 publishers at once on one worker: batches of several
+    /// publishers, so the commit window (DISPATCH_COMMIT_WINDOW_MS, default 4) opens and holds
+    /// the next batch. Two feed readers and a status stream each see every one of the 340
+    /// changes exactly once, the feeds in position order and each activity in seq order.
+    func testConcurrentPublishesThroughTheCommitWindowReachEveryReaderOnceInOrder() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_WORKERS": "1", "DISPATCH_PUBLISH_RATE": "0"])
+        defer { s.stop() }
+        let publishers = 17, each = 20
+        for p in 0..<publishers { try s.startActivity("w\(p)") }
+        let feeds = [try s.feed(), try s.feed()]
+        var synced: [Int64] = []
+        for f in feeds { synced.append(try XCTUnwrap(try f.waitSynced(), "no synced")) }
+        let status = try s.stream("w0")
+        XCTAssertEqual(try status.waitForEvents(1).count, 1)
+        let batchesBefore = try s.metric("dispatch_publish_batches_total")
+
+        let failures = Collected<String>()
+        let done = DispatchGroup()
+        for p in 0..<publishers {
+            DispatchQueue.global().async(group: done) {
+                let c = s.client
+                for k in 1...each {
+                    guard let r = try? c.post("/v1/activities/w\(p)/update", #"{"status":"step \#(k)"}"#), r.status == 200 else {
+                        return failures.append("w\(p) step \(k)")
+                    }
+                }
+            }
+        }
+        let readers = feeds + [status]
+        let expectedCount = publishers * each
+        XCTAssertTrue(try keepReading(readers, timeout: 60) {
+            done.wait(timeout: .now()) == .success && feeds.allSatisfy { $0.changeIDs.count >= expectedCount } && status.ids.count >= each + 1
+        }, "every change delivered: feeds \(feeds.map { $0.changeIDs.count }), status \(status.ids.count)")
+        for r in readers { _ = try r.pump(timeout: 0.3) }
+        XCTAssertEqual(failures.all, [])
+
+        let expected = try s.positions(after: synced[0])
+        XCTAssertEqual(expected.count, expectedCount)
+        for (i, f) in feeds.enumerated() {
+            XCTAssertEqual(f.changeIDs, expected, "feed \(i): each change once, in position order")
+            var seqs: [String: [Int]] = [:]
+            for e in f.events.drop(while: { $0.event != "synced" }).dropFirst() {
+                guard let v = try? JSONParser.parse(e.data), let id = v["activityId"]?.stringValue, let seq = v["seq"]?.numberValue else { continue }
+                seqs[id, default: []].append(Int(seq))
+            }
+            for p in 0..<publishers { XCTAssertEqual(seqs["w\(p)"], Array(2...(each + 1)), "feed \(i), w\(p)") }
+        }
+        XCTAssertEqual(status.ids, (1...Int64(each + 1)).map { $0 }, "the status stream: each change of w0 once, in order")
+        XCTAssertFalse(status.ended)
+        let batches = try s.metric("dispatch_publish_batches_total") - batchesBefore
+        print("ChangesTests: \(expectedCount) concurrent publishes in \(Int(batches)) batches")
+        XCTAssertLessThan(batches, Double(expectedCount), "several changes per commit")
+    }
+
     /// A thousand changes, each to an activity of its own: one transaction, also when the
     /// updates must first read rows this server process never saw (another worker wrote them).
     func testAThousandChangesCommitInOneTransaction() throws {

@@ -9,6 +9,12 @@
 /// and group-commits what is ready: one batch in flight, at most `maxBatch` changes (a
 /// request of many changes, `submittedAll`, goes whole: its changes wait until none of them is
 /// being read, then go in one batch however large).
+/// While load is present a commit window gathers more: after a batch that carried the changes
+/// of several requests (and fewer than `windowFull`), the next batch waits up to
+/// `commitWindowMs` for more to arrive (`.wake`, answered `windowElapsed`), or goes as soon as
+/// `windowFull` changes wait. A lone publisher is never held: a batch of one request opens no
+/// window, so the first change after a quiet spell goes at once (issue 35: PostgreSQL's cost
+/// per publish is mostly the commit).
 /// Publishes for one activity are serialised here (one in progress, the rest wait in order);
 /// across processes a compare-and-set on `seq` keeps the history gap-free, and a miss re-reads
 /// and re-plans.
@@ -18,10 +24,14 @@ public struct PublishMachine {
     public typealias BatchID = UInt64
     /// Names the changes of one request that go to the database together.
     public typealias GroupID = UInt64
+    /// Names one opening of the commit window (a late `windowElapsed` of a closed one is ignored).
+    public typealias WindowID = UInt64
 
     public static let maxBatch = 512
     /// Compare-and-set misses before a publisher is told to retry later.
     public static let maxAttempts = 20
+    /// Changes waiting that close an open commit window at once: the batch is big enough.
+    public static let windowFull = 64
     /// Times a change is sent again because another change rolled its batch back.
     public static let maxReplays = 3
 
@@ -30,6 +40,8 @@ public struct PublishMachine {
         case read(OpID, activityID: String, idempotencyKey: String?)
         /// Send the batch as one transaction; answer `batchFinished(batch, …)`. Counts a batch.
         case write(BatchID, PublishBatch)
+        /// The commit window opened: answer `windowElapsed(window, …)` after `afterMs`.
+        case wake(WindowID, afterMs: Int64)
         /// A change committed: tell streams and the carrier (before its publisher is answered).
         /// Counts a published event.
         case announce(ActivityEvent, json: [UInt8])
@@ -97,6 +109,9 @@ public struct PublishMachine {
     /// refusal of a start past it (the starts statement enforces it).
     public var maxFinishedPerKey = KeyRules.defaultMaxFinished
     public private(set) var writerIsReady = false
+    /// How long the next batch may wait for more changes once load is present (ms; 0: the
+    /// window never opens, and each batch goes as soon as the one before it committed).
+    public var commitWindowMs: Int64 = 0
 
     /// Live activities this worker has seen lately; bounded by bytes (a snapshot may be a few
     /// hundred bytes or several kilobytes).
@@ -110,6 +125,9 @@ public struct PublishMachine {
     private var nextOp: OpID = 1
     private var nextBatch: BatchID = 1
     private var nextGroup: GroupID = 1
+    /// The commit window while it is open (never with a batch in flight): queued changes wait.
+    private var window: WindowID?
+    private var nextWindow: WindowID = 1
     /// Reads in flight per group: its planned changes wait for them (one transaction).
     private var readsInGroup: [GroupID: Int] = [:]
     /// Keys whose starts the database refused for DISPATCH_MAX_FINISHED_PER_KEY, until it is
@@ -136,6 +154,9 @@ public struct PublishMachine {
 
     /// Nothing is being planned, waiting or written: every publisher has its answer.
     public var isIdle: Bool { busy.isEmpty && inFlight == nil }
+
+    /// The commit window is open: what is queued waits for `windowElapsed` or `windowFull`.
+    public var isWindowOpen: Bool { window != nil }
 
     // MARK: - The cache
 
@@ -276,6 +297,7 @@ public struct PublishMachine {
                 settle(planned, applied: applied.contains(id), json: json, now: now, &actions)
             }
             if marksPushes && pushesMarked > 0 { actions.append(.kickPushes) }
+            openWindow(after: batch, &actions)
         case .refused(let error):
             writesRefused = true
             actions.append(.log(.writesRefused(error: error)))
@@ -301,6 +323,15 @@ public struct PublishMachine {
         return actions
     }
 
+    /// The commit window's time is up: what gathered goes now.
+    public mutating func windowElapsed(_ id: WindowID, now: Int64) -> [Action] {
+        guard window == id else { return [] }
+        window = nil
+        var actions: [Action] = []
+        flush(now: now, &actions)
+        return actions
+    }
+
     /// The writer (re)connected: send what waits.
     public mutating func writerReady(now: Int64) -> [Action] {
         writerIsReady = true
@@ -312,6 +343,7 @@ public struct PublishMachine {
     /// The writer's connection was lost: until it is back, changes fail at once.
     public mutating func writerLost() {
         writerIsReady = false
+        window = nil
     }
 
     // MARK: - Planning
@@ -450,6 +482,10 @@ public struct PublishMachine {
             }
             return
         }
+        if window != nil {
+            guard writeQueue.count >= Self.windowFull else { return }
+            window = nil
+        }
         // A request's changes wait while any of them is being read, so they go together.
         guard let first = writeQueue.firstIndex(where: { !isGathering($0) }) else { return }
         var changes: [Planned] = []
@@ -499,6 +535,27 @@ public struct PublishMachine {
         nextBatch += 1
         inFlight = Batch(id: id, changes: changes, jsons: jsons)
         actions.append(.write(id, batch))
+    }
+
+    /// Opens the commit window after a committed batch that shows load: changes of at least two
+    /// requests (a request of many changes counts once: one publisher), and fewer than
+    /// `windowFull` (a batch that large needs no help).
+    private mutating func openWindow(after batch: Batch, _ actions: inout [Action]) {
+        guard commitWindowMs > 0, batch.changes.count < Self.windowFull else { return }
+        var requests = 0
+        var groups: Set<GroupID> = []
+        for planned in batch.changes {
+            if let group = planned.pending.group {
+                guard groups.insert(group).inserted else { continue }
+            }
+            requests += 1
+            if requests >= 2 { break }
+        }
+        guard requests >= 2 else { return }
+        let id = nextWindow
+        nextWindow += 1
+        window = id
+        actions.append(.wake(id, afterMs: commitWindowMs))
     }
 
     private func isGathering(_ planned: Planned) -> Bool {

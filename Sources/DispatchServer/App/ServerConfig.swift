@@ -37,6 +37,9 @@ public struct ServerConfig: Equatable, Sendable {
     public var maxPendingPerClient = 32
     /// Seconds a stop (SIGTERM) may take: streams told to come back, publishes answered.
     public var shutdownTimeoutSeconds: Double = 10
+    /// Milliseconds a worker's next batch may wait for more changes while load is present
+    /// (after a batch of several publishers' changes); 0: never waits (issue 35).
+    public var commitWindowMs = 4
     /// `staleAfter` of starts that give none (seconds; 0: never).
     public var staleAfterSeconds = 86_400
     /// Browsers on these origins may read `/v1` answers (contract §9); default none.
@@ -93,6 +96,7 @@ public struct ServerConfig: Equatable, Sendable {
         Setting(env: "DISPATCH_REQUEST_DEADLINE", flag: "--request-deadline", help: "seconds a client may take to send a whole request, headers and body (default 30)"),
         Setting(env: "DISPATCH_MAX_PENDING_PER_CLIENT", flag: "--max-pending-per-client", help: "connections one client address may hold before completing a request (default 32)"),
         Setting(env: "DISPATCH_SHUTDOWN_TIMEOUT", flag: "--shutdown-timeout", help: "seconds a graceful stop may take before what is left is cut (default 10)"),
+        Setting(env: "DISPATCH_COMMIT_WINDOW_MS", flag: "--commit-window-ms", help: "milliseconds a batch of publishes may wait for more while several publishers are busy, 0-100; 0 never waits (default 4)"),
         Setting(env: "DISPATCH_STALE_AFTER", flag: "--stale-after", help: "seconds without an update before an activity is ended as stale, when its start gives no staleAfter; 0 never (default 86400)"),
         Setting(env: "DISPATCH_CORS_ORIGINS", flag: "--cors-origins", help: "origins whose browser pages may call /v1, comma-separated (https://ops.example), or * for any (default none)"),
         Setting(env: "DISPATCH_TRUSTED_PROXIES", flag: "--trusted-proxies", help: "CIDRs of reverse proxies whose X-Forwarded-Proto is believed, comma-separated (127.0.0.1/32,10.0.0.0/8) (default none)"),
@@ -196,6 +200,10 @@ public struct ServerConfig: Equatable, Sendable {
         if let v = values["DISPATCH_SHUTDOWN_TIMEOUT"] {
             guard let d = Double(v), d.isFinite, d >= 0.5, d <= 600 else { throw ConfigError("DISPATCH_SHUTDOWN_TIMEOUT must be seconds from 0.5 to 600, not \(v)") }
             c.shutdownTimeoutSeconds = d
+        }
+        if let v = values["DISPATCH_COMMIT_WINDOW_MS"] {
+            guard let n = Int(v), n >= 0, n <= 100 else { throw ConfigError("DISPATCH_COMMIT_WINDOW_MS must be milliseconds from 0 to 100, not \(v)") }
+            c.commitWindowMs = n
         }
         if let v = values["DISPATCH_STALE_AFTER"] {
             guard let n = Int(v), n == 0 || (10...604_800).contains(n) else {

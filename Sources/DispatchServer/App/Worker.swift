@@ -55,7 +55,8 @@ public final class Worker {
         db = Database(loop: loop, conninfo: conninfo, log: log, metrics: metrics, timeout: config.dbTimeoutSeconds)
         listener = PGConnection(loop: loop, conninfo: conninfo, name: "listener", log: log, timeout: config.dbTimeoutSeconds)
         metrics.carrierUp = { [listener] in listener.isReady }
-        publisher = Publisher(db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
+        publisher = Publisher(loop: loop, db: db, log: log, metrics: metrics, defaultStaleAfter: config.staleAfterSeconds, now: Clock.nowMilliseconds)
+        publisher.commitWindowMs = Int64(config.commitWindowMs)
         publisher.maxLivePerKey = config.limits.maxLivePerKey
         publisher.maxFinishedPerKey = config.limits.maxFinishedPerKey
         streams = StreamService(loop: loop, activities: publisher.activities, metrics: metrics, log: log,
@@ -235,6 +236,7 @@ public final class Worker {
         webhooks?.stop()
         push?.shutdown()
         func finish() {
+            publisher.stop()
             carrier.close()
             push?.close()
             db.close()

@@ -12,6 +12,7 @@ import DispatchIO
 final class Publisher {
     static let maxBatch = PublishMachine.maxBatch
 
+    let loop: LoopScheduling
     let db: Database
     let activities: ActivityRepository
     let log: Logger
@@ -30,8 +31,12 @@ final class Publisher {
     /// The reads the actions being performed asked for: sent together once they are done, as
     /// one statement (`read_for_publish_many`) when there are several.
     private var reads: [(id: PublishMachine.OpID, activityID: String, idempotencyKey: String?)] = []
+    /// The open commit window's timer (`.wake`).
+    private var windowTimer: Timer?
+    private var stopped = false
 
-    init(db: Database, log: Logger, metrics: Metrics, defaultStaleAfter: Int, now: @escaping () -> Int64) {
+    init(loop: LoopScheduling, db: Database, log: Logger, metrics: Metrics, defaultStaleAfter: Int, now: @escaping () -> Int64) {
+        self.loop = loop
         self.db = db
         activities = ActivityRepository(db: db)
         self.log = log
@@ -57,6 +62,20 @@ final class Publisher {
     var maxFinishedPerKey: Int {
         get { machine.maxFinishedPerKey }
         set { machine.maxFinishedPerKey = newValue }
+    }
+
+    /// How long a batch may wait for more changes while load is present
+    /// (DISPATCH_COMMIT_WINDOW_MS; 0: never).
+    var commitWindowMs: Int64 {
+        get { machine.commitWindowMs }
+        set { machine.commitWindowMs = newValue }
+    }
+
+    /// At shutdown, as the database closes: no commit window fires after it.
+    func stop() {
+        stopped = true
+        windowTimer?.cancel()
+        windowTimer = nil
     }
 
     /// Mark the push outbox in each batch (APNs is configured).
@@ -176,6 +195,13 @@ final class Publisher {
             db.writer.execute(queries) { [weak self] result in
                 guard let self else { return }
                 self.perform(self.machine.batchFinished(id, ActivityRepository.publishResult(result, writes: writes), now: self.now()))
+            }
+        case .wake(let window, let afterMs):
+            windowTimer?.cancel()
+            windowTimer = loop.timer(after: Double(afterMs) / 1000, repeating: false) { [weak self] in
+                guard let self, !self.stopped else { return }
+                self.windowTimer = nil
+                self.perform(self.machine.windowElapsed(window, now: self.now()))
             }
         case .announce(let event, let json):
             metrics.eventsPublished += 1
