@@ -236,7 +236,9 @@ final class NATSClientTests: XCTestCase {
         witness.subscribe(topic)
         XCTAssertTrue(cluster.waitForInterest(0, topic, count: 2))
         for i in 0..<2000 { pub.publish(topic, Array("m\(i)".utf8)) }
-        XCTAssertTrue(runLoop(loop, timeout: 20) { witnessSeen.messages.count == 2000 })
+        // Each client's library thread hands over on its own: under load the witness can hold
+        // all 2000 before the closer's thread has run once, so wait for both.
+        XCTAssertTrue(runLoop(loop, timeout: 20) { witnessSeen.messages.count == 2000 && closedAt != nil })
         XCTAssertEqual(closedAt, 0)
         XCTAssertEqual(seen.messages.count, 1)
         XCTAssertFalse(sub.isConnected)
