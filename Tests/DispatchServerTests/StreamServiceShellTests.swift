@@ -149,6 +149,27 @@ final class StreamServiceShellTests: XCTestCase {
         XCTAssertEqual(metrics.streamCloses[.clientClosed], 1)
     }
 
+    /// The service goes away (a worker's shutdown) while snapshot reads are out, one batched
+    /// and one alone: their late answers reach nothing and crash nothing.
+    func testSnapshotAnswersAfterTheServiceIsGoneAreDropped() {
+        let a = ScriptedStream(), b = ScriptedStream()
+        service.open(a, activityID: "job-a", lastEventID: nil, keyID: 1)
+        service.open(b, activityID: "job-b", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activities"])
+        let lone = ScriptedStream()
+        service.open(lone, activityID: "job-c", lastEventID: nil, keyID: 1)
+        service.shutdown()
+        XCTAssertEqual(pendingStatements, ["read_activities", "read_activity"])
+        weak var gone = service
+        service = StreamService(loop: loop, activities: ActivityRepository(db: scripted.db), metrics: metrics, log: Logger(level: .error),
+                                settings: .init(heartbeatSeconds: 4, maxBacklog: 64 * 1024, writeTimeout: 60))
+        XCTAssertNil(gone, "nothing but its owner holds the service")
+        answerReader { _ in activityRow("job-a", state: .processing, seq: 2) }
+        answerReader { _ in activityRow("job-c", state: .processing, seq: 5) }
+        XCTAssertEqual(ids(a) + ids(b) + ids(lone), [])
+        XCTAssertEqual(scripted.pending(on: reader), [])
+    }
+
     /// Idle streams get heartbeats on the stepped clock; revoking the key aborts them.
     func testHeartbeatsThenRevocation() {
         let client = ScriptedStream()

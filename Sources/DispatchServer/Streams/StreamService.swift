@@ -256,7 +256,7 @@ final class StreamService: SSESessionsOwner {
 
     private func queueSnapshot(_ topic: String, generation: UInt64) {
         snapshotBatch.append((topic, generation))
-        if snapshotBatch.count == 1 { loop.soon { [unowned self] in self.readSnapshots() } }
+        if snapshotBatch.count == 1 { loop.soon { [weak self] in self?.readSnapshots() } }
     }
 
     private func readSnapshots() {
@@ -264,12 +264,14 @@ final class StreamService: SSESessionsOwner {
         snapshotBatch = []
         guard batch.count > 1 else {
             guard let r = batch.first else { return }
-            activities.read(r.topic) { [unowned self] result in
-                self.snapshotRead(r.topic, generation: r.generation, result)
+            activities.read(r.topic) { [weak self] result in
+                self?.snapshotRead(r.topic, generation: r.generation, result)
             }
             return
         }
-        activities.readMany(batch.map(\.topic)) { [unowned self] result in
+        // Weak, as every database answer here: one may come after the service is gone.
+        activities.readMany(batch.map(\.topic)) { [weak self] result in
+            guard let self else { return }
             for r in batch {
                 self.snapshotRead(r.topic, generation: r.generation, result.map { $0[r.topic] })
             }
