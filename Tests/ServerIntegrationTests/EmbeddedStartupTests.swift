@@ -90,6 +90,31 @@ final class EmbeddedStartupTests: XCTestCase {
         XCTAssertNotNil(Subprocess.wait(again, seconds: 20))
     }
 
+    /// A server started while the previous one's watchdog holds the data dir's lock (a moment
+    /// for each look, the whole of a cluster's stop) waits for it and serves: it is not refused
+    /// as if another server were serving (loaded runs saw exit 1 right after a stop).
+    func testAStartWhileThePreviousWatchdogHoldsTheLockWaitsAndServes() throws {
+        let dir = freshDir()
+        let port = try TestServer.freePort()
+        let first = try XCTUnwrap(Subprocess.start(["/bin/sh", "-c", "exec \(TestPaths.binary("dispatchd")) >> \(dir).log 2>&1"],
+                                                   environment: environment(dir, port: port)))
+        XCTAssertTrue(waitUntil(60) { (try? HTTPClient(port: port).get("/readyz").status) == 200 }, Files.read(dir + ".log") ?? "")
+        kill(first, SIGTERM)
+        XCTAssertNotNil(Subprocess.wait(first, seconds: 20))
+
+        // What the watchdog does, held longer: flock(1) on the lock.
+        let lockPath = dir + "/dispatchd.lock"
+        let holder = try XCTUnwrap(Subprocess.start(["flock", lockPath, "sleep", "2"]))
+        XCTAssertTrue(waitUntil(10) { Subprocess.run(["flock", "-n", lockPath, "true"]).status != 0 }, "the lock is held")
+        let again = try XCTUnwrap(Subprocess.start(["/bin/sh", "-c", "exec \(TestPaths.binary("dispatchd")) >> \(dir).log 2>&1"],
+                                                   environment: environment(dir, port: port)))
+        XCTAssertTrue(waitUntil(60) { (try? HTTPClient(port: port).get("/readyz").status) == 200 }, Files.read(dir + ".log") ?? "")
+        XCTAssertTrue((Files.read(dir + ".log") ?? "").contains("msg=embedded_postgres.lock_wait"))
+        XCTAssertEqual(Subprocess.wait(holder), 0)
+        kill(again, SIGTERM)
+        XCTAssertNotNil(Subprocess.wait(again, seconds: 20))
+    }
+
     func testAnotherUsersDataDirAndAnUnreachableOneAreRefused() throws {
         guard getuid() == 0 else { throw XCTSkip("needs root to make a directory another user's") }
         let dir = freshDir()

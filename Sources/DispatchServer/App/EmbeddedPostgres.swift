@@ -170,13 +170,17 @@ public final class EmbeddedPostgres {
         let lockPath = dataDir + "/dispatchd.lock"
         let ctl = (runAs + [binDir + "/pg_ctl", "-D", clusterDir]).map(EmbeddedPostgres.shellQuote).joined(separator: " ")
         let flockTool: String? = ["/usr/bin/flock", "/bin/flock"].first { access($0, X_OK) == 0 }
-        let free = flockTool.map { "\($0) -n \(EmbeddedPostgres.shellQuote(lockPath)) true" } ?? "true"
+        // The look and the stop happen under the data dir's lock: a server that starts
+        // meanwhile waits for the stop (it takes the cluster over after), never races it.
+        let stopIfRunning = "if \(ctl) status >/dev/null 2>&1; then \(ctl) -m fast -w stop; fi"
+        let step = flockTool.map {
+            "\($0) -n -E 75 \(EmbeddedPostgres.shellQuote(lockPath)) /bin/sh -c \(EmbeddedPostgres.shellQuote(stopIfRunning)); [ $? -eq 75 ] && exit 0"
+        } ?? stopIfRunning
         let script = """
             while kill -0 \(getpid()) 2>/dev/null; do sleep 0.2; done
             n=0
             while [ $n -lt 20 ]; do
-              \(free) || exit 0
-              if \(ctl) status >/dev/null 2>&1; then \(ctl) -m fast -w stop; fi
+              \(step)
               n=$((n+1)); sleep 0.5
             done
             """
@@ -197,16 +201,42 @@ public final class EmbeddedPostgres {
     }
 
     /// One serving dispatchd per data dir: an flock held for the life of the process (the
-    /// kernel releases it however the process ends).
+    /// kernel releases it however the process ends), with the holder's pid written in it.
+    /// A lock held while that pid is gone is the previous server's watchdog stopping its
+    /// cluster: wait for it (a restart right after a stop must not be refused).
     private func lock() throws {
         let path = dataDir + "/dispatchd.lock"
         let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw PGError("cannot open \(path): \(String(cString: strerror(errno)))") }
-        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
-            close(fd)
-            throw PGError("another dispatchd is serving with the data dir \(dataDir)")
+        let deadline = Clock.monotonic() + Self.lockWait
+        var waited = false
+        while flock(fd, LOCK_EX | LOCK_NB) != 0 {
+            let holder = Self.pidIn(Files.read(path))
+            let serverAlive = holder.map { $0 != getpid() && (kill($0, 0) == 0 || errno == EPERM) } ?? false
+            guard !serverAlive, Clock.monotonic() < deadline else {
+                close(fd)
+                throw PGError("another dispatchd is serving with the data dir \(dataDir)")
+            }
+            if !waited {
+                waited = true
+                log.info("embedded_postgres.lock_wait", [("data_dir", dataDir), ("reason", "the previous server's watchdog is stopping its cluster")])
+            }
+            usleep(50_000)
+        }
+        if ftruncate(fd, 0) == 0 {
+            let line = Array("\(getpid())\n".utf8)
+            _ = line.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
         }
         lockFD = fd
+    }
+
+    /// How long a start waits for a previous server's watchdog to let the data dir go.
+    static let lockWait: Double = 30
+
+    /// The pid a lock file names (nil: empty, or not a pid).
+    static func pidIn(_ text: String?) -> pid_t? {
+        guard let word = text?.split(whereSeparator: \.isWhitespace).first, let pid = pid_t(word), pid > 0 else { return nil }
+        return pid
     }
 
     /// The cluster's directory and its socket's: owned by the user the cluster runs as, mode
