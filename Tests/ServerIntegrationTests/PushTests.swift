@@ -185,6 +185,34 @@ final class PushTests: XCTestCase {
         XCTAssertEqual(got.count, 2)
     }
 
+    /// The first push to a new token (its row) and a progress change that committed before
+    /// that push was marked: the change's entry, waiting and not yet claimed, is paced from the
+    /// row's push like any two pushes of the activity; a waiting state change is not held.
+    /// (A loaded run pushed the next progress at once: the entry came due before the mark.)
+    /// The statement runs on a server's database with nothing pushing (no APNs configured).
+    func testARowPushMarkedAfterAProgressChangePacesTheWaitingEntry() throws {
+        let s = try TestServer.start()
+        defer { s.stop() }
+        _ = try sql(s, """
+            INSERT INTO push_activity_outbox (activity_id, wanted_seq, priority, pending_since_ms)
+            VALUES ('raced-progress', 2, 5, 0), ('raced-state', 2, 10, 0)
+            """)
+        let nowMs = Clock.nowMilliseconds()
+        let jobs = ["raced-progress", "raced-state"].enumerated().map { i, id in
+            var job = PushJob(outboxID: Int64(i + 1), leaseID: 1, kind: .update, activityID: id, deviceID: Int64(i + 1), seq: 1,
+                              timestamp: nowMs / 1000, attempts: 0, pendingSinceMs: nil, claimedAtMs: nowMs)
+            job.changedAtMs = nowMs - 1000
+            return job
+        }
+        let q = PushFanOutRepository.rowsDelivered(jobs, paceSeconds: 30)
+        _ = try TestPostgres.shared().sql(s.conninfo, q.sql, q.params)
+        let due = Dictionary(uniqueKeysWithValues: try sql(s, """
+            SELECT activity_id, extract(epoch FROM due_at - now())::float8 FROM push_activity_outbox
+            """).map { ($0[0] ?? "", Double($0[1] ?? "") ?? -1) })
+        XCTAssertGreaterThan(due["raced-progress"] ?? 0, 20, "progress waits for the pace from the row's push")
+        XCTAssertLessThan(due["raced-state"] ?? 99, 1, "a state change goes at once")
+    }
+
     func testPrioritiesAndTheEndWithItsDismissalDate() throws {
         let f = try fake()
         let s = try server(f, ["DISPATCH_PUSH_DISMISSAL": "600"])

@@ -232,9 +232,11 @@ enum PushFanOutRepository {
 
     /// A row's push delivered to an update token also counts for its activity's entry: the
     /// next fan-out's timestamp continues after it (`row_timestamp`: rows continue from the
-    /// fan-outs' `last_timestamp`, never from each other), and an entry with nothing waiting starts its pace
-    /// from it (so the first push to a new token and the next change are paced like any two
-    /// pushes of the activity). An activity without an entry gets one, up to date.
+    /// fan-outs' `last_timestamp`, never from each other), and an entry that is not being sent
+    /// starts its pace from it, whether nothing waits or a progress change that committed before
+    /// this mark does (so the first push to a new token and the next change are paced like any
+    /// two pushes of the activity); a waiting state change still goes at once. An activity
+    /// without an entry gets one, up to date.
     static func rowsDelivered(_ jobs: [PushJob], paceSeconds: Double) -> PGQuery {
         PGQuery("""
             INSERT INTO push_activity_outbox AS e (activity_id, wanted_seq, sent_seq, row_timestamp, due_at, sent_at, last_status, stale_date)
@@ -246,7 +248,7 @@ enum PushFanOutRepository {
             ON CONFLICT (activity_id) DO UPDATE SET row_timestamp = GREATEST(e.row_timestamp, EXCLUDED.row_timestamp),
               stale_date = CASE WHEN EXCLUDED.stale_date > 0 AND e.stale_date > 0 THEN LEAST(e.stale_date, EXCLUDED.stale_date)
                                 ELSE GREATEST(e.stale_date, EXCLUDED.stale_date) END,
-              due_at = CASE WHEN e.wanted_seq <= e.sent_seq AND e.lease_id IS NULL THEN GREATEST(e.due_at, EXCLUDED.due_at) ELSE e.due_at END
+              due_at = CASE WHEN e.lease_id IS NULL AND (e.wanted_seq <= e.sent_seq OR e.priority < 10) THEN GREATEST(e.due_at, EXCLUDED.due_at) ELSE e.due_at END
             """, [PGArray.text(jobs.map(\.activityID)), PGArray.numbers(jobs.map(\.seq)), PGArray.numbers(jobs.map(\.timestamp)),
                   PGArray.numbers(jobs.map { $0.changedAtMs > 0 ? $0.changedAtMs : $0.claimedAtMs }), String(max(0, paceSeconds)),
                   PGArray.numbers(jobs.map(\.staleDate))],
