@@ -519,6 +519,7 @@ final class PublishMachineTests: XCTestCase {
 
     func testTheWindowOpensAfterABatchOfSeveralPublishersAndNotAfterALoneOne() {
         var m = loaded()
+        XCTAssertEqual(m.queuedChanges, 2, "b and c wait behind a (dispatch_publish_queued)")
         XCTAssertEqual(render(m.batchFinished(1, committed(["a"]), now: now)),
                        ["announce a 1 processing", "answer 1 created 1", "write 2: start b, start c"],
                        "a lone publisher's batch opens no window: what waited goes at once")
@@ -530,7 +531,9 @@ final class PublishMachineTests: XCTestCase {
         XCTAssertEqual(render(m.submitted(start("d"), now: now + 2).actions), [], "held in the window")
         XCTAssertEqual(render(m.submitted(start("e"), now: now + 3).actions), [])
         XCTAssertFalse(m.isIdle)
+        XCTAssertEqual(m.queuedChanges, 2, "d and e wait in the window")
         XCTAssertEqual(render(m.windowElapsed(1, now: now + 5)), ["write 3: start d, start e"])
+        XCTAssertEqual(m.queuedChanges, 0, "in flight is not queued")
         XCTAssertFalse(m.isWindowOpen)
         XCTAssertEqual(render(m.windowElapsed(1, now: now + 6)), [], "the window is closed: a late wake does nothing")
     }

@@ -1,4 +1,5 @@
 import DispatchCore
+import DispatchIO
 import DispatchSystem
 import DispatchTestSupport
 import Foundation
@@ -201,8 +202,10 @@ final class ChangesTests: XCTestCase {
     /// publishers, so the commit window (DISPATCH_COMMIT_WINDOW_MS, default 4) opens and holds
     /// the next batch. Two feed readers and a status stream each see every one of the 340
     /// changes exactly once, the feeds in position order and each activity in seq order.
+    /// The first batch waits on a row lock until others queue behind it, so batches of several
+    /// publishers happen however fast the machine is (a fast run once committed each alone).
     func testConcurrentPublishesThroughTheCommitWindowReachEveryReaderOnceInOrder() throws {
-        let s = try TestServer.start(environment: ["DISPATCH_WORKERS": "1", "DISPATCH_PUBLISH_RATE": "0"])
+        let s = try TestServer.start(environment: ["DISPATCH_WORKERS": "1", "DISPATCH_PUBLISH_RATE": "0", "DISPATCH_DB_TIMEOUT": "60"])
         defer { s.stop() }
         let publishers = 17, each = 20
         for p in 0..<publishers { try s.startActivity("w\(p)") }
@@ -212,6 +215,8 @@ final class ChangesTests: XCTestCase {
         let status = try s.stream("w0")
         XCTAssertEqual(try status.waitForEvents(1).count, 1)
         let batchesBefore = try s.metric("dispatch_publish_batches_total")
+        let lock = try BlockingPG(s.conninfo)
+        try lock.script("BEGIN; SELECT 1 FROM activities WHERE activity_id LIKE 'w%' FOR UPDATE")
 
         let failures = Collected<String>()
         let done = DispatchGroup()
@@ -225,6 +230,8 @@ final class ChangesTests: XCTestCase {
                 }
             }
         }
+        XCTAssertTrue(try waitUntil(30) { try s.metric("dispatch_publish_queued") >= 2 }, "changes queue behind the locked batch")
+        try lock.script("COMMIT")
         let readers = feeds + [status]
         let expectedCount = publishers * each
         XCTAssertTrue(try keepReading(readers, timeout: 60) {

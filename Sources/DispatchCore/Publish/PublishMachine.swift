@@ -158,6 +158,9 @@ public struct PublishMachine {
     /// The commit window is open: what is queued waits for `windowElapsed` or `windowFull`.
     public var isWindowOpen: Bool { window != nil }
 
+    /// Changes planned and waiting for a commit (behind the batch in flight or an open window).
+    public var queuedChanges: Int { writeQueue.count }
+
     // MARK: - The cache
 
     /// Whether the cache holds `id` at an older seq than a change just heard of.

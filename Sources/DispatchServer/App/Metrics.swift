@@ -28,6 +28,7 @@ public final class Metrics {
     /// Round trips and connection attempts of the writer and reader sessions past DISPATCH_DB_TIMEOUT.
     public var dbTimeouts = 0
     public var publishBatches = 0
+    public var publishQueued = 0
     public var casRetries = 0
     /// Activities this worker ended as stale (contract §5.4).
     public var staleEnded = 0
@@ -120,6 +121,7 @@ public final class Metrics {
         line("dispatch_topic_resyncs_total", "counter", "Topics re-read from history (gap, lost LISTEN, carrier hint).", [(w, "\(resyncs)")])
         line("dispatch_topic_resync_batches_total", "counter", "Statements that re-read several topics at once (a turn's carrier hints).", [(w, "\(resyncBatches)")])
         line("dispatch_publish_batches_total", "counter", "Group-commit transactions.", [(w, "\(publishBatches)")])
+        line("dispatch_publish_queued", "gauge", "Changes planned and waiting for a commit.", [(w, "\(publishQueued)")])
         line("dispatch_publish_conflicts_total", "counter", "Publishes retried after a concurrent change.", [(w, "\(casRetries)")])
         line("dispatch_feeds_active", "gauge", "Feeds (GET /v1/stream) open now.", [(w, "\(feedsActive)")])
         line("dispatch_feeds_opened_total", "counter", "Feeds opened.", [(w, "\(feedsOpened)")])

@@ -160,6 +160,7 @@ final class Publisher {
         } while next < pending.count
         pending.removeAll(keepingCapacity: true)
         performing = false
+        metrics.publishQueued = machine.queuedChanges
     }
 
     /// Sends the reads this turn's actions asked for: one statement for all of them.
