@@ -54,9 +54,9 @@ final class BrowserToolsTests: XCTestCase {
         }
         let output = Files.read(out) ?? ""
         print(output)
-        XCTAssertEqual(Subprocess.exitCode(status), 0, output)
+        XCTAssertEqual(Subprocess.exitCode(status), 0, troubleFirst(output))
         XCTAssertTrue(restarted, "the script asked for a restart")
-        XCTAssertTrue(output.contains("0 failed"), output)
+        XCTAssertTrue(output.contains("0 failed"), troubleFirst(output))
     }
 
     /// web/dispatch.js imported into a signed-in page: watchActivity on an unknown id (one
@@ -73,9 +73,9 @@ final class BrowserToolsTests: XCTestCase {
         let (output, status, restarted) = try runWithRestarts(s, control: control,
             "exec '\(python)' '\(tools)/dispatch_js_test.py' '\(s.baseURL)' '\(s.adminKey)' '\(control)'")
         print(output)
-        XCTAssertEqual(status, 0, output)
+        XCTAssertEqual(status, 0, troubleFirst(output))
         XCTAssertTrue(restarted, "the script asked for a restart")
-        XCTAssertTrue(output.contains(" passed, 0 failed"), output)
+        XCTAssertTrue(output.contains(" passed, 0 failed"), troubleFirst(output))
     }
 
     /// The Activities view's rough edges at 390x844 and 1440x900 (Tests/tools/view_edges_test.py):
@@ -95,13 +95,20 @@ final class BrowserToolsTests: XCTestCase {
             let r = Subprocess.run(["/bin/sh", "-c", "exec '\(python)' '\(tools)/view_edges_test.py' '\(s.baseURL)' '\(s.adminKey)' '\(shots)' "
                 + (withAPNs ? "apns" : "none") + " 2>&1"])
             print(r.output)
-            XCTAssertEqual(r.status, 0, r.output)
-            XCTAssertTrue(r.output.contains(" passed, 0 failed"), r.output)
+            XCTAssertEqual(r.status, 0, troubleFirst(r.output))
+            XCTAssertTrue(r.output.contains(" passed, 0 failed"), troubleFirst(r.output))
         }
     }
 
     /// Runs `command` (its output into CONTROL/output.txt), restarting the server once when it
     /// writes CONTROL/restart and answering with CONTROL/restarted.
+    /// A script's output with what went wrong first (its FAIL line, a traceback), then the
+    /// whole of it: a failure summary that shows one line shows the one that matters.
+    private func troubleFirst(_ output: String) -> String {
+        let trouble = output.split(separator: "\n").filter { !$0.hasPrefix("ok ") && !$0.hasPrefix("browser: ") }.suffix(6)
+        return (trouble.isEmpty ? "" : trouble.joined(separator: " | ") + "\n") + output
+    }
+
     private func runWithRestarts(_ s: TestServer, control: String, _ command: String) throws -> (String, Int32, Bool) {
         let out = control + "/output.txt"
         guard let pid = Subprocess.start(["/bin/sh", "-c", command + " > '\(out)' 2>&1"]) else { throw TestError("cannot start python") }
@@ -156,8 +163,8 @@ final class BrowserToolsTests: XCTestCase {
         XCTAssertEqual(try pg.sql(s.conninfo, "SELECT count(*) FROM activities").first?.first, String(count + 1))
         let r = Subprocess.run(["/bin/sh", "-c", "exec '\(python)' '\(tools)/browser_test.py' scale '\(s.baseURL)' '\(s.adminKey)' \(count) 2>&1"])
         print(r.output)
-        XCTAssertEqual(r.status, 0, r.output)
-        XCTAssertTrue(r.output.contains("0 failed"), r.output)
+        XCTAssertEqual(r.status, 0, troubleFirst(r.output))
+        XCTAssertTrue(r.output.contains("0 failed"), troubleFirst(r.output))
     }
 
     /// Every documented answer conforms to /openapi.json and no generated input gets a 5xx
@@ -174,7 +181,7 @@ final class BrowserToolsTests: XCTestCase {
             "--max-examples", "30", "--phases", "examples,coverage,fuzzing", "--request-timeout", "5", "-w", "1",
             "--seed", "20261130",
         ], environment: Subprocess.currentEnvironment().merging(["NO_COLOR": "1"]) { $1 })
-        XCTAssertEqual(r.status, 0, r.output)
-        XCTAssertTrue(r.output.contains("passed"), r.output)
+        XCTAssertEqual(r.status, 0, troubleFirst(r.output))
+        XCTAssertTrue(r.output.contains("passed"), troubleFirst(r.output))
     }
 }
