@@ -116,7 +116,9 @@ final class NATSCarrierTests: XCTestCase {
             """)
         let started = Clock.monotonic()
         XCTAssertEqual(try b.update("other", #"{"progress":0.9}"#).status, 200)
-        XCTAssertLessThan(Clock.monotonic() - started, 1, "no lock held by the open transaction delays another server's publish")
+        // A publish held by a lock waits until COMMIT or its database deadline (5 s, then 503):
+        // anything well under that deadline shows no wait, however loaded the machine.
+        XCTAssertLessThan(Clock.monotonic() - started, 4, "no lock held by the open transaction delays another server's publish")
         XCTAssertTrue(try live.pump(timeout: 5) { $0.changeIDs.count >= 1 })
         try pg.script("COMMIT")
         XCTAssertTrue(try live.pump(timeout: 10) { $0.changeIDs.count >= 2 })
