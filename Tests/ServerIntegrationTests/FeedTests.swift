@@ -214,7 +214,7 @@ final class FeedTests: XCTestCase {
         let live = try a.feed()
         guard let p0 = try live.waitSynced() else { return XCTFail() }
         let resumer = try b.feed(lastEventID: p0)
-        XCTAssertTrue(try resumer.pump(timeout: 2) { $0.status == 200 })
+        XCTAssertTrue(try resumer.pump(timeout: 10) { $0.status == 200 })
 
         guard let json = try a.client.get("/v1/activities/held").json, var next = Activity.decode(json) else { return XCTFail() }
         let expectedSeq = next.seq

@@ -106,7 +106,7 @@ final class NATSCarrierTests: XCTestCase {
         let live = try a.feed()
         guard let p0 = try live.waitSynced() else { return XCTFail() }
         let resumer = try b.feed(lastEventID: p0)
-        XCTAssertTrue(try resumer.pump(timeout: 2) { $0.status == 200 })
+        XCTAssertTrue(try resumer.pump(timeout: 10) { $0.status == 200 })
         let pg = try BlockingPG(a.conninfo)
         try pg.script("BEGIN")
         _ = try pg.query("UPDATE activities SET seq = seq + 1, progress = 0.25 WHERE activity_id = 'held'")
