@@ -32,29 +32,11 @@ final class BrowserToolsTests: XCTestCase {
         _ = Subprocess.run(["rm", "-rf", control])
         XCTAssertEqual(mkdir(control, 0o700), 0)
         defer { _ = Subprocess.run(["rm", "-rf", control]) }
-        let out = control + "/output.txt"
         let docs = TestPaths.repositoryRoot + "/docs"
-        let cmd = "exec '\(python)' '\(tools)/browser_test.py' main '\(s.baseURL)' '\(s.adminKey)' '\(docs)' '\(control)' > '\(out)' 2>&1"
-        guard let pid = Subprocess.start(["/bin/sh", "-c", cmd]) else { return XCTFail("cannot start python") }
-        var restarted = false
-        var status: Int32 = 0
-        let deadline = Clock.monotonic() + 300
-        while waitpid(pid, &status, WNOHANG) == 0 {
-            if !restarted && access(control + "/restart", F_OK) == 0 {
-                try s.restart()
-                restarted = true
-                _ = Subprocess.run(["touch", control + "/restarted"])
-            }
-            if Clock.monotonic() > deadline {
-                kill(pid, SIGKILL)
-                _ = Subprocess.wait(pid)
-                return XCTFail("the browser test took over 300 s: \(Files.read(out) ?? "")")
-            }
-            usleep(50_000)
-        }
-        let output = Files.read(out) ?? ""
+        let (output, status, restarted) = try runWithRestarts(s, control: control,
+            "exec '\(python)' '\(tools)/browser_test.py' main '\(s.baseURL)' '\(s.adminKey)' '\(docs)' '\(control)'")
         print(output)
-        XCTAssertEqual(Subprocess.exitCode(status), 0, troubleFirst(output))
+        XCTAssertEqual(status, 0, troubleFirst(output))
         XCTAssertTrue(restarted, "the script asked for a restart")
         XCTAssertTrue(output.contains("0 failed"), troubleFirst(output))
     }
@@ -100,8 +82,6 @@ final class BrowserToolsTests: XCTestCase {
         }
     }
 
-    /// Runs `command` (its output into CONTROL/output.txt), restarting the server once when it
-    /// writes CONTROL/restart and answering with CONTROL/restarted.
     /// A script's output with what went wrong first (its FAIL line, a traceback), then the
     /// whole of it: a failure summary that shows one line shows the one that matters.
     private func troubleFirst(_ output: String) -> String {
@@ -109,6 +89,8 @@ final class BrowserToolsTests: XCTestCase {
         return (trouble.isEmpty ? "" : trouble.joined(separator: " | ") + "\n") + output
     }
 
+    /// Runs `command` (its output into CONTROL/output.txt), restarting the server once when it
+    /// writes CONTROL/restart and answering with CONTROL/restarted.
     private func runWithRestarts(_ s: TestServer, control: String, _ command: String) throws -> (String, Int32, Bool) {
         let out = control + "/output.txt"
         guard let pid = Subprocess.start(["/bin/sh", "-c", command + " > '\(out)' 2>&1"]) else { throw TestError("cannot start python") }
