@@ -23,10 +23,13 @@ public enum HTTPFraming {
         }
 
         /// The limits for one request target: its path's own body limit, if it has one.
-        public func forTarget(_ target: Substring) -> Limits {
+        public func forTarget(_ target: Substring) -> Limits { forTarget(bytes: target.utf8) }
+
+        /// The same for the target's bytes as received (no String made per request).
+        public func forTarget<Bytes: Collection<UInt8>>(bytes target: Bytes) -> Limits {
             guard !largeBodies.isEmpty else { return self }
-            // Compared in place (no String made per request): the path is the target up to `?`.
-            let path = target.utf8.prefix { $0 != UInt8(ascii: "?") }
+            // The path is the target up to `?`.
+            let path = target.prefix { $0 != UInt8(ascii: "?") }
             for (p, larger) in largeBodies where path.elementsEqual(p.utf8) {
                 var l = self
                 l.maxBodyBytes = max(maxBodyBytes, larger)

@@ -86,9 +86,7 @@ public enum Route: Equatable, Sendable {
 
     /// Maps a decoded path and a method to an endpoint.
     public static func match(method: HTTPMethod?, path: String) -> Match {
-        // Substrings of the path: only an id the route keeps becomes a String of its own.
-        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
-        guard let route = route(parts) else { return .notFound }
+        guard let route = route(segments(path)) else { return .notFound }
         let allowed = route.methods
         if method == .options { return .preflight(route) }
         guard let method, allowed.contains(method) || (method == .head && allowed.contains(.get)) else {
@@ -113,7 +111,29 @@ public enum Route: Equatable, Sendable {
     /// The files of the Activities view served at the top level (besides `/`).
     public static let pageFiles: Set<String> = ["app.js", "detail.js", "symbols.js", "dispatch.js", "style.css", "favicon.svg"]
 
-    private static func route(_ all: ArraySlice<Substring>) -> Route? {
+    /// The path's segments after its first `/` (Substrings: only an id the route keeps becomes
+    /// a String of its own), split on the UTF-8 bytes rather than by Character; nil past five,
+    /// which no route has.
+    private static func segments(_ path: String) -> ArraySlice<Substring>? {
+        let utf8 = path.utf8
+        var all: [Substring] = []
+        all.reserveCapacity(6)
+        var start = utf8.startIndex
+        var i = start
+        while i != utf8.endIndex {
+            if utf8[i] == UInt8(ascii: "/") {
+                guard all.count < 5 else { return nil }
+                all.append(path[start..<i])
+                start = utf8.index(after: i)
+            }
+            i = utf8.index(after: i)
+        }
+        all.append(path[start..<utf8.endIndex])
+        return all.dropFirst()
+    }
+
+    private static func route(_ all: ArraySlice<Substring>?) -> Route? {
+        guard let all else { return nil }
         let parts = Parts(all)
         switch parts.count {
         case 1:

@@ -83,6 +83,8 @@ final class HTTPConnection: StreamCork {
     /// (`HTTPStream.deinit` checks), and `close` holds it while it tells it.
     unowned(unsafe) var stream: HTTPStream?
     private var streaming = false
+    /// SO_SNDBUF was set for a stream (once per connection: it stays for the next).
+    private var sendBufferFixed = false
     private var streamWriteTimeout: Double = 60
     private var maxStreamInput = 4096
 
@@ -293,8 +295,7 @@ final class HTTPConnection: StreamCork {
             refuse(refusal, minor: Int(minor))
             return false
         }
-        let path = Substring(decoding: UnsafeRawBufferPointer(start: target, count: targetLength), as: UTF8.self)
-        let limits = server.framing.forTarget(path)
+        let limits = server.framing.forTarget(bytes: UnsafeRawBufferPointer(start: target, count: targetLength))
         bodyLimit = limits.maxBodyBytes
         let decision = HTTPFraming.decide(minorVersion: Int(minor), headBytes: consumed, targetBytes: targetLength, contentLength: contentLength,
                                           transferEncoding: transferEncoding, connection: connection, expect: expect, limits: limits)
@@ -397,6 +398,18 @@ final class HTTPConnection: StreamCork {
         if !processing { process() }
     }
 
+    /// A stream whose whole answer is known at once (a finished activity's final event): the
+    /// bytes a stream would have sent (head, frames, end) in one write, with no stream object.
+    func answerStream(_ req: HTTPRequest, headers: [(String, String)], payloads: [StreamPayload]) {
+        guard isCurrent(req) else { return }
+        let chunked = req.minor >= 1
+        if !chunked { keepAlive = false }
+        var bytes = HTTPConnection.streamHead(minor: req.minor, headers: headers, chunked: chunked, close: !keepAlive, date: server.dateHeader)
+        for p in payloads { p.append(to: &bytes, chunked: chunked) }
+        if chunked { bytes.append(contentsOf: "0\r\n\r\n".utf8) }
+        answerWritten(bytes, close: !chunked || !keepAlive || peerFinished)
+    }
+
     /// A stream takes the connection over: the status line and headers, once.
     func beginStream(_ req: HTTPRequest, headers: [(String, String)], chunked: Bool, writeTimeout: Double, maxInput: Int,
                      priority: EventPriority) -> Bool {
@@ -405,10 +418,13 @@ final class HTTPConnection: StreamCork {
         streamWriteTimeout = writeTimeout
         maxStreamInput = maxInput
         if !chunked { keepAlive = false }
-        var sndbuf: Int32 = 64 * 1024
-        // A fixed kernel send buffer: events are small, and without it autotuning lets a
-        // reader that stopped reading park megabytes in the kernel before our cap sees it.
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, socklen_t(MemoryLayout<Int32>.size))
+        if !sendBufferFixed {
+            sendBufferFixed = true
+            var sndbuf: Int32 = 64 * 1024
+            // A fixed kernel send buffer: events are small, and without it autotuning lets a
+            // reader that stopped reading park megabytes in the kernel before our cap sees it.
+            setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, socklen_t(MemoryLayout<Int32>.size))
+        }
         if priority != .normal { setPriority(priority) }
         let bytes = HTTPConnection.streamHead(minor: req.minor, headers: headers, chunked: chunked, close: !keepAlive, date: server.dateHeader)
         return bytes.withUnsafeBytes { write($0) } != .failed

@@ -176,6 +176,12 @@ public final class HTTPRequest {
         connection.answer(self, status: status, headers: headers, body: body)
     }
 
+    /// A `200` stream answered whole: `headers`, then `payloads`, then its end, framed as a
+    /// stream that ends at once would be (chunks on HTTP/1.1, the close on HTTP/1.0).
+    public func respondStream(headers: [(String, String)], payloads: [StreamPayload]) {
+        connection.answerStream(self, headers: headers, payloads: payloads)
+    }
+
     public static func reason(_ status: Int) -> String {
         switch status {
         case 100: return "Continue"

@@ -19,6 +19,10 @@ public final class StreamPayload {
     /// Bytes on the wire when chunked.
     public var size: Int { chunked.count }
 
+    func append(to out: inout [UInt8], chunked isChunked: Bool) {
+        if isChunked { out.append(contentsOf: chunked) } else { out.append(contentsOf: chunked[plainStart..<(chunked.count - 2)]) }
+    }
+
     func withBytes<R>(chunked isChunked: Bool, _ body: (UnsafeRawBufferPointer) -> R) -> R {
         chunked.withUnsafeBytes { raw in
             body(isChunked ? raw : UnsafeRawBufferPointer(rebasing: raw[plainStart..<(raw.count - 2)]))

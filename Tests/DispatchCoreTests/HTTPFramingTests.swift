@@ -76,6 +76,8 @@ final class HTTPFramingTests: XCTestCase {
         XCTAssertEqual(limits.forTarget("/v1/change").maxBodyBytes, 64 * 1024, "a prefix of the path is another path")
         XCTAssertEqual(limits.forTarget("/v1/changesX?x").maxBodyBytes, 64 * 1024)
         XCTAssertEqual(limits.forTarget("/v1/activities/start").maxBodyBytes, 64 * 1024)
+        XCTAssertEqual(limits.forTarget(bytes: Array("/v1/changes?x=1".utf8)).maxBodyBytes, 2 << 20, "the connection's raw bytes")
+        XCTAssertEqual(limits.forTarget(bytes: Array("/v1/changes/".utf8)).maxBodyBytes, 64 * 1024)
         func decide(_ target: Substring, length: Int) -> Result<HTTPFraming.Head, HTTPFraming.Refusal> {
             HTTPFraming.decide(minorVersion: 1, headBytes: 100, targetBytes: target.utf8.count, contentLength: [String(length)],
                                transferEncoding: [], connection: [], expect: [], limits: limits.forTarget(target))

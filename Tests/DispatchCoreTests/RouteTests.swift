@@ -42,6 +42,12 @@ final class RouteTests: XCTestCase {
             (.delete, "/v1/activity-tokens/abcd", .route(.forgetDevice("abcd"))),
             (.get, "/v2/activities", .notFound),
             (.get, "/v1/activities/x/status/more", .notFound),
+            (.get, "/v1/activities/x/status/", .notFound),
+            (.get, "/v1/activities/a/b/c/d/e/f/g", .notFound),
+            (.get, "//v1/activities", .notFound),
+            // Split on the bytes: a combining mark after `/` does not hide the separator.
+            (.get, "/v1/activities/\u{301}x/status", .invalidActivityID),
+            (.get, "/v1/activities/é/status", .invalidActivityID),
             (nil, "/v1/activities", .methodNotAllowed(allow: [.get])),
             // OPTIONS: a CORS preflight on any existing path, even one whose id breaks the rules
             // (a browser asks before it sends); unknown paths stay 404.

@@ -77,6 +77,34 @@ final class AuthShellTests: XCTestCase {
         XCTAssertEqual(answers.last, "401 the API key is not valid", "revoked meanwhile")
     }
 
+    /// The status stream's synchronous path answers only what `authenticate` would answer
+    /// from memory: a fresh key with the scope; everything else goes the long way.
+    func testACachedKeyIsAnsweredWithoutACallbackOnlyWhileFreshAndAllowed() {
+        XCTAssertNil(auth.cachedKey("s3cret", allowing: .read), "never looked up")
+        authenticate("s3cret", needs: .read)
+        answerLookups(Self.keyRow(id: 7, scopes: "read"))
+        XCTAssertEqual(auth.cachedKey("s3cret", allowing: .read)?.id, 7)
+        XCTAssertNil(auth.cachedKey("s3cret", allowing: .publish), "the scope is checked: the long way answers 403")
+        authenticate("nobody", needs: .read)
+        answerLookups(Self.keyRow(id: nil))
+        XCTAssertNil(auth.cachedKey("nobody", allowing: .read), "a refused secret is the long way's 401")
+        loop.advance(by: 11)
+        XCTAssertNil(auth.cachedKey("s3cret", allowing: .read), "past the TTL: read again")
+        XCTAssertEqual(reader.pending, [])
+    }
+
+    func testTheBearerSchemeIsReadInAnyCaseAndNeedsAToken() {
+        XCTAssertEqual(Auth.bearerToken("Bearer abc"), "abc")
+        XCTAssertEqual(Auth.bearerToken("bEaReR abc def"), "abc def", "the rest of the value, spaces and all")
+        XCTAssertEqual(Auth.bearerToken("Bearer  abc"), " abc", "a second space belongs to the token (which then matches no key)")
+        XCTAssertNil(Auth.bearerToken("Bearer "))
+        XCTAssertNil(Auth.bearerToken("Bearer"))
+        XCTAssertNil(Auth.bearerToken("Basic abc"))
+        XCTAssertNil(Auth.bearerToken("Bearerx abc"))
+        XCTAssertNil(Auth.bearerToken("Bearer\tabc"))
+        XCTAssertNil(Auth.bearerToken("Bëarer abc"))
+    }
+
     func testLookupsOfOneSecretInFlightShareOneQuery() {
         for _ in 0..<5 { authenticate("same") }
         authenticate("other")

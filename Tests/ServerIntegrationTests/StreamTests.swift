@@ -416,6 +416,49 @@ final class StreamEdgeTests: XCTestCase {
         XCTAssertTrue(closed, "an idle keep-alive connection after a stream was never closed")
     }
 
+    /// A finished job's stream is answered whole from memory: the bytes of a stream that ends
+    /// at once (chunked head with the CORS headers, the reconnect delay, the final event, the
+    /// last chunk), counted as a stream its terminal event closed; the connection stays open.
+    func testAFinishedActivityIsAnsweredWholeOnTheWire() throws {
+        let s = try TestServer.start(environment: ["DISPATCH_CORS_ORIGINS": "https://ops.example"])
+        defer { s.stop() }
+        try s.startActivity("whole")
+        try s.end("whole")
+        let closes = try s.metric("dispatch_stream_closes_total", labels: "terminal")
+        let delivered = try s.metric("dispatch_events_delivered_total")
+        let sock = try TestSocket.connect(port: s.port)
+        for round in 1...3 {
+            try sock.send("GET /v1/activities/whole/status HTTP/1.1\r\nHost: x\r\nOrigin: https://ops.example\r\n"
+                          + "Authorization: Bearer \(s.adminKey)\r\n\r\n")
+            var got = ""
+            while !got.hasSuffix("\r\n0\r\n\r\n"), let chunk = try sock.read(timeout: 5), !chunk.isEmpty {
+                got += String(decoding: chunk, as: UTF8.self)
+            }
+            let parts = got.components(separatedBy: "\r\n\r\n")
+            let head = parts[0].components(separatedBy: "\r\n")
+            XCTAssertEqual(head.first, "HTTP/1.1 200 OK", got)
+            for line in ["Content-Type: text/event-stream", "Cache-Control: no-cache", "Transfer-Encoding: chunked",
+                         "Access-Control-Allow-Origin: https://ops.example"] {
+                XCTAssertTrue(head.contains(line), "round \(round): \(line) missing in \(got)")
+            }
+            XCTAssertFalse(head.contains { $0.lowercased().hasPrefix("connection:") || $0.lowercased().hasPrefix("content-length:") }, got)
+            // The chunks, decoded (bytes: "\r\n" is one Character): the body a stream that
+            // ends at once sends.
+            var rest = Array(got.utf8).dropFirst(parts[0].utf8.count + 4)
+            var body = ""
+            while let cr = rest.firstIndex(of: 0x0D), let size = Int(String(decoding: rest[..<cr], as: UTF8.self), radix: 16) {
+                let start = cr + 2
+                guard size > 0 else { XCTAssertEqual(Array(rest[start...]), [0x0D, 0x0A]); break }
+                body += String(decoding: rest[start..<(start + size)], as: UTF8.self)
+                rest = rest[(start + size + 2)...]
+            }
+            XCTAssertTrue(body.hasPrefix("retry: 3000\n\nid: 2\nevent: completed\ndata: {"), body)
+            XCTAssertTrue(body.hasSuffix("}\n\n"), body)
+        }
+        XCTAssertEqual(try s.metric("dispatch_stream_closes_total", labels: "terminal"), closes + 3)
+        XCTAssertEqual(try s.metric("dispatch_events_delivered_total"), delivered + 3)
+    }
+
     func testHTTP10KeepAliveClientGetsTheStream() throws {
         let s = try TestServer.start()
         defer { s.stop() }

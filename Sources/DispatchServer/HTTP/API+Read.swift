@@ -125,20 +125,24 @@ extension API {
     }
 
     func statusStream(_ req: HTTPRequest, _ id: String) {
-        authenticated(req, .read, allowQuery: true) { [unowned self] key in
-            guard !self.isShuttingDown else {
-                return self.fail(req, DispatchError(.databaseUnavailable, "the server is shutting down"))
-            }
-            if self.streamsHeld(by: key.id) >= self.config.maxStreamsPerKey {
-                return self.fail(req, DispatchError(.tooManyStreams, "this key already holds \(self.config.maxStreamsPerKey) streams"))
-            }
-            // HEAD gets the stream's headers only: a stream writes to the socket itself, so it
-            // would send a body after a HEAD answer and hold a stream slot.
-            if req.method == .head {
-                return self.reply(req, 200, [], contentType: "text/event-stream", headers: [("Cache-Control", "no-cache")])
-            }
-            let lastEventID = Validation.lastEventID(req.header("Last-Event-ID") ?? req.queryParameter("lastEventId"))
-            self.streams.open(req, activityID: id, lastEventID: lastEventID, keyID: key.id, sessionHash: key.sessionHash, extraHeaders: self.corsHeaders(req))
+        // A bearer key this worker holds needs no callback (connects are this path's load).
+        if let key = cachedBearerKey(req, .read, allowQuery: true) { return openStatusStream(req, id, key) }
+        authenticated(req, .read, allowQuery: true) { [unowned self] key in self.openStatusStream(req, id, key) }
+    }
+
+    private func openStatusStream(_ req: HTTPRequest, _ id: String, _ key: APIKey) {
+        guard !isShuttingDown else {
+            return fail(req, DispatchError(.databaseUnavailable, "the server is shutting down"))
         }
+        if streamsHeld(by: key.id) >= config.maxStreamsPerKey {
+            return fail(req, DispatchError(.tooManyStreams, "this key already holds \(config.maxStreamsPerKey) streams"))
+        }
+        // HEAD gets the stream's headers only: a stream writes to the socket itself, so it
+        // would send a body after a HEAD answer and hold a stream slot.
+        if req.method == .head {
+            return reply(req, 200, [], contentType: "text/event-stream", headers: [("Cache-Control", "no-cache")])
+        }
+        let lastEventID = Validation.lastEventID(req.header("Last-Event-ID") ?? req.queryParameter("lastEventId"))
+        streams.open(req, activityID: id, lastEventID: lastEventID, keyID: key.id, sessionHash: key.sessionHash, extraHeaders: corsHeaders(req))
     }
 }

@@ -46,7 +46,7 @@ final class API {
         // Disagreeing Content-Length headers mean the request's framing is ambiguous (request
         // smuggling through a proxy): refuse it. HTTPFraming refuses them before a request
         // gets here; this stays as the route layer's own guard.
-        if Set(req.headerValues("Content-Length")).count > 1 {
+        if req.method != .get && req.method != .head && Set(req.headerValues("Content-Length")).count > 1 {
             return fail(req, DispatchError(.invalidField, "conflicting Content-Length headers"), headers: [("Connection", "close")])
         }
         switch Route.match(method: req.method, path: path) {
@@ -123,6 +123,14 @@ final class API {
     }
 
     /// Runs `body` with the request's key when it has `scope`; answers 401/403/503 otherwise.
+    /// The key of the request's bearer secret when this worker holds it fresh and it allows
+    /// `scope`; nil means `authenticated` decides (a cookie, a miss, a refusal).
+    func cachedBearerKey(_ req: HTTPRequest, _ scope: Scope, allowQuery: Bool = false) -> APIKey? {
+        guard let bearer = Auth.secret(from: req, allowQuery: allowQuery), let key = auth.cachedKey(bearer, allowing: scope) else { return nil }
+        req.keyName = key.name
+        return key
+    }
+
     func authenticated(_ req: HTTPRequest, _ scope: Scope, allowQuery: Bool = false, _ body: @escaping (APIKey) -> Void) {
         authenticated(req, anyOf: [scope], allowQuery: allowQuery, body)
     }

@@ -69,13 +69,27 @@ final class Auth {
     }
 
     static func secret(from req: HTTPRequest, allowQuery: Bool) -> String? {
-        if let h = req.header("Authorization") {
-            let parts = h.split(separator: " ", maxSplits: 1)
-            if parts.count == 2, parts[0].lowercased() == "bearer" { return String(parts[1]) }
-            return nil
-        }
+        if let h = req.header("Authorization") { return bearerToken(h) }
         if allowQuery { return req.queryParameter("access_token") }
         return nil
+    }
+
+    /// What follows `Bearer ` (the scheme in any case) in an Authorization value, or nil.
+    static func bearerToken(_ value: String) -> String? {
+        let bytes = value.utf8
+        guard let space = bytes.firstIndex(of: UInt8(ascii: " ")) else { return nil }
+        let scheme = bytes[..<space]
+        guard scheme.count == 6, zip(scheme, "bearer".utf8).allSatisfy({ $0 | 0x20 == $1 }) else { return nil }
+        let token = value[bytes.index(after: space)...]
+        return token.isEmpty ? nil : String(token)
+    }
+
+    /// The key of a secret this worker holds fresh, when it allows `scope`: the same answer
+    /// `authenticate` would give, with no callback (nil: ask `authenticate`).
+    func cachedKey(_ secret: String, allowing scope: Scope) -> APIKey? {
+        guard let hit = cache[secret], let key = hit.key, now() - hit.fetched < ttl, key.allows(scope) else { return nil }
+        used.insert(key.id)
+        return key
     }
 
     func authenticate(_ secret: String?, needs scope: Scope, completion: @escaping (Result<APIKey, DispatchError>) -> Void) {

@@ -65,6 +65,14 @@ final class StreamService: SSESessionsOwner {
 
     func open(_ req: HTTPRequest, activityID: String, lastEventID: Int64?, keyID: Int64, sessionHash: String? = nil,
               extraHeaders: [(String, String)] = []) {
+        if lastEventID == nil, let final = terminalCache[activityID] {
+            // A finished activity never changes: its whole answer from memory, no session.
+            req.respondStream(headers: SSEConnection.headers + extraHeaders, payloads: [SSEConnection.retryPayload, final.payload])
+            metrics.eventsDelivered += 1
+            metrics.streamCloses[.terminal, default: 0] += 1
+            if log.enabled(.info) { log.info("stream.answered", [("activity", activityID), ("reason", StreamCloseReason.terminal.rawValue)]) }
+            return
+        }
         let http = HTTPStream(loop: loop)
         http.attach(req)
         open(http, activityID: activityID, lastEventID: lastEventID, keyID: keyID, sessionHash: sessionHash, extraHeaders: extraHeaders)
