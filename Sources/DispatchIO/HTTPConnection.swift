@@ -83,8 +83,6 @@ final class HTTPConnection: StreamCork {
     /// (`HTTPStream.deinit` checks), and `close` holds it while it tells it.
     unowned(unsafe) var stream: HTTPStream?
     private var streaming = false
-    /// SO_SNDBUF was set for a stream (once per connection: it stays for the next).
-    private var sendBufferFixed = false
     private var streamWriteTimeout: Double = 60
     private var maxStreamInput = 4096
 
@@ -418,13 +416,6 @@ final class HTTPConnection: StreamCork {
         streamWriteTimeout = writeTimeout
         maxStreamInput = maxInput
         if !chunked { keepAlive = false }
-        if !sendBufferFixed {
-            sendBufferFixed = true
-            var sndbuf: Int32 = 64 * 1024
-            // A fixed kernel send buffer: events are small, and without it autotuning lets a
-            // reader that stopped reading park megabytes in the kernel before our cap sees it.
-            setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, socklen_t(MemoryLayout<Int32>.size))
-        }
         if priority != .normal { setPriority(priority) }
         let bytes = HTTPConnection.streamHead(minor: req.minor, headers: headers, chunked: chunked, close: !keepAlive, date: server.dateHeader)
         return bytes.withUnsafeBytes { write($0) } != .failed

@@ -80,6 +80,9 @@ public final class HTTPServer {
         }
     }
 
+    /// SO_SNDBUF of every connection (the kernel doubles it for its bookkeeping).
+    static let sendBufferBytes: Int32 = 64 * 1024
+
     /// Binds `host:port` (IPv4 or IPv6 literal). With `reusePort`, several processes share it.
     public func listen(host: String, port: Int, reusePort: Bool) throws {
         let address = try SocketAddress(host: host, port: port)
@@ -89,6 +92,13 @@ public final class HTTPServer {
         var one: Int32 = 1
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
         if reusePort { setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, socklen_t(MemoryLayout<Int32>.size)) }
+        // Linux gives each accepted socket these two of its listener's settings: set once here,
+        // not once per connection. No delay: an event goes out when written. A fixed send
+        // buffer: events and answers are small, and with autotuning a reader that stopped
+        // reading could park megabytes in the kernel before the stream's cap sees them.
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        var sendBuffer = HTTPServer.sendBufferBytes
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sendBuffer, socklen_t(MemoryLayout<Int32>.size))
         let bound = address.withSockaddr { sa, length in bind(fd, sa, length) }
         guard bound == 0, Glibc.listen(fd, limits.backlog) == 0 else {
             let e = errno
@@ -119,8 +129,6 @@ public final class HTTPServer {
                 }
                 return
             }
-            var one: Int32 = 1
-            setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
             let c = HTTPConnection(server: self, fd: fd, index: connections.count, now: loop.now)
             guard c.register() else {
                 Glibc.close(fd)

@@ -42,6 +42,7 @@ final class HTTPServerWireTests: XCTestCase {
     }
 
     func handle(_ req: HTTPRequest) {
+        if handleWhole(req) { return }
         switch req.path ?? "" {
         case "/text":
             req.respond(status: 200, headers: [("X-Method", req.method?.rawValue ?? "other")], body: Array("some text".utf8))
