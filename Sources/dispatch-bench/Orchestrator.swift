@@ -352,9 +352,13 @@ final class Orchestrator {
         for n in config.idleCounts.sorted() where n > open {
             let scenario = "idle \(Self.count(n))"
             let cpu0 = t.cpu()
+            let client0 = subscribers.reduce(0.0) { $0 + PushRun.cpuSeconds($1.pid) }
             let s = try subscribe(t, count: n - open, path: t.streamPath("\(idlePrefix)-{ch}"),
                                   channels: config.idleActivities, trackSeqs: false, firstIndex: open)
             recordCPU(scenario, per: "connect", t, since: cpu0, operations: s.ready)
+            // The bench's own side (its subscriber processes): whether the client bounds the rate.
+            let client = subscribers.reduce(0.0) { $0 + PushRun.cpuSeconds($1.pid) } - client0
+            if s.ready > 0 { record(scenario, "client CPU per connect", "µs", higher: false, t, client / Double(s.ready) * 1e6) }
             open += s.ready + s.failed
             Control.sleep(1.5)
             let after = t.memory()
