@@ -52,6 +52,32 @@ final class PushTruthTests: XCTestCase {
 
     func sql(_ s: TestServer, _ query: String) throws -> [[String?]] { try TestPostgres.shared().sql(s.conninfo, query) }
 
+    // MARK: - 0. a change committed while the one before it is being pushed
+
+    /// A progress-only change committed while the state change before it is still being
+    /// pushed (APNs has not answered) goes at priority 5 after the pace, like any progress: the
+    /// entry's priority had stayed the pushed change's 10, so it went at 10 and at once. Found as
+    /// a flaky `PushTests.testPrioritiesAndTheEndWithItsDismissalDate` (its next update raced
+    /// the sender's mark); here the fake holds the state change's answer to make the race certain.
+    func testAProgressChangeDuringAStatePushKeepsItsPriorityAndThePace() throws {
+        let f = try fake()
+        let s = try server(f, ["DISPATCH_PUSH_PACE": "2"])
+        defer { s.stop() }
+        try s.startActivity("raced", state: "queued")
+        let t = token()
+        try register(s, #"{"deviceToken":"\#(token())","activityTokens":{"raced":"\#(t)"}}"#)
+        _ = try f.wait(token: t) { self.delivered($0).contains { $0.seq == 1 } }
+        try f.script(token: t, respond: [#"{"action":"delay","seconds":1,"status":200}"#])
+        XCTAssertEqual(try s.client.post("/v1/activities/raced/update", #"{"state":"processing"}"#).status, 200)
+        _ = try f.wait(token: t) { $0.contains { $0.seq == 2 && $0.status == nil } }
+        XCTAssertEqual(try s.client.post("/v1/activities/raced/update", #"{"progress":0.4}"#).status, 200, "committed while seq 2 is held")
+        let all = try f.wait(token: t) { self.delivered($0).contains { $0.seq == 3 } }
+        let state = try XCTUnwrap(all.first { $0.seq == 2 }), progress = try XCTUnwrap(all.first { $0.seq == 3 })
+        XCTAssertEqual(state.priority, 10)
+        XCTAssertEqual(progress.priority, 5, "progress only")
+        XCTAssertGreaterThanOrEqual(progress.time - state.time, 1.5, "paced (2 s) from the state change, not sent on its answer (1 s)")
+    }
+
     // MARK: - 1. stale-date on the start, and a touch that moves it
 
     /// The start carries the stale-date; a touch that moves the deadline less than half of

@@ -62,6 +62,7 @@ enum BroadcastRepository {
                 """, [job.activityID, channel, String(job.leaseID)], name: "broadcast_mark_channel"))
         }
         let fence = "WHERE activity_id = $1 AND lease_id = $2::bigint"
+        let rest = PushFanOutRepository.priorityAfter(activity: "$1", seq: "$3::bigint")
         for (job, outcome) in sorted {
             let key = [job.activityID, String(job.leaseID)]
             switch outcome {
@@ -87,8 +88,9 @@ enum BroadcastRepository {
                            stale_refresh_ms = CASE WHEN stale_refresh_ms <= $6::bigint THEN 0 ELSE stale_refresh_ms END,
                            stale_date = CASE WHEN $10::bigint > 0 THEN $10::bigint ELSE stale_date END,
                            phase = CASE WHEN $5::bigint IS NULL THEN phase ELSE 'delete' END,
+                           priority = CASE WHEN wanted_seq > $3::bigint THEN \(rest) ELSE priority END,
                            due_at = CASE WHEN $5::bigint IS NOT NULL THEN to_timestamp($5::bigint)
-                                         WHEN priority = 10 AND wanted_seq > $3::bigint THEN GREATEST(now(), to_timestamp($4::bigint))
+                                         WHEN \(rest) = 10 AND wanted_seq > $3::bigint THEN GREATEST(now(), to_timestamp($4::bigint))
                                          ELSE GREATEST(now(), to_timestamp($8::bigint / 1000.0) + $7::float8 * interval '1 second',
                                                        to_timestamp($4::bigint)) END,
                            pending_since_ms = CASE WHEN wanted_seq > GREATEST(sent_seq, $3::bigint) THEN $6::bigint END \(fence)

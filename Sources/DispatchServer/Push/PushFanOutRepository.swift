@@ -153,6 +153,23 @@ enum PushFanOutRepository {
         }
     }
 
+    /// The APNs priority the changes of `activity` after `seq` need (SQL over the history; both
+    /// arguments SQL expressions): 10 when one of them moved the state (a new state, the end),
+    /// else 5 (progress, status, a cancel request). A push that went out leaves its entry (row,
+    /// channel) with this for what is still waiting: the priority it had was raised by the
+    /// pushed change itself whenever a change came in while it was being sent.
+    static func priorityAfter(activity: String, seq: String) -> String {
+        """
+        (CASE WHEN EXISTS (
+           SELECT 1 FROM activity_events h
+           WHERE h.activity_id = \(activity) AND h.seq > \(seq) AND h.event <> 'cancel_requested'
+             AND h.event IS DISTINCT FROM (SELECT s.event FROM activity_events s
+                                           WHERE s.activity_id = \(activity) AND s.seq <= \(seq) AND s.event <> 'cancel_requested'
+                                           ORDER BY s.seq DESC LIMIT 1))
+         THEN 10 ELSE 5 END)
+        """
+    }
+
     /// The statement writing the entry marks of a batch (with `lockAlso`: the activities whose
     /// entries later statements of the batch touch, locked here first). Entries are locked in
     /// activity order, the order the publish path's upserts take them, so the two never
@@ -184,7 +201,8 @@ enum PushFanOutRepository {
                      stale_date = CASE WHEN m.delivered > 0 AND m.stale > 0 THEN m.stale ELSE o.stale_date END,
                      stale_refresh_ms = CASE WHEN o.stale_refresh_ms <= m.claimed_ms THEN 0 ELSE o.stale_refresh_ms END,
                      attempts = 0, lease_id = NULL, lease_until = NULL,
-                     due_at = CASE WHEN m.delivered > 0 AND NOT (o.priority = 10 AND o.wanted_seq > m.seq)
+                     priority = CASE WHEN o.wanted_seq > m.seq THEN rest.priority ELSE o.priority END,
+                     due_at = CASE WHEN m.delivered > 0 AND NOT (rest.priority = 10 AND o.wanted_seq > m.seq)
                                    THEN GREATEST(now(), to_timestamp(m.changed_ms / 1000.0) + $11::float8 * interval '1 second', to_timestamp(m.not_before))
                                    ELSE GREATEST(now(), to_timestamp(m.not_before)) END,
                      pending_since_ms = CASE WHEN o.wanted_seq > GREATEST(o.sent_seq, m.seq) THEN m.claimed_ms END
@@ -192,6 +210,7 @@ enum PushFanOutRepository {
                                         $9::int[], $10::int[], $22::bigint[])
                                  AS m(activity_id, lease, seq, ts, not_before, claimed_ms, changed_ms, devices, delivered, stale)
                 ON l.activity_id = m.activity_id
+                CROSS JOIN LATERAL (SELECT \(priorityAfter(activity: "m.activity_id", seq: "m.seq")) AS priority) rest
               WHERE o.activity_id = m.activity_id AND o.lease_id = m.lease
               RETURNING o.activity_id
             ), released AS (
