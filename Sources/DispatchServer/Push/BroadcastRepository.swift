@@ -62,7 +62,7 @@ enum BroadcastRepository {
                 """, [job.activityID, channel, String(job.leaseID)], name: "broadcast_mark_channel"))
         }
         let fence = "WHERE activity_id = $1 AND lease_id = $2::bigint"
-        let rest = PushFanOutRepository.priorityAfter(activity: "$1", seq: "$3::bigint")
+        let rest = PushFanOutRepository.priorityAfter(activity: "$1", seq: "$3::bigint", wanted: "wanted_seq", current: "priority")
         for (job, outcome) in sorted {
             let key = [job.activityID, String(job.leaseID)]
             switch outcome {
@@ -88,7 +88,7 @@ enum BroadcastRepository {
                            stale_refresh_ms = CASE WHEN stale_refresh_ms <= $6::bigint THEN 0 ELSE stale_refresh_ms END,
                            stale_date = CASE WHEN $10::bigint > 0 THEN $10::bigint ELSE stale_date END,
                            phase = CASE WHEN $5::bigint IS NULL THEN phase ELSE 'delete' END,
-                           priority = CASE WHEN wanted_seq > $3::bigint THEN \(rest) ELSE priority END,
+                           priority = \(rest),
                            due_at = CASE WHEN $5::bigint IS NOT NULL THEN to_timestamp($5::bigint)
                                          WHEN \(rest) = 10 AND wanted_seq > $3::bigint THEN GREATEST(now(), to_timestamp($4::bigint))
                                          ELSE GREATEST(now(), to_timestamp($8::bigint / 1000.0) + $7::float8 * interval '1 second',

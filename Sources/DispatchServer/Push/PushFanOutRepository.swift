@@ -153,20 +153,25 @@ enum PushFanOutRepository {
         }
     }
 
-    /// The APNs priority the changes of `activity` after `seq` need (SQL over the history; both
-    /// arguments SQL expressions): 10 when one of them moved the state (a new state, the end),
-    /// else 5 (progress, status, a cancel request). A push that went out leaves its entry (row,
-    /// channel) with this for what is still waiting: the priority it had was raised by the
-    /// pushed change itself whenever a change came in while it was being sent.
-    static func priorityAfter(activity: String, seq: String) -> String {
+    /// The APNs priority of what waits after a push of `seq` went out (SQL expressions: the
+    /// activity, the pushed seq, the entry's `wanted_seq` and its `priority`): a change that
+    /// came in while the push was being sent raised the priority to the pushed change's too (as
+    /// it must, should the push fail). Read from the history after `seq`: 10 when one of those
+    /// changes moved the state (a new state, the end), else 5 (progress, status, a cancel
+    /// request). When the statement's snapshot does not hold every change up to `wanted` yet (a
+    /// commit racing the mark, which the row lock waited for), the priority stays as it is:
+    /// never lower than a waiting state change's.
+    static func priorityAfter(activity: String, seq: String, wanted: String, current: String) -> String {
         """
-        (CASE WHEN EXISTS (
-           SELECT 1 FROM activity_events h
-           WHERE h.activity_id = \(activity) AND h.seq > \(seq) AND h.event <> 'cancel_requested'
-             AND h.event IS DISTINCT FROM (SELECT s.event FROM activity_events s
-                                           WHERE s.activity_id = \(activity) AND s.seq <= \(seq) AND s.event <> 'cancel_requested'
-                                           ORDER BY s.seq DESC LIMIT 1))
-         THEN 10 ELSE 5 END)
+        (CASE WHEN \(wanted) > \(seq) AND coalesce((SELECT max(n.seq) FROM activity_events n WHERE n.activity_id = \(activity)), 0) >= \(wanted)
+              THEN CASE WHEN EXISTS (
+                     SELECT 1 FROM activity_events h
+                     WHERE h.activity_id = \(activity) AND h.seq > \(seq) AND h.event <> 'cancel_requested'
+                       AND h.event IS DISTINCT FROM (SELECT s.event FROM activity_events s
+                                                     WHERE s.activity_id = \(activity) AND s.seq <= \(seq) AND s.event <> 'cancel_requested'
+                                                     ORDER BY s.seq DESC LIMIT 1))
+                   THEN 10 ELSE 5 END
+              ELSE \(current) END)
         """
     }
 
@@ -190,6 +195,7 @@ enum PushFanOutRepository {
         }
         let lock = Set(done.map(\.0.activityID) + released.map(\.0.activityID) + dropped.map(\.activityID) + lockAlso).sorted()
         guard !lock.isEmpty else { return nil }
+        let waiting = priorityAfter(activity: "m.activity_id", seq: "m.seq", wanted: "o.wanted_seq", current: "o.priority")
         let bumps = done.flatMap { d in d.0.passedOver.map { (d.0.activityID, $0, d.0.seq, d.0.claimedAtMs) } }
         return PGQuery("""
             WITH locked AS MATERIALIZED (
@@ -201,8 +207,8 @@ enum PushFanOutRepository {
                      stale_date = CASE WHEN m.delivered > 0 AND m.stale > 0 THEN m.stale ELSE o.stale_date END,
                      stale_refresh_ms = CASE WHEN o.stale_refresh_ms <= m.claimed_ms THEN 0 ELSE o.stale_refresh_ms END,
                      attempts = 0, lease_id = NULL, lease_until = NULL,
-                     priority = CASE WHEN o.wanted_seq > m.seq THEN rest.priority ELSE o.priority END,
-                     due_at = CASE WHEN m.delivered > 0 AND NOT (rest.priority = 10 AND o.wanted_seq > m.seq)
+                     priority = \(waiting),
+                     due_at = CASE WHEN m.delivered > 0 AND NOT (\(waiting) = 10 AND o.wanted_seq > m.seq)
                                    THEN GREATEST(now(), to_timestamp(m.changed_ms / 1000.0) + $11::float8 * interval '1 second', to_timestamp(m.not_before))
                                    ELSE GREATEST(now(), to_timestamp(m.not_before)) END,
                      pending_since_ms = CASE WHEN o.wanted_seq > GREATEST(o.sent_seq, m.seq) THEN m.claimed_ms END
@@ -210,7 +216,6 @@ enum PushFanOutRepository {
                                         $9::int[], $10::int[], $22::bigint[])
                                  AS m(activity_id, lease, seq, ts, not_before, claimed_ms, changed_ms, devices, delivered, stale)
                 ON l.activity_id = m.activity_id
-                CROSS JOIN LATERAL (SELECT \(priorityAfter(activity: "m.activity_id", seq: "m.seq")) AS priority) rest
               WHERE o.activity_id = m.activity_id AND o.lease_id = m.lease
               RETURNING o.activity_id
             ), released AS (

@@ -173,19 +173,19 @@ enum PushOutboxRepository {
             // of the clock (PushTimestamp), and for the pace unless a state change is already
             // waiting; a change that came meanwhile makes it due again.
             let jobs = sent.map(\.0)
+            let waiting = PushFanOutRepository.priorityAfter(activity: "m.activity_id", seq: "m.seq", wanted: "o.wanted_seq", current: "o.priority")
             queries.append(PGQuery("""
                 UPDATE push_outbox o SET sent_seq = GREATEST(o.sent_seq, m.seq), last_timestamp = GREATEST(o.last_timestamp, m.ts),
                        last_status = CASE WHEN m.pushed THEN '200' ELSE 'skipped' END,
                        sent_at = CASE WHEN m.pushed THEN now() ELSE o.sent_at END,
                        attempts = 0, failed = false, lease_id = NULL, lease_until = NULL,
-                       priority = CASE WHEN o.wanted_seq > m.seq THEN rest.priority ELSE o.priority END,
-                       due_at = CASE WHEN m.pushed AND NOT (rest.priority = 10 AND o.wanted_seq > m.seq)
+                       priority = \(waiting),
+                       due_at = CASE WHEN m.pushed AND NOT (\(waiting) = 10 AND o.wanted_seq > m.seq)
                                      THEN GREATEST(now(), to_timestamp(m.changed_ms / 1000.0) + $10::float8 * interval '1 second', to_timestamp(m.not_before))
                                      ELSE GREATEST(now(), to_timestamp(m.not_before)) END,
                        pending_since_ms = CASE WHEN o.wanted_seq > GREATEST(o.sent_seq, m.seq) THEN m.claimed_ms END
                 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[],
                             $9::boolean[], $11::bigint[]) AS m(activity_id, device_id, kind, lease, seq, ts, not_before, claimed_ms, pushed, changed_ms)
-                     CROSS JOIN LATERAL (SELECT \(PushFanOutRepository.priorityAfter(activity: "m.activity_id", seq: "m.seq")) AS priority) rest
                 WHERE \(match)
                 """, keys(jobs) + [PGArray.numbers(jobs.map(\.leaseID)), PGArray.numbers(jobs.map(\.seq)), PGArray.numbers(jobs.map(\.timestamp)),
                                    PGArray.numbers(jobs.map { PushTimestamp.nextAllowed(after: $0.timestamp) }), PGArray.numbers(jobs.map(\.claimedAtMs)),
