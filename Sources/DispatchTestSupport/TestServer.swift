@@ -198,6 +198,28 @@ public final class TestServer: @unchecked Sendable {
         if pid > 0 { Glibc.kill(pid, SIGKILL); _ = Subprocess.wait(pid) }
     }
 
+    /// A loopback port bound by this process and never listened on, held until `ClosedPort`
+    /// goes: connecting is refused, and no other test's server can take it meanwhile (a port
+    /// that was merely free once was, and a "closed port" test got that server's 401).
+    public final class ClosedPort {
+        public let port: Int
+        private let fd: Int32
+        public init() throws {
+            fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var addr = sockaddr_in()
+            addr.sin_family = sa_family_t(AF_INET)
+            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let fd = self.fd
+            let ok = withUnsafeMutablePointer(to: &addr) { a in
+                a.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+            }
+            guard ok else { close(fd); throw SystemError("cannot hold a loopback port", errno: errno) }
+            port = Int(UInt16(bigEndian: addr.sin_port))
+        }
+        deinit { close(fd) }
+    }
+
     public static func freePort() throws -> Int {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(fd) }

@@ -37,7 +37,9 @@ final class FeedbackCLIIntegrationTests: CLIServerTestCase {
     /// error when the budget is spent; `--quiet` (stderr not a terminal here) keeps only the error.
     /// (`end` and `start` retry for --retry-for; `progress` has its own short deadline.)
     func testAnUnreachableServerSaysItIsRetrying() throws {
-        let port = try TestServer.freePort()
+        let held = try TestServer.ClosedPort()
+        defer { withExtendedLifetime(held) {} }
+        let port = held.port
         let (code, _, err) = try ctx.run(["end", "--id", "x", "--url", "http://127.0.0.1:\(port)", "--retry-for", "1.5"])
         XCTAssertEqual(code, CLIExitCode.unavailable.rawValue)
         let lines = err.split(separator: "\n").map(String.init)

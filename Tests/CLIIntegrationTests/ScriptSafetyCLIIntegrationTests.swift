@@ -15,7 +15,9 @@ final class ScriptSafetyCLIIntegrationTests: XCTestCase {
     /// up within its deadline (default 2 s; it used to take 30 s), exits 8 and says so in one
     /// line. The figures are printed; the bound asserted is loose on purpose (shared machine).
     func testProgressInALoopAgainstAClosedPortReturnsWithinItsDeadline() throws {
-        let closed = try TestServer.freePort()  // nothing listens there
+        let held = try TestServer.ClosedPort()  // refused, and no other test's server can take it
+        defer { withExtendedLifetime(held) {} }
+        let closed = held.port
         let dispatch = TestPaths.binary("dispatch")
         let env = ["DISPATCH_URL": "http://127.0.0.1:\(closed)", "DISPATCH_TOKEN": "dsp_test", "PATH": "/usr/bin:/bin"]
         var figures: [Double] = []
@@ -52,7 +54,9 @@ final class ScriptSafetyCLIIntegrationTests: XCTestCase {
         XCTAssertEqual(try ctx.run(["progress", "--id", "safe-1", "--percent", "40"]).0, 0)
         XCTAssertEqual(try ctx.snapshot("safe-1")?["progress"]?.numberValue, 0.4)
 
-        let closed = try TestServer.freePort()
+        let held = try TestServer.ClosedPort()
+        defer { withExtendedLifetime(held) {} }
+        let closed = held.port
         let began = Date()
         let (down, _, downErr) = try ctx.run(["start", "--name", "job", "--retry-for", "3"], env: ["DISPATCH_URL": "http://127.0.0.1:\(closed)"])
         let took = Date().timeIntervalSince(began)
