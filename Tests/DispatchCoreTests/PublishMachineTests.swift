@@ -217,6 +217,30 @@ final class PublishMachineTests: XCTestCase {
         XCTAssertEqual(render(a4), ["read \(u4) a"])
     }
 
+    func testAHeardChangeIsDecodedOnlyWhenAChangeOfItIsPlanned() {
+        var m = machine(cached: [stored("a", seq: 2), stored("b", seq: 2), stored("c", seq: 2), stored("d", seq: 2)])
+        var other = stored("a", seq: 9).activity
+        other.progress = 0.9
+        m.heard("a", seq: 9, event: "processing", json: String(decoding: other.json(), as: UTF8.self))
+        XCTAssertFalse(m.isStale("a", seq: 9), "the heard change is the newest known")
+        XCTAssertTrue(m.isStale("a", seq: 10))
+        m.heard("a", seq: 5, event: "processing", json: "not even JSON")
+        XCTAssertEqual(m.cached("a")?.activity.progress, 0.9, "an older notice changes nothing")
+        XCTAssertEqual(render(m.submitted(update("a", 0.95), now: now).actions), ["write 1: update a@9"], "planned on the heard snapshot")
+        _ = m.batchFinished(1, committed(["a"]), now: now)
+
+        // What cannot be planned on is dropped, and the next change reads.
+        m.heard("b", seq: 3, event: "processing", json: "")
+        m.heard("c", seq: 3, event: "processing", json: "{\"activityId\":")
+        var done = stored("d", seq: 3, state: .completed).activity
+        done.progress = 1
+        m.heard("d", seq: 3, event: "completed", json: String(decoding: done.json(), as: UTF8.self))
+        for id in ["b", "c", "d"] {
+            let (u, actions) = m.submitted(update(id, 0.5), now: now)
+            XCTAssertEqual(render(actions), ["read \(u) \(id)"], id)
+        }
+    }
+
     func testAStaleSweeperEndAlwaysReadsAndAppliesOnlyToTheClaimedRow() {
         var m = machine(cached: [stored("a", seq: 3, touched: 50), stored("b", seq: 3, touched: 50)])
         let staleEnd = { (id: String) in

@@ -115,7 +115,7 @@ public struct PublishMachine {
 
     /// Live activities this worker has seen lately; bounded by bytes (a snapshot may be a few
     /// hundred bytes or several kilobytes).
-    private var cache: BoundedCache<String, StoredActivity>
+    private var cache: BoundedCache<String, CachedActivity>
     /// Activities with an op being planned, queued or written; each holds one.
     private var busy: Set<String> = []
     private var waiting: [String: [Pending]] = [:]
@@ -170,24 +170,51 @@ public struct PublishMachine {
 
     public func isStale(_ id: String, seq: Int64) -> Bool {
         guard let entry = cache[id] else { return false }
-        return entry.activity.seq < seq
+        return entry.newestSeq < seq
     }
 
     public mutating func forget(_ id: String) { cache.remove(id) }
 
     /// A change committed (here or elsewhere): keeps a cached snapshot current.
     public mutating func observe(_ event: ActivityEvent) {
-        guard var entry = cache[event.snapshot.activityId], entry.activity.seq < event.seq else { return }
+        guard let entry = cache[event.snapshot.activityId], entry.newestSeq < event.seq else { return }
         if event.snapshot.state.isTerminal { cache.remove(event.snapshot.activityId); return }
-        entry.activity = event.snapshot
-        entry.lastEvent = event.name.rawValue
-        remember(entry)
+        var stored = entry.stored
+        stored.activity = event.snapshot
+        stored.lastEvent = event.name.rawValue
+        remember(stored)
     }
 
-    public func cached(_ id: String) -> StoredActivity? { cache[id] }
+    /// A change another process committed, as its notice carried it (`json` empty: it did not
+    /// fit, so the cached snapshot is dropped). Kept undecoded: it is decoded only if a change
+    /// of that activity is planned here before a newer one arrives.
+    public mutating func heard(_ id: String, seq: Int64, event: String, json: String) {
+        guard var entry = cache[id], entry.newestSeq < seq else { return }
+        if json.isEmpty { cache.remove(id); return }
+        if case .state(let state)? = EventName(rawValue: event), state.isTerminal { cache.remove(id); return }
+        entry.heard = CachedActivity.Heard(event: event, seq: seq, json: json)
+        cache.set(id, entry, bytes: entry.approximateBytes)
+    }
+
+    /// The newest snapshot known here (a heard change decoded now), or nil.
+    public mutating func cached(_ id: String) -> StoredActivity? {
+        guard let entry = cache[id] else { return nil }
+        guard let heard = entry.heard else { return entry.stored }
+        guard let name = EventName(rawValue: heard.event), let value = try? JSONParser.parse(heard.json),
+              let activity = Activity.decode(value), activity.seq == heard.seq, !activity.state.isTerminal else {
+            cache.remove(id)
+            return nil
+        }
+        var stored = entry.stored
+        stored.activity = activity
+        stored.lastEvent = name.rawValue
+        remember(stored)
+        return stored
+    }
 
     private mutating func remember(_ s: StoredActivity) {
-        cache.set(s.activity.activityId, s, bytes: s.approximateBytes)
+        let entry = CachedActivity(stored: s)
+        cache.set(s.activity.activityId, entry, bytes: entry.approximateBytes)
     }
 
     // MARK: - Inputs
@@ -405,7 +432,7 @@ public struct PublishMachine {
         }
         // A broadcast activity waiting for its channel is read afresh: the channel's arrival is
         // no change, and the next change's snapshot should carry it.
-        if pending.attempts == 0, op.access.staleTouch == nil, let current = cache[op.activityID],
+        if pending.attempts == 0, op.access.staleTouch == nil, let current = cached(op.activityID),
            !(current.activity.broadcast && current.activity.channelId == nil) {
             return decide(pending, current, now: now)
         }
@@ -597,4 +624,20 @@ public struct PublishMachine {
         actions.append(.announce(event, json: json))
         finish(pending, .committed(json: json, created: op.callKind == .start), now: now, &actions)
     }
+}
+
+/// A cache entry: the snapshot planned against, and a newer one heard from another process's
+/// commit, still as the notice's JSON.
+private struct CachedActivity {
+    struct Heard {
+        var event: String
+        var seq: Int64
+        var json: String
+    }
+
+    var stored: StoredActivity
+    var heard: Heard?
+
+    var newestSeq: Int64 { heard?.seq ?? stored.activity.seq }
+    var approximateBytes: Int { stored.approximateBytes + (heard.map { 64 + $0.json.utf8.count } ?? 0) }
 }

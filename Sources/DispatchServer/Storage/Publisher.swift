@@ -105,13 +105,7 @@ final class Publisher {
     /// A change committed by another process (NOTIFY or the carrier): a cached activity older
     /// than it takes it (or is dropped when the notice carries no snapshot).
     func heard(_ notice: ChangeNotice) {
-        guard isStale(notice.activityID, seq: notice.seq) else { return }
-        if !notice.json.isEmpty, let name = EventName(rawValue: notice.event), let value = try? JSONParser.parse(notice.json),
-           let a = Activity.decode(value) {
-            observe(ActivityEvent(name: name, snapshot: a))
-        } else if notice.json.isEmpty {
-            forget(notice.activityID)
-        }
+        machine.heard(notice.activityID, seq: notice.seq, event: notice.event, json: notice.json)
     }
 
     // MARK: - Publishing
