@@ -9,7 +9,11 @@ public enum HTTPRequestEncoder {
         var out: [UInt8] = []
         out.reserveCapacity(128 + headers.count * 48 + (body?.count ?? 0))
         func line(_ s: String) {
-            out.append(contentsOf: s.utf8.lazy.filter { $0 != 0x0D && $0 != 0x0A })
+            if s.utf8.contains(where: { $0 == 0x0D || $0 == 0x0A }) {
+                out.append(contentsOf: s.utf8.lazy.filter { $0 != 0x0D && $0 != 0x0A })
+            } else {
+                out.append(contentsOf: s.utf8)
+            }
             out.append(0x0D)
             out.append(0x0A)
         }

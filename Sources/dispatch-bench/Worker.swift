@@ -91,7 +91,9 @@ final class Worker {
     // Subscribers.
     var subTotal = 0, subStarted = 0, subInflight = 0, subReady = 0, subFailed = 0
     var subMaxInflight = 500
-    var subPathTemplate = ""
+    /// The stream path around its `{ch}` (split once: replacing per connect cost the client
+    /// more than the server's whole accept).
+    var subPath: (head: String, tail: String?) = ("/", nil)
     var subChannels = 1
     var subFirst = 0
     var subNeedFirstEvent = false

@@ -226,7 +226,7 @@ extension Worker {
     func connected(_ i: Int) {
         switch conns[i].role {
         case .subscriber:
-            let path = subPathTemplate.replacing("{ch}", with: String(conns[i].channel))
+            let path = subPath.tail.map { subPath.head + String(conns[i].channel) + $0 } ?? subPath.head
             // As an EventSource: the last event id it saw, if any (or the one it was given).
             var lastEventID = subLastEventID
             if conns[i].lastID >= 0 {

@@ -16,7 +16,12 @@ extension Worker {
         subReady = 0
         subFailed = 0
         subMaxInflight = v.int("inflight") ?? 500
-        subPathTemplate = v.string("path") ?? "/"
+        let template = v.string("path") ?? "/"
+        if let ch = template.firstRange(of: "{ch}") {
+            subPath = (String(template[..<ch.lowerBound]), String(template[ch.upperBound...]))
+        } else {
+            subPath = (template, nil)
+        }
         subChannels = max(1, v.int("channels") ?? 1)
         subFirst = v.int("first") ?? 0
         subNeedFirstEvent = v.bool("needFirstEvent") ?? false
