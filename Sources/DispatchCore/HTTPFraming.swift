@@ -22,10 +22,8 @@ public enum HTTPFraming {
             self.largeBodies = largeBodies
         }
 
-        /// The limits for one request target: its path's own body limit, if it has one.
-        public func forTarget(_ target: Substring) -> Limits { forTarget(bytes: target.utf8) }
-
-        /// The same for the target's bytes as received (no String made per request).
+        /// The limits for one request target, from its bytes as received (no String made per
+        /// request): its path's own body limit, if it has one.
         public func forTarget<Bytes: Collection<UInt8>>(bytes target: Bytes) -> Limits {
             guard !largeBodies.isEmpty else { return self }
             // The path is the target up to `?`.

@@ -70,17 +70,17 @@ final class HTTPFramingTests: XCTestCase {
 
     func testAPathMayTakeALargerBodyThanTheDefault() {
         let limits = HTTPFraming.Limits(maxBodyBytes: 64 * 1024, largeBodies: ["/v1/changes": 2 << 20])
-        XCTAssertEqual(limits.forTarget("/v1/changes").maxBodyBytes, 2 << 20)
-        XCTAssertEqual(limits.forTarget("/v1/changes?x=1").maxBodyBytes, 2 << 20, "the query does not change the path")
-        XCTAssertEqual(limits.forTarget("/v1/changes/").maxBodyBytes, 64 * 1024)
-        XCTAssertEqual(limits.forTarget("/v1/change").maxBodyBytes, 64 * 1024, "a prefix of the path is another path")
-        XCTAssertEqual(limits.forTarget("/v1/changesX?x").maxBodyBytes, 64 * 1024)
-        XCTAssertEqual(limits.forTarget("/v1/activities/start").maxBodyBytes, 64 * 1024)
+        XCTAssertEqual(limits.forTarget(bytes: "/v1/changes".utf8).maxBodyBytes, 2 << 20)
+        XCTAssertEqual(limits.forTarget(bytes: "/v1/changes?x=1".utf8).maxBodyBytes, 2 << 20, "the query does not change the path")
+        XCTAssertEqual(limits.forTarget(bytes: "/v1/changes/".utf8).maxBodyBytes, 64 * 1024)
+        XCTAssertEqual(limits.forTarget(bytes: "/v1/change".utf8).maxBodyBytes, 64 * 1024, "a prefix of the path is another path")
+        XCTAssertEqual(limits.forTarget(bytes: "/v1/changesX?x".utf8).maxBodyBytes, 64 * 1024)
+        XCTAssertEqual(limits.forTarget(bytes: "/v1/activities/start".utf8).maxBodyBytes, 64 * 1024)
         XCTAssertEqual(limits.forTarget(bytes: Array("/v1/changes?x=1".utf8)).maxBodyBytes, 2 << 20, "the connection's raw bytes")
         XCTAssertEqual(limits.forTarget(bytes: Array("/v1/changes/".utf8)).maxBodyBytes, 64 * 1024)
         func decide(_ target: Substring, length: Int) -> Result<HTTPFraming.Head, HTTPFraming.Refusal> {
             HTTPFraming.decide(minorVersion: 1, headBytes: 100, targetBytes: target.utf8.count, contentLength: [String(length)],
-                               transferEncoding: [], connection: [], expect: [], limits: limits.forTarget(target))
+                               transferEncoding: [], connection: [], expect: [], limits: limits.forTarget(bytes: target.utf8))
         }
         XCTAssertEqual(decide("/v1/changes", length: 1 << 20), .success(.init(body: .length(1 << 20), keepAlive: true, expectContinue: false)))
         XCTAssertEqual(decide("/v1/activities/start", length: 1 << 20), .failure(.bodyTooLarge))
