@@ -149,24 +149,69 @@ final class StreamServiceShellTests: XCTestCase {
         XCTAssertEqual(metrics.streamCloses[.clientClosed], 1)
     }
 
-    /// The service goes away (a worker's shutdown) while snapshot reads are out, one batched
-    /// and one alone: their late answers reach nothing and crash nothing.
+    /// While a snapshot read is out, the streams of later turns wait for its answer and then
+    /// share one statement: a connect burst costs a few round trips, not one per turn.
+    func testSnapshotsWaitWhileAReadIsOutThenGoAsOneStatement() {
+        let first = ScriptedStream()
+        service.open(first, activityID: "job-a", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activity"])
+        let b = ScriptedStream(), c = ScriptedStream()
+        service.open(b, activityID: "job-b", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activity"], "a later turn's snapshot waits for the read that is out")
+        service.open(c, activityID: "job-c", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activity"])
+        answerReader { _ in activityRow("job-a", state: .processing, seq: 2) }
+        XCTAssertEqual(ids(first), ["2"])
+        XCTAssertEqual(pendingStatements, ["read_activities"], "the answer sends what waited, as one statement")
+        XCTAssertEqual(scripted.sessions[1].parameters(of: "read_activities"), ["{\"job-b\",\"job-c\"}"])
+        answerReader { _ in
+            let b = activityRow("job-b", state: .processing, seq: 3), c = activityRow("job-c", state: .processing, seq: 4)
+            return PGResult(rows: b.rows + c.rows, columns: b.columns)
+        }
+        XCTAssertEqual(ids(b), ["3"])
+        XCTAssertEqual(ids(c), ["4"])
+        XCTAssertEqual(pendingStatements, [])
+
+        // A failed read lets the next go too.
+        let d = ScriptedStream(), e = ScriptedStream()
+        service.open(d, activityID: "job-d", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activity"])
+        service.open(e, activityID: "job-e", lastEventID: nil, keyID: 1)
+        answerReader { _ in PGResult(errorMessage: "canceling statement due to statement timeout", sqlState: "57014") }
+        XCTAssertEqual(d.ending, .responded(503))
+        XCTAssertEqual(pendingStatements, ["read_activity"], "the waiting snapshot is read once the failed one answered")
+        answerReader { _ in activityRow("job-e", state: .processing, seq: 1) }
+        XCTAssertEqual(ids(e), ["1"])
+    }
+
+    /// The service goes away (a worker's shutdown) while snapshot reads are out, batched or
+    /// alone: their late answers reach nothing and crash nothing.
     func testSnapshotAnswersAfterTheServiceIsGoneAreDropped() {
         let a = ScriptedStream(), b = ScriptedStream()
         service.open(a, activityID: "job-a", lastEventID: nil, keyID: 1)
         service.open(b, activityID: "job-b", lastEventID: nil, keyID: 1)
         XCTAssertEqual(pendingStatements, ["read_activities"])
-        let lone = ScriptedStream()
-        service.open(lone, activityID: "job-c", lastEventID: nil, keyID: 1)
+        let waiting = ScriptedStream()
+        service.open(waiting, activityID: "job-c", lastEventID: nil, keyID: 1)
         service.shutdown()
-        XCTAssertEqual(pendingStatements, ["read_activities", "read_activity"])
         weak var gone = service
         service = StreamService(loop: loop, activities: ActivityRepository(db: scripted.db), metrics: metrics, log: Logger(level: .error),
                                 settings: .init(heartbeatSeconds: 4, maxBacklog: 64 * 1024, writeTimeout: 60))
         XCTAssertNil(gone, "nothing but its owner holds the service")
         answerReader { _ in activityRow("job-a", state: .processing, seq: 2) }
-        answerReader { _ in activityRow("job-c", state: .processing, seq: 5) }
-        XCTAssertEqual(ids(a) + ids(b) + ids(lone), [])
+        XCTAssertEqual(ids(a) + ids(b) + ids(waiting), [])
+        XCTAssertEqual(pendingStatements, [], "what waited went with the service")
+
+        let lone = ScriptedStream()
+        service.open(lone, activityID: "job-d", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activity"])
+        service.shutdown()
+        weak var alsoGone = service
+        service = StreamService(loop: loop, activities: ActivityRepository(db: scripted.db), metrics: metrics, log: Logger(level: .error),
+                                settings: .init(heartbeatSeconds: 4, maxBacklog: 64 * 1024, writeTimeout: 60))
+        XCTAssertNil(alsoGone)
+        answerReader { _ in activityRow("job-d", state: .processing, seq: 5) }
+        XCTAssertEqual(ids(lone), [])
         XCTAssertEqual(scripted.pending(on: reader), [])
     }
 

@@ -257,33 +257,54 @@ final class StreamService: SSESessionsOwner {
         }
     }
 
-    /// Snapshots asked for during this loop turn: read at its end in one statement (one per
-    /// stream cost PostgreSQL about 18 µs of CPU and dispatchd a round trip's bookkeeping each;
-    /// a connect burst's turn holds dozens).
+    /// Snapshots asked for: read at the end of the turn in one statement (one per stream cost
+    /// PostgreSQL about 18 µs of CPU and dispatchd a round trip's bookkeeping each), one read
+    /// out at a time: at light load a stream's snapshot is read at once, in a connect burst
+    /// the streams that arrive during a round trip share the next read (a burst's reads had
+    /// queued one behind the other on the reader session, a few ids each).
     private var snapshotBatch: [(topic: String, generation: UInt64)] = []
+    private var snapshotReading = false
+    private var snapshotScheduled = false
 
     private func queueSnapshot(_ topic: String, generation: UInt64) {
         snapshotBatch.append((topic, generation))
-        if snapshotBatch.count == 1 { loop.soon { [weak self] in self?.readSnapshots() } }
+        scheduleSnapshots()
+    }
+
+    /// At the end of this turn, unless a read is out (its answer schedules the next).
+    private func scheduleSnapshots() {
+        guard !snapshotReading, !snapshotScheduled, !snapshotBatch.isEmpty else { return }
+        snapshotScheduled = true
+        loop.soon { [weak self] in self?.readSnapshots() }
     }
 
     private func readSnapshots() {
+        snapshotScheduled = false
         let batch = snapshotBatch
         snapshotBatch = []
+        guard let first = batch.first else { return }
+        snapshotReading = true
+        // Weak, as every database answer here: one may come after the service is gone.
         guard batch.count > 1 else {
-            guard let r = batch.first else { return }
-            activities.read(r.topic) { [weak self] result in
-                self?.snapshotRead(r.topic, generation: r.generation, result)
+            activities.read(first.topic) { [weak self] result in
+                guard let self else { return }
+                self.snapshotRead(first.topic, generation: first.generation, result)
+                self.snapshotsAnswered()
             }
             return
         }
-        // Weak, as every database answer here: one may come after the service is gone.
         activities.readMany(batch.map(\.topic)) { [weak self] result in
             guard let self else { return }
             for r in batch {
                 self.snapshotRead(r.topic, generation: r.generation, result.map { $0[r.topic] })
             }
+            self.snapshotsAnswered()
         }
+    }
+
+    private func snapshotsAnswered() {
+        snapshotReading = false
+        scheduleSnapshots()
     }
 
     private func snapshotRead(_ topic: String, generation: UInt64, _ result: Result<StoredActivity?, DispatchError>) {
