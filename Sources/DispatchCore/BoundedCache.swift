@@ -31,7 +31,17 @@ public struct BoundedCache<Key: Hashable, Value> {
             order.removeFirst(head)
             head = 0
         }
+        // Under the budget nothing is evicted, so replaced entries' stamps would pile up (one
+        // per set: a leak for a cache of a few keys set often); dropped once they outnumber
+        // the live ones.
+        if order.count - head > 2 * entries.count + 1024 {
+            order = order[head...].filter { entries[$0.key]?.stamp == $0.stamp }
+            head = 0
+        }
     }
+
+    /// Insertions remembered for eviction (live and stale): bounded by the live count.
+    var orderLength: Int { order.count - head }
 
     public mutating func remove(_ key: Key) {
         guard let e = entries.removeValue(forKey: key) else { return }

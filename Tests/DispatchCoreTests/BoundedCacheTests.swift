@@ -40,4 +40,22 @@ final class BoundedCacheTests: XCTestCase {
             XCTAssertLessThanOrEqual(c.bytes, 10_000)
         }
     }
+
+    /// A few keys set over and over under the budget: nothing is evicted, and the order kept
+    /// for eviction does not grow with the sets (it did: one entry per set, forever).
+    func testReplacingUnderTheBudgetKeepsTheOrderBounded() {
+        var c = BoundedCache<Int, Int>(maxBytes: 1 << 20)
+        for i in 0..<200_000 { c.set(i % 10, i, bytes: 100) }
+        XCTAssertEqual(c.count, 10)
+        XCTAssertEqual(c.bytes, 1_000)
+        XCTAssertLessThanOrEqual(c.orderLength, 2 * 10 + 1024 + 1)
+        for k in 0..<10 { XCTAssertEqual(c[k], 199_990 + k) }
+        // Eviction still takes the oldest live entry after a compaction.
+        var d = BoundedCache<Int, Int>(maxBytes: 1_000)
+        for i in 0..<5_000 { d.set(i % 5, i, bytes: 100) }
+        d.set(99, 0, bytes: 600)
+        XCTAssertNil(d[0], "the oldest live entry went first")
+        XCTAssertEqual(d[4], 4_999)
+        XCTAssertLessThanOrEqual(d.bytes, 1_000)
+    }
 }
