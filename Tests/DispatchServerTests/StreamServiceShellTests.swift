@@ -193,6 +193,7 @@ final class StreamServiceShellTests: XCTestCase {
         XCTAssertEqual(pendingStatements, ["read_activities"])
         let waiting = ScriptedStream()
         service.open(waiting, activityID: "job-c", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activities"], "job-c waits for the read that is out")
         service.shutdown()
         weak var gone = service
         service = StreamService(loop: loop, activities: ActivityRepository(db: scripted.db), metrics: metrics, log: Logger(level: .error),
@@ -212,7 +213,49 @@ final class StreamServiceShellTests: XCTestCase {
         XCTAssertNil(alsoGone)
         answerReader { _ in activityRow("job-d", state: .processing, seq: 5) }
         XCTAssertEqual(ids(lone), [])
-        XCTAssertEqual(scripted.pending(on: reader), [])
+    }
+
+    /// The reader session is lost with a snapshot read out and another waiting: both streams
+    /// get 503, and once the session is back the next stream is read (no read stays "out").
+    func testASessionLostWithAReadOutAndOneWaitingAnswersBothAndReadsAgain() {
+        let out = ScriptedStream(), waiting = ScriptedStream()
+        service.open(out, activityID: "job-a", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activity"])
+        service.open(waiting, activityID: "job-b", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activity"])
+        scripted.sessions[1].connectionLost()
+        loop.runSoon()
+        loop.runSoon()
+        XCTAssertEqual(out.ending, .responded(503))
+        XCTAssertEqual(waiting.ending, .responded(503), "its read failed on the lost session too")
+
+        loop.advance(by: 5)  // the session reconnects
+        reader.socketReady()
+        loop.runSoon()
+        let later = ScriptedStream()
+        service.open(later, activityID: "job-c", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activity"])
+        answerReader { _ in activityRow("job-c", state: .processing, seq: 2) }
+        XCTAssertEqual(ids(later), ["2"])
+    }
+
+    /// A connect storm larger than one statement's ids goes out in statements of at most
+    /// `maxSnapshotBatch` ids, one after the other.
+    func testAStormIsReadInBoundedStatements() {
+        let first = ScriptedStream()
+        service.open(first, activityID: "job-0", lastEventID: nil, keyID: 1)
+        XCTAssertEqual(pendingStatements, ["read_activity"])
+        let n = StreamService.maxSnapshotBatch + 5
+        let storm = (1...n).map { _ in ScriptedStream() }
+        for (i, s) in storm.enumerated() { service.open(s, activityID: "job-\(i + 1)", lastEventID: nil, keyID: 1) }
+        answerReader { _ in activityRow("job-0", state: .processing, seq: 1) }
+        XCTAssertEqual(pendingStatements, ["read_activities"])
+        XCTAssertEqual(scripted.sessions[1].parameters(of: "read_activities")?.first??.split(separator: ",").count,
+                       StreamService.maxSnapshotBatch)
+        answerReader { _ in activityRow("job-1", state: .processing, seq: 3) }
+        XCTAssertEqual(ids(storm[0]), ["3"])
+        XCTAssertEqual(pendingStatements, ["read_activities"], "the rest, once the first answered")
+        XCTAssertEqual(scripted.sessions[1].parameters(of: "read_activities")?.first??.split(separator: ",").count, 5)
     }
 
     /// Idle streams get heartbeats on the stepped clock; revoking the key aborts them.

@@ -5,7 +5,7 @@
 /// runs, so a completion that submits again sees the new state.
 ///
 /// It plans each change against the newest known snapshot (a bounded cache of live ones, kept
-/// current by this worker's commits and by what `observe` hears of others') or a fresh read,
+/// current by this worker's commits and by what `heard` hears of others') or a fresh read,
 /// and group-commits what is ready: one batch in flight, at most `maxBatch` changes (a
 /// request of many changes, `submittedAll`, goes whole: its changes wait until none of them is
 /// being read, then go in one batch however large).
@@ -163,11 +163,11 @@ public struct PublishMachine {
 
     // MARK: - The cache
 
-    /// Whether the cache holds `id` at an older seq than a change just heard of.
     /// Whether a change of `id` is being planned or written here (its cache entry is this
     /// process's own newest then).
     public func isInFlight(_ id: String) -> Bool { busy.contains(id) }
 
+    /// Whether the cache holds `id` at an older seq than a change just heard of.
     public func isStale(_ id: String, seq: Int64) -> Bool {
         guard let entry = cache[id] else { return false }
         return entry.newestSeq < seq

@@ -100,10 +100,9 @@ final class Publisher {
 
     func forget(_ id: String) { machine.forget(id) }
 
-    func observe(_ event: ActivityEvent) { machine.observe(event) }
-
     /// A change committed by another process (NOTIFY or the carrier): a cached activity older
-    /// than it takes it (or is dropped when the notice carries no snapshot).
+    /// than it takes it, decoded when next planned (or is dropped when the notice carries no
+    /// snapshot).
     func heard(_ notice: ChangeNotice) {
         machine.heard(notice.activityID, seq: notice.seq, event: notice.event, json: notice.json)
     }

@@ -278,10 +278,15 @@ final class StreamService: SSESessionsOwner {
         loop.soon { [weak self] in self?.readSnapshots() }
     }
 
+    /// Ids in one snapshot statement at most: a connect storm during a slow read sends the
+    /// rest in the next, not one statement that outlasts the session's timeout.
+    static let maxSnapshotBatch = 1_000
+
     private func readSnapshots() {
         snapshotScheduled = false
-        let batch = snapshotBatch
-        snapshotBatch = []
+        let take = min(snapshotBatch.count, Self.maxSnapshotBatch)
+        let batch = Array(snapshotBatch.prefix(take))
+        snapshotBatch.removeFirst(take)
         guard let first = batch.first else { return }
         snapshotReading = true
         // Weak, as every database answer here: one may come after the service is gone.
