@@ -78,6 +78,46 @@ final class PushTruthTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(progress.time - state.time, 1.5, "paced (2 s) from the state change, not sent on its answer (1 s)")
     }
 
+    /// The other side of that race: a state change that commits while the previous push's
+    /// mark waits for the outbox entry's row lock. Under READ COMMITTED the mark then sees the
+    /// entry as the publish left it (raised to 10) but reads the history with a snapshot taken
+    /// before that commit; deciding from that history alone lowered the priority to 5, and the
+    /// state change went at 5 after the pace (a loaded run found it). A test session holds the
+    /// entry's lock until both the publish and the mark queue behind it, publish first.
+    func testAStateChangeCommittedWhileTheMarkWaitsForTheEntryGoesAt10() throws {
+        let f = try fake()
+        let s = try server(f, ["DISPATCH_PUSH_PACE": "2"])
+        defer { s.stop() }
+        try s.startActivity("locked", state: "processing")
+        let t = token()
+        try register(s, #"{"deviceToken":"\#(token())","activityTokens":{"locked":"\#(t)"}}"#)
+        _ = try f.wait(token: t) { self.delivered($0).contains { $0.seq == 1 } }
+        try f.script(token: t, respond: [#"{"action":"delay","seconds":1,"status":200}"#])
+        XCTAssertEqual(try s.client.post("/v1/activities/locked/update", #"{"progress":0.2}"#).status, 200)
+        _ = try f.wait(token: t) { $0.contains { $0.seq == 2 && $0.status == nil } }
+
+        let lock = try BlockingPG(s.conninfo)
+        try lock.script("BEGIN; SELECT 1 FROM push_activity_outbox WHERE activity_id = 'locked' FOR UPDATE")
+        let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        func waiters() throws -> Int { (try sql(s, waiting).first?.first ?? nil).flatMap { Int($0) } ?? 0 }
+        let published = Collected<Int>()
+        let done = DispatchSemaphore(value: 0)
+        DispatchQueue.global().async {
+            published.append((try? s.client.post("/v1/activities/locked/update", #"{"state":"idle"}"#).status) ?? 0)
+            done.signal()
+        }
+        XCTAssertTrue(try waitUntil(10) { try waiters() >= 1 }, "the state change's commit waits on the entry")
+        XCTAssertTrue(try waitUntil(10) { try waiters() >= 2 }, "then the mark of seq 2's push, once APNs answered it")
+        try lock.script("COMMIT")
+        XCTAssertEqual(done.wait(timeout: .now() + 10), .success)
+        XCTAssertEqual(published.all, [200])
+
+        let all = try f.wait(token: t) { self.delivered($0).contains { $0.seq == 3 } }
+        let progress = try XCTUnwrap(all.first { $0.seq == 2 }), state = try XCTUnwrap(all.first { $0.seq == 3 })
+        XCTAssertEqual(progress.priority, 5)
+        XCTAssertEqual(state.priority, 10, "a state change waited: the mark must not lower it")
+    }
+
     // MARK: - 1. stale-date on the start, and a touch that moves it
 
     /// The start carries the stale-date; a touch that moves the deadline less than half of
