@@ -102,6 +102,11 @@ func activityRow(_ id: String, state: ActivityState, seq: Int64) -> PGResult {
     return PGResult(columns: columns, rows: [columns.map { values[$0] }])
 }
 
+/// Several activities' rows as one answer (`read_activities`).
+func activityRows(_ parts: PGResult...) -> PGResult {
+    PGResult(rows: parts.flatMap(\.rows), columns: parts[0].columns)
+}
+
 /// The event ids a scripted client was sent, in order.
 func eventIDs(_ s: ScriptedStream) -> [String] {
     s.written.filter { $0.hasPrefix("id: ") }.map { String($0.dropFirst(4).prefix { $0 != "\n" }) }

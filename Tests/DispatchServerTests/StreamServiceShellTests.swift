@@ -88,10 +88,7 @@ final class StreamServiceShellTests: XCTestCase {
         XCTAssertEqual(scripted.pending(on: reader), [], "nothing is read before the turn ends")
         XCTAssertEqual(pendingStatements, ["read_activities"])
         XCTAssertEqual(scripted.sessions[1].parameters(of: "read_activities"), ["{\"job-a\",\"job-b\",\"job-c\"}"])
-        answerReader { _ in
-            let live = activityRow("job-a", state: .processing, seq: 2), done = activityRow("job-c", state: .completed, seq: 4)
-            return PGResult(rows: live.rows + done.rows, columns: live.columns)
-        }
+        answerReader { _ in activityRows(activityRow("job-a", state: .processing, seq: 2), activityRow("job-c", state: .completed, seq: 4)) }
         XCTAssertEqual(ids(a1), ["2"])
         XCTAssertEqual(ids(a2), ["2"])
         XCTAssertTrue(a1.isOpen && a2.isOpen)
@@ -164,10 +161,7 @@ final class StreamServiceShellTests: XCTestCase {
         XCTAssertEqual(ids(first), ["2"])
         XCTAssertEqual(pendingStatements, ["read_activities"], "the answer sends what waited, as one statement")
         XCTAssertEqual(scripted.sessions[1].parameters(of: "read_activities"), ["{\"job-b\",\"job-c\"}"])
-        answerReader { _ in
-            let b = activityRow("job-b", state: .processing, seq: 3), c = activityRow("job-c", state: .processing, seq: 4)
-            return PGResult(rows: b.rows + c.rows, columns: b.columns)
-        }
+        answerReader { _ in activityRows(activityRow("job-b", state: .processing, seq: 3), activityRow("job-c", state: .processing, seq: 4)) }
         XCTAssertEqual(ids(b), ["3"])
         XCTAssertEqual(ids(c), ["4"])
         XCTAssertEqual(pendingStatements, [])

@@ -54,6 +54,19 @@ final class PushTruthTests: XCTestCase {
 
     // MARK: - 0. a change committed while the one before it is being pushed
 
+    /// Starts `id` with one phone's update token, waits for seq 1's push, then commits
+    /// `change` (seq 2), whose push the fake holds for 1 s; returns the token once it is held.
+    func holdSecondPush(_ f: FakeAPNs, _ s: TestServer, _ id: String, startState: String, change: String) throws -> String {
+        try s.startActivity(id, state: startState)
+        let t = token()
+        try register(s, #"{"deviceToken":"\#(token())","activityTokens":{"\#(id)":"\#(t)"}}"#)
+        _ = try f.wait(token: t) { self.delivered($0).contains { $0.seq == 1 } }
+        try f.script(token: t, respond: [#"{"action":"delay","seconds":1,"status":200}"#])
+        XCTAssertEqual(try s.client.post("/v1/activities/\(id)/update", change).status, 200)
+        _ = try f.wait(token: t) { $0.contains { $0.seq == 2 && $0.status == nil } }
+        return t
+    }
+
     /// A progress-only change committed while the state change before it is still being
     /// pushed (APNs has not answered) goes at priority 5 after the pace, like any progress: the
     /// entry's priority had stayed the pushed change's 10, so it went at 10 and at once. Found as
@@ -63,13 +76,7 @@ final class PushTruthTests: XCTestCase {
         let f = try fake()
         let s = try server(f, ["DISPATCH_PUSH_PACE": "2"])
         defer { s.stop() }
-        try s.startActivity("raced", state: "queued")
-        let t = token()
-        try register(s, #"{"deviceToken":"\#(token())","activityTokens":{"raced":"\#(t)"}}"#)
-        _ = try f.wait(token: t) { self.delivered($0).contains { $0.seq == 1 } }
-        try f.script(token: t, respond: [#"{"action":"delay","seconds":1,"status":200}"#])
-        XCTAssertEqual(try s.client.post("/v1/activities/raced/update", #"{"state":"processing"}"#).status, 200)
-        _ = try f.wait(token: t) { $0.contains { $0.seq == 2 && $0.status == nil } }
+        let t = try holdSecondPush(f, s, "raced", startState: "queued", change: #"{"state":"processing"}"#)
         XCTAssertEqual(try s.client.post("/v1/activities/raced/update", #"{"progress":0.4}"#).status, 200, "committed while seq 2 is held")
         let all = try f.wait(token: t) { self.delivered($0).contains { $0.seq == 3 } }
         let state = try XCTUnwrap(all.first { $0.seq == 2 }), progress = try XCTUnwrap(all.first { $0.seq == 3 })
@@ -88,13 +95,7 @@ final class PushTruthTests: XCTestCase {
         let f = try fake()
         let s = try server(f, ["DISPATCH_PUSH_PACE": "2"])
         defer { s.stop() }
-        try s.startActivity("locked", state: "processing")
-        let t = token()
-        try register(s, #"{"deviceToken":"\#(token())","activityTokens":{"locked":"\#(t)"}}"#)
-        _ = try f.wait(token: t) { self.delivered($0).contains { $0.seq == 1 } }
-        try f.script(token: t, respond: [#"{"action":"delay","seconds":1,"status":200}"#])
-        XCTAssertEqual(try s.client.post("/v1/activities/locked/update", #"{"progress":0.2}"#).status, 200)
-        _ = try f.wait(token: t) { $0.contains { $0.seq == 2 && $0.status == nil } }
+        let t = try holdSecondPush(f, s, "locked", startState: "processing", change: #"{"progress":0.2}"#)
 
         let lock = try BlockingPG(s.conninfo)
         try lock.script("BEGIN; SELECT 1 FROM push_activity_outbox WHERE activity_id = 'locked' FOR UPDATE")
