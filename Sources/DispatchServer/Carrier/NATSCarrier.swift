@@ -397,7 +397,8 @@ enum CarrierSQL {
     static func stillWaiting(_ ids: [String], _ seqs: [Int64]) -> PGQuery {
         PGQuery("""
             SELECT count(*) AS n FROM unnest($1::text[], $2::bigint[]) AS c(activity_id, seq)
-            JOIN activity_events e ON e.activity_id = c.activity_id AND e.seq = c.seq AND e.position IS NULL
+            CROSS JOIN LATERAL (SELECT 1 FROM activity_events e
+                                WHERE e.activity_id = c.activity_id AND e.seq = c.seq AND e.position IS NULL LIMIT 1) e
             """, [PGArray.text(ids), PGArray.numbers(seqs)], name: "carrier_still_waiting")
     }
 
@@ -408,7 +409,8 @@ enum CarrierSQL {
         PGQuery("""
             SELECT 'activity' AS kind, a.activity_id, a.seq
             FROM unnest($1::text[], $2::bigint[]) AS c(activity_id, seq)
-            JOIN activities a ON a.activity_id = c.activity_id AND a.seq > c.seq
+            CROSS JOIN LATERAL (SELECT a.activity_id, a.seq FROM activities a
+                                WHERE a.activity_id = c.activity_id AND a.seq > c.seq LIMIT 1) a
             UNION ALL
             SELECT 'feed', NULL, coalesce(max(position), 0) FROM activity_events WHERE $3::boolean HAVING $3::boolean
             UNION ALL
