@@ -88,9 +88,9 @@ public struct Activity: Equatable, Sendable {
         w.field("liveActivity", liveActivity)
         w.field("broadcast", broadcast)
         w.field("channelId", channelId)
-        w.field("createdAt", Timestamp.format(milliseconds: createdAt))
-        w.field("updatedAt", Timestamp.format(milliseconds: updatedAt))
-        w.field("endedAt", endedAt.map { Timestamp.format(milliseconds: $0) })
+        w.field("createdAt", timestamp: createdAt)
+        w.field("updatedAt", timestamp: updatedAt)
+        w.field("endedAt", timestamp: endedAt)
         w.field("error", error)
         w.endObject()
         return w.bytes

@@ -299,6 +299,15 @@ public struct JSONWriter {
     public mutating func field(_ k: String, _ v: Double?) { key(k); if let v { number(v) } else { null() } }
     public mutating func field(_ k: String, _ v: Int64) { key(k); int(v) }
     public mutating func field(_ k: String, _ v: Bool) { key(k); bool(v) }
+    /// A time as `Timestamp.format` writes it, or null.
+    public mutating func field(_ k: String, timestamp ms: Int64?) {
+        key(k)
+        guard let ms else { return null() }
+        valuePrefix()
+        bytes.append(0x22)
+        Timestamp.append(milliseconds: ms, to: &bytes)
+        bytes.append(0x22)
+    }
 
     /// Integers print without a fraction (`1`, not `1.0`), as JavaScript would.
     public static func formatNumber(_ d: Double) -> String {
@@ -308,17 +317,25 @@ public struct JSONWriter {
 
     public static func appendQuoted(_ s: String, to out: inout [UInt8]) {
         out.append(0x22)
-        for b in s.utf8 {
-            switch b {
-            case 0x22: out.append(0x5C); out.append(0x22)
-            case 0x5C: out.append(0x5C); out.append(0x5C)
-            case 0x0A: out.append(0x5C); out.append(UInt8(ascii: "n"))
-            case 0x0D: out.append(0x5C); out.append(UInt8(ascii: "r"))
-            case 0x09: out.append(0x5C); out.append(UInt8(ascii: "t"))
-            case 0..<0x20, 0x7F:
-                let hex: [UInt8] = Array("0123456789abcdef".utf8)
-                out.append(contentsOf: [0x5C, UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(b >> 4)], hex[Int(b & 0xF)]])
-            default: out.append(b)
+        var s = s
+        s.withUTF8 { text in
+            // Most strings need no escape: one copy, not a byte at a time.
+            guard text.contains(where: { $0 < 0x20 || $0 == 0x22 || $0 == 0x5C || $0 == 0x7F }) else {
+                out.append(contentsOf: text)
+                return
+            }
+            for b in text {
+                switch b {
+                case 0x22: out.append(0x5C); out.append(0x22)
+                case 0x5C: out.append(0x5C); out.append(0x5C)
+                case 0x0A: out.append(0x5C); out.append(UInt8(ascii: "n"))
+                case 0x0D: out.append(0x5C); out.append(UInt8(ascii: "r"))
+                case 0x09: out.append(0x5C); out.append(UInt8(ascii: "t"))
+                case 0..<0x20, 0x7F:
+                    let hex: [UInt8] = Array("0123456789abcdef".utf8)
+                    out.append(contentsOf: [0x5C, UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(b >> 4)], hex[Int(b & 0xF)]])
+                default: out.append(b)
+                }
             }
         }
         out.append(0x22)

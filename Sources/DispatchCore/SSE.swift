@@ -3,42 +3,56 @@ public enum SSE {
     /// One event: `id:` and `event:` lines (CR and LF removed, they would end the line),
     /// then `data:` once per line of the payload, split on CRLF, CR and LF; then a blank line.
     public static func encode(id: String?, event: String?, data: String) -> [UInt8] {
-        var out: [UInt8] = []
-        out.reserveCapacity(data.utf8.count + 48)
-        if let id {
-            out.append(contentsOf: "id: ".utf8)
-            out.append(contentsOf: id.utf8.filter { $0 != 0x0A && $0 != 0x0D && $0 != 0 })
+        var data = data
+        return data.withUTF8 { bytes in
+            var out: [UInt8] = []
+            out.reserveCapacity(bytes.count + 48)
+            if let id {
+                out.append(contentsOf: "id: ".utf8)
+                appendField(id, to: &out) { $0 == 0x0A || $0 == 0x0D || $0 == 0 }
+                out.append(0x0A)
+            }
+            if let event {
+                out.append(contentsOf: "event: ".utf8)
+                appendField(event, to: &out) { $0 == 0x0A || $0 == 0x0D }
+                out.append(0x0A)
+            }
+            var lineStart = 0
+            var i = 0
+            func emitLine(_ end: Int) {
+                out.append(contentsOf: "data: ".utf8)
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[lineStart..<end]))
+                out.append(0x0A)
+            }
+            while i < bytes.count {
+                if bytes[i] == 0x0D {
+                    emitLine(i)
+                    i += (i + 1 < bytes.count && bytes[i + 1] == 0x0A) ? 2 : 1
+                    lineStart = i
+                } else if bytes[i] == 0x0A {
+                    emitLine(i)
+                    i += 1
+                    lineStart = i
+                } else {
+                    i += 1
+                }
+            }
+            emitLine(bytes.count)
             out.append(0x0A)
+            return out
         }
-        if let event {
-            out.append(contentsOf: "event: ".utf8)
-            out.append(contentsOf: event.utf8.filter { $0 != 0x0A && $0 != 0x0D })
-            out.append(0x0A)
-        }
-        let bytes = Array(data.utf8)
-        var lineStart = 0
-        var i = 0
-        func emitLine(_ end: Int) {
-            out.append(contentsOf: "data: ".utf8)
-            out.append(contentsOf: bytes[lineStart..<end])
-            out.append(0x0A)
-        }
-        while i < bytes.count {
-            if bytes[i] == 0x0D {
-                emitLine(i)
-                i += (i + 1 < bytes.count && bytes[i + 1] == 0x0A) ? 2 : 1
-                lineStart = i
-            } else if bytes[i] == 0x0A {
-                emitLine(i)
-                i += 1
-                lineStart = i
+    }
+
+    /// `s` without the bytes `dropped` names (copied whole when it has none, the usual case).
+    private static func appendField(_ s: String, to out: inout [UInt8], dropping dropped: (UInt8) -> Bool) {
+        var s = s
+        s.withUTF8 { b in
+            if b.contains(where: dropped) {
+                out.append(contentsOf: b.filter { !dropped($0) })
             } else {
-                i += 1
+                out.append(contentsOf: b)
             }
         }
-        emitLine(bytes.count)
-        out.append(0x0A)
-        return out
     }
 
     /// A comment line: ignored by clients, keeps proxies and the connection alive.

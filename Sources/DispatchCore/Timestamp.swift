@@ -1,19 +1,45 @@
 /// Milliseconds since the Unix epoch, rendered as RFC 3339 UTC (`2026-11-29T22:53:26.123Z`).
 public enum Timestamp {
     public static func format(milliseconds ms: Int64) -> String {
+        var out: [UInt8] = []
+        out.reserveCapacity(24)
+        append(milliseconds: ms, to: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// `format`'s text appended to JSON or a log line, without a String for each part (every
+    /// snapshot carries two or three).
+    public static func append(milliseconds ms: Int64, to out: inout [UInt8]) {
         let millis = Int((ms % 1000 + 1000) % 1000)
         let totalSeconds = (ms - Int64(millis)) / 1000
         var days = totalSeconds / 86_400
-        var secs = totalSeconds % 86_400
+        var secs = Int(totalSeconds % 86_400)
         if secs < 0 { secs += 86_400; days -= 1 }
         let (y, m, d) = civilFromDays(days)
-        return pad(y, 4) + "-" + pad(Int64(m), 2) + "-" + pad(Int64(d), 2) + "T" + pad(secs / 3600, 2) + ":"
-            + pad(secs % 3600 / 60, 2) + ":" + pad(secs % 60, 2) + "." + pad(Int64(millis), 3) + "Z"
+        if (0...9999).contains(y) {
+            digits(Int(y), 4, &out)
+        } else {
+            out.append(contentsOf: String(y).utf8)
+        }
+        out.append(0x2D); digits(m, 2, &out)
+        out.append(0x2D); digits(d, 2, &out)
+        out.append(0x54); digits(secs / 3600, 2, &out)
+        out.append(0x3A); digits(secs % 3600 / 60, 2, &out)
+        out.append(0x3A); digits(secs % 60, 2, &out)
+        out.append(0x2E); digits(millis, 3, &out)
+        out.append(0x5A)
     }
 
-    private static func pad(_ v: Int64, _ width: Int) -> String {
-        let s = String(v)
-        return s.count >= width ? s : String(repeating: "0", count: width - s.count) + s
+    /// `v` (≥ 0) in exactly `width` decimal digits.
+    private static func digits(_ v: Int, _ width: Int, _ out: inout [UInt8]) {
+        var divisor = 1
+        for _ in 1..<width { divisor *= 10 }
+        var rest = v
+        while divisor > 0 {
+            out.append(0x30 + UInt8(truncatingIfNeeded: rest / divisor % 10))
+            rest %= divisor
+            divisor /= 10
+        }
     }
 
     /// Howard Hinnant's days-to-civil algorithm.
