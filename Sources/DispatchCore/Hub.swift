@@ -109,10 +109,12 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
         precondition(subscribers[s] == nil, "subscriber registered twice")
         var actions: [Action] = []
         let isNew = topics[name] == nil
-        var topic = topics[name] ?? newTopic()
-        topic.subscribers.insert(s)
+        if isNew { topics[name] = newTopic() }
+        // In place: a copy of the topic taken out and stored back copied its whole subscriber
+        // set on every subscribe (quadratic in a topic's subscribers).
+        topics[name]!.subscribers.insert(s)
         subscribers[s] = SubscriberState(topic: name, lastSent: lastEventID, phase: .waitingForTopic)
-        topics[name] = topic
+        let topic = topics[name]!
         if isNew { actions.append(.readSnapshot(topic: name, generation: topic.generation)) }
         if topic.phase == .synced, let latest = topic.latest {
             resolve(s, latest: latest, into: &actions)
