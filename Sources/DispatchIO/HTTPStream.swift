@@ -95,7 +95,7 @@ public final class HTTPStream: StreamTransport {
     public private(set) var isOpen = false
     public private(set) var started = false
 
-    public init(loop: LoopScheduling, requestTimeout: Double = HTTPLimits().requestTimeoutSeconds) {
+    public init(loop: LoopScheduling) {
         self.loop = loop
     }
 

@@ -85,7 +85,8 @@ final class SSEConnection {
     /// Sends the headers and the reconnect delay, once.
     func begin() {
         guard !http.started else { return }
-        http.begin(headers: SSEConnection.headers + extraHeaders, writeTimeout: writeTimeout, maxInputBuffer: 4096)
+        http.begin(headers: extraHeaders.isEmpty ? SSEConnection.headers : SSEConnection.headers + extraHeaders,
+                   writeTimeout: writeTimeout, maxInputBuffer: 4096)
         _ = http.write(SSEConnection.retryPayload, maxBacklog: maxBacklog)
     }
 
