@@ -82,6 +82,12 @@ enum Proc {
         (Files.read("/proc/\(pid)/comm") ?? "").trimmingCharacters(in: "\n")
     }
 
+    /// Whether the process exists and has not exited (a zombie waiting to be reaped has).
+    static func running(_ pid: pid_t) -> Bool {
+        guard let stat = Files.read("/proc/\(pid)/stat"), let close = stat.lastIndex(of: ")") else { return false }
+        return stat[stat.index(after: close)...].split(separator: " ").first != "Z"
+    }
+
     /// User + system CPU seconds of one process so far (fields 14 and 15 of /proc/<pid>/stat).
     static func cpuSeconds(_ pid: pid_t) -> Double {
         guard let stat = Files.read("/proc/\(pid)/stat"), let close = stat.lastIndex(of: ")") else { return 0 }

@@ -139,8 +139,12 @@ final class Target {
         // nginx: SIGTERM is its fast shutdown; dispatchd: SIGTERM drains and stops PostgreSQL.
         let tree = Proc.tree(pid).filter { !Proc.comm($0).hasPrefix("postgres") }
         Proc.stop(pid, signal: SIGTERM, grace: 20)
-        // Worker processes that outlived their supervisor.
-        for p in tree where p != pid && kill(p, 0) == 0 {
+        // The embedded PostgreSQL's watchdog (a shell dispatchd starts) outlives it by design:
+        // it stops the cluster once dispatchd is gone. Give it that time, then kill what is left
+        // (workers that outlived their supervisor).
+        let deadline = Clock.monotonic() + 15
+        while tree.contains(where: { $0 != pid && Proc.running($0) }) && Clock.monotonic() < deadline { Control.sleep(0.1) }
+        for p in tree where p != pid && Proc.running(p) {
             log("bench: \(name) process \(p) still running after its parent stopped; killing it")
             kill(p, SIGKILL)
         }
