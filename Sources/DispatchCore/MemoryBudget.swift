@@ -53,6 +53,15 @@ public struct MemoryBudget<Key: Hashable, Stream: Hashable> {
     private var ahead: [Key: Int] = [:]
     /// What every waiting read needs: readers that want to read come before stalled ones.
     private var waitingBytes = 0
+    /// What condemned streams hold until the shell closes them (in all, and per key): later
+    /// decisions count it as freed, so they never condemn more than the total needs.
+    private var condemnedHeld = 0
+    private var condemnedPerKey: [Key: Int] = [:]
+    /// The stalled streams found by the last scan, per key, smallest first, and the instant
+    /// of that scan. No stream becomes stalled without time passing, so the decisions of one
+    /// instant (a fan-out's writes, one after another) share one scan instead of one each.
+    private var stalledAt: Double = -.infinity
+    private var stalled: [Key: [Stream]] = [:]
 
     public init(limit: Int, stallSeconds: Double = 2) {
         precondition(limit > 0 && stallSeconds >= 0)
@@ -156,39 +165,46 @@ public struct MemoryBudget<Key: Hashable, Stream: Hashable> {
         total += delta
         perKey[h.key, default: 0] += delta
         if perKey[h.key] == 0 { perKey[h.key] = nil }
+        if h.condemned {
+            condemnedHeld += delta
+            condemnedPerKey[h.key, default: 0] += delta
+            if condemnedPerKey[h.key] == 0 { condemnedPerKey[h.key] = nil }
+        }
     }
 
 
 
     /// Disconnects stalled streams until `need` more bytes fit under the limit, or none is left
-    /// to take: always from the key holding the most (counting what was already taken).
+    /// to take: always from the key holding the most (not counting what was already taken),
+    /// the stream holding the most first.
     private mutating func reclaim(now: Double, need: Int, into d: inout Decision) {
-        var over = total + need - limit - condemnedBytes(d)
+        var over = total + need - limit - condemnedHeld
         guard over > 0 else { return }
-        var taken: [Key: Int] = [:]
-        var candidates: [Key: [(Stream, Int)]] = [:]
-        for (key, members) in keyStreams {
-            let stalled = members.compactMap { s -> (Stream, Int)? in
-                guard let h = streams[s], !h.condemned, h.bytes > 0, now - h.lastProgress >= stallSeconds else { return nil }
-                return (s, h.held)
+        if stalledAt != now {
+            stalledAt = now
+            stalled = [:]
+            for (key, members) in keyStreams {
+                let found = members.filter { s in
+                    guard let h = streams[s] else { return false }
+                    return !h.condemned && h.bytes > 0 && now - h.lastProgress >= stallSeconds
+                }
+                if !found.isEmpty { stalled[key] = found.sorted { streams[$0]!.held < streams[$1]!.held } }
             }
-            if !stalled.isEmpty { candidates[key] = stalled.sorted { $0.1 < $1.1 } }
         }
+        func standing(_ k: Key) -> Int { (perKey[k] ?? 0) - (condemnedPerKey[k] ?? 0) }
         while over > 0 {
-            guard let key = candidates.keys.max(by: { (perKey[$0] ?? 0) - (taken[$0] ?? 0) < (perKey[$1] ?? 0) - (taken[$1] ?? 0) }),
-                  let (s, bytes) = candidates[key]?.popLast() else { return }
-            if candidates[key]?.isEmpty == true { candidates[key] = nil }
-            streams[s]?.condemned = true
+            guard let key = stalled.keys.max(by: { standing($0) < standing($1) }), let s = stalled[key]?.popLast() else { return }
+            if stalled[key]?.isEmpty == true { stalled[key] = nil }
+            // Closed, condemned or taking bytes again since the scan (this same instant).
+            guard var h = streams[s], !h.condemned, h.bytes > 0, now - h.lastProgress >= stallSeconds else { continue }
+            h.condemned = true
+            streams[s] = h
+            condemnedHeld += h.held
+            condemnedPerKey[key, default: 0] += h.held
             disconnections += 1
             d.disconnect.append(s)
-            taken[key, default: 0] += bytes
-            over -= bytes
+            over -= h.held
         }
-    }
-
-    /// Bytes of streams already condemned in this decision (freed once the shell closes them).
-    private func condemnedBytes(_ d: Decision) -> Int {
-        d.disconnect.reduce(0) { $0 + (streams[$1]?.held ?? 0) }
     }
 
     /// Grants waiting reads while they fit, keys taking turns. What condemned streams hold is

@@ -49,6 +49,30 @@ final class MemoryBudgetTests: XCTestCase {
         XCTAssertEqual(b.hold(0, bytes: 70, now: 0.3).wake, [3, 2], "the reader first, then 2 and 4 in their order")
     }
 
+    /// A fan-out's writes report one after another in one instant, before the shell has closed
+    /// what the first report condemned: the later ones count it as freed. Each had condemned
+    /// one more stalled stream (all ten here) while the total was back under the limit.
+    func testWritesOfOneInstantCondemnOnlyWhatBringsTheTotalUnder() {
+        var b = Budget(limit: 10_000)
+        for s in 0..<10 {
+            b.open(s, key: "a", now: 0)
+            _ = b.hold(s, bytes: 900, now: 0)  // stalled from 2 s on: nothing taken since 0
+        }
+        b.open(99, key: "b", now: 5)
+        let first = b.hold(99, bytes: 1_500, now: 5)  // 10,500: 500 over
+        XCTAssertEqual(first.disconnect.count, 1, "one stalled stream of the key holding the most")
+        var later: [Int] = []
+        for s in 0..<10 { later += b.hold(s, bytes: 900, now: 5).disconnect }
+        later += b.hold(99, bytes: 1_500, now: 5).disconnect
+        XCTAssertEqual(later, [], "what was condemned is freed once closed: nothing more to take")
+        XCTAssertEqual(b.disconnections, 1)
+        // Closed, the condemned stream's bytes leave the total; more bytes then take the next.
+        XCTAssertTrue(b.close(first.disconnect[0]).closed)
+        XCTAssertEqual(b.total, 9_600)
+        XCTAssertEqual(b.hold(99, bytes: 2_000, now: 5).disconnect.count, 1, "10,100: over again, one more")
+        XCTAssertEqual(b.disconnections, 2)
+    }
+
     func testCloseReleasesExactlyOnceWhicheverPathComesFirst() {
         var b = Budget(limit: 100)
         b.open(1, key: "a", now: 0)
