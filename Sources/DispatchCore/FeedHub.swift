@@ -314,6 +314,9 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     public mutating func notified(_ change: Change) -> [Action] {
         switch source {
         case .resyncing(let generation, var pending):
+            // `source` lets go of the queue first, so the append is in place (a copy per NOTIFY
+            // of a queue of up to `maxPending` was quadratic).
+            source = .synced
             pending.append(.change(change))
             source = .resyncing(generation: generation, pending: pending)
             pendingBytes += change.byteCount
@@ -330,6 +333,7 @@ public struct FeedHub<Subscriber: Hashable, Change: FeedChange> {
     public mutating func notifiedWithoutData(position: Int64) -> [Action] {
         switch source {
         case .resyncing(let generation, var pending):
+            source = .synced
             pending.append(.missing(position))
             source = .resyncing(generation: generation, pending: pending)
             pendingBytes += Self.missingBytes

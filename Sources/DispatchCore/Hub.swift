@@ -161,21 +161,20 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
 
     /// A committed event, from this process's own publish or from NOTIFY.
     public mutating func published(topic name: String, _ event: Event) -> [Action] {
-        guard var topic = topics[name] else { return [] }
-        switch topic.phase {
+        // Changed in place (no copy of the topic alive): its pending events are not copied per event.
+        guard let phase = topics[name]?.phase else { return [] }
+        switch phase {
         case .loading, .resyncing:
-            topic.pending.append(event)
-            topics[name] = topic
-            if topic.pending.count > maxPendingEvents { return dropTopic(name, .tooFarBehind) }
+            topics[name]!.pending.append(event)
+            if topics[name]!.pending.count > maxPendingEvents { return dropTopic(name, .tooFarBehind) }
             return []
         case .synced:
-            guard let latest = topic.latest else { return [] }
+            guard let latest = topics[name]!.latest else { return [] }
             if event.seq <= latest.seq { return [] }
             if event.seq > latest.seq + 1 {
-                topic.pending.append(event)
-                topic.phase = .resyncing
-                topics[name] = topic
-                return [.readTopicHistory(topic: name, generation: topic.generation, after: latest.seq)]
+                topics[name]!.pending.append(event)
+                topics[name]!.phase = .resyncing
+                return [.readTopicHistory(topic: name, generation: topics[name]!.generation, after: latest.seq)]
             }
             var actions: [Action] = []
             advance(name, to: event, into: &actions)
@@ -396,6 +395,10 @@ public struct Hub<Subscriber: Hashable, Event: HubEvent> {
             case .waitingForTopic:
                 continue
             case .catchingUp(var buffer):
+                // The buffer's other owners (the table and `state`) let go first, so the append
+                // is in place: a copy per event per catching-up stream was quadratic.
+                state.phase = .waitingForTopic
+                subscribers[s]?.phase = .waitingForTopic
                 buffer.append(event)
                 if buffer.count > maxPendingEvents {
                     unsubscribe(s)
