@@ -56,21 +56,25 @@ final class MemoryBudgetTests: XCTestCase {
         var b = Budget(limit: 10_000)
         for s in 0..<10 {
             b.open(s, key: "a", now: 0)
-            _ = b.hold(s, bytes: 900, now: 0)  // stalled from 2 s on: nothing taken since 0
+            _ = b.hold(s, bytes: 900 + s, now: 0)  // stalled from 2 s on: nothing taken since 0
         }
         b.open(99, key: "b", now: 5)
-        let first = b.hold(99, bytes: 1_500, now: 5)  // 10,500: 500 over
-        XCTAssertEqual(first.disconnect.count, 1, "one stalled stream of the key holding the most")
+        let first = b.hold(99, bytes: 1_500, now: 5)  // 10,545: 545 over
+        XCTAssertEqual(first.disconnect, [9], "the stalled stream holding the most, of the key holding the most")
         var later: [Int] = []
-        for s in 0..<10 { later += b.hold(s, bytes: 900, now: 5).disconnect }
+        for s in 0..<10 { later += b.hold(s, bytes: 900 + s, now: 5).disconnect }
         later += b.hold(99, bytes: 1_500, now: 5).disconnect
         XCTAssertEqual(later, [], "what was condemned is freed once closed: nothing more to take")
         XCTAssertEqual(b.disconnections, 1)
         // Closed, the condemned stream's bytes leave the total; more bytes then take the next.
-        XCTAssertTrue(b.close(first.disconnect[0]).closed)
-        XCTAssertEqual(b.total, 9_600)
-        XCTAssertEqual(b.hold(99, bytes: 2_000, now: 5).disconnect.count, 1, "10,100: over again, one more")
+        XCTAssertTrue(b.close(9).closed)
+        XCTAssertEqual(b.total, 9_636)
+        XCTAssertEqual(b.hold(99, bytes: 2_000, now: 5).disconnect, [8], "10,136: over again, one more")
         XCTAssertEqual(b.disconnections, 2)
+        // The instant's scan is reused: a stream closed since (7, next in line) is skipped.
+        XCTAssertTrue(b.close(8).closed)
+        XCTAssertTrue(b.close(7).closed)
+        XCTAssertEqual(b.hold(99, bytes: 4_000, now: 5).disconnect, [6], "8,321 -> 10,321: one more, never the closed one")
     }
 
     func testCloseReleasesExactlyOnceWhicheverPathComesFirst() {

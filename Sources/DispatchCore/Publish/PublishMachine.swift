@@ -118,7 +118,7 @@ public struct PublishMachine {
     private var cache: BoundedCache<String, CachedActivity>
     /// Activities with an op being planned, queued or written; each holds one.
     private var busy: Set<String> = []
-    private var waiting: [String: WaitLine] = [:]
+    private var waiting: [String: WaitLine<Pending>] = [:]
     private var reading: [OpID: Pending] = [:]
     private var writeQueue: [Planned] = []
     private var inFlight: Batch?
@@ -225,7 +225,7 @@ public struct PublishMachine {
         nextOp += 1
         let pending = Pending(id: id, op: op)
         if busy.contains(op.activityID) {
-            waiting[op.activityID, default: WaitLine()].append(pending)
+            waiting[op.activityID, default: WaitLine<Pending>()].append(pending)
             return (id, [])
         }
         busy.insert(op.activityID)
@@ -252,7 +252,7 @@ public struct PublishMachine {
             var pending = Pending(id: id, op: op)
             pending.group = group
             if busy.contains(op.activityID) {
-                waiting[op.activityID, default: WaitLine()].append(pending)
+                waiting[op.activityID, default: WaitLine<Pending>()].append(pending)
                 continue
             }
             busy.insert(op.activityID)
@@ -414,30 +414,6 @@ public struct PublishMachine {
         }
         if waiting[activityID]!.isEmpty { waiting[activityID] = nil }
         return next
-    }
-
-    /// The ops waiting on one activity, oldest first. Taken from the front by an index and
-    /// changed in place: a request of many changes to one activity (up to 1,000 in a batch,
-    /// more from concurrent publishers) is answered in linear time, not quadratic.
-    struct WaitLine {
-        private var items: [Pending] = []
-        private var head = 0
-        var isEmpty: Bool { head == items.count }
-        mutating func append(_ p: Pending) { items.append(p) }
-        mutating func takeFirst() -> Pending? {
-            guard head < items.count else { return nil }
-            let p = items[head]
-            head += 1
-            if head == items.count {
-                items = []
-                head = 0
-            } else if head >= 64 && head * 2 >= items.count {
-                // A line that never empties (publishers that keep coming) drops what was taken.
-                items.removeFirst(head)
-                head = 0
-            }
-            return p
-        }
     }
 
     /// Decides the change against the newest known snapshot, or asks for a read. Returns the
